@@ -1,0 +1,156 @@
+//! The executors behind one seam: shell, Claude Code CLI, Ollama.
+//!
+//! An [`Executor`] is created once per task (so the Ollama executor can keep its chat
+//! history across corrective attempts) and [`Executor::execute`]d once per attempt with the
+//! prompt for that attempt. Every executor honours the cancellation token, its timeout, and
+//! reports through the [`ProgressSink`].
+//!
+//! # Layout
+//!
+//! - [`shell`]: `metadata.shell_command` via `sh -c`, in a process group.
+//! - [`claude`]: the Claude Code CLI, `stream-json` output.
+//! - [`ollama`]: `/api/chat` streaming, and the agentic tool loop.
+//! - [`tools`]: the agentic tools and their workspace sandbox.
+
+pub mod claude;
+pub mod ollama;
+pub mod shell;
+pub mod tools;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::process::ChildEnv;
+use crate::progress::ProgressSink;
+use crate::task::{ExecutorKind, Task, Tier};
+
+/// Everything an executor may use; shared by all attempts of one task.
+#[derive(Clone)]
+pub struct ExecContext {
+    pub task: Arc<Task>,
+    /// Where the work happens (cwd of every command, root of the tool sandbox).
+    pub workspace: PathBuf,
+    pub config: Arc<Config>,
+    pub env: ChildEnv,
+    pub progress: ProgressSink,
+    /// Cancelled on `task_cancelled`, `state_report_ack{abort}` and forced shutdown.
+    pub cancel: CancellationToken,
+}
+
+impl ExecContext {
+    /// Execution timeout for LLM executors by tier.
+    pub fn llm_timeout(&self) -> Duration {
+        let e = &self.config.executor;
+        Duration::from_secs(match self.task.tier() {
+            Tier::Trivial => e.trivial_timeout_secs,
+            Tier::Standard | Tier::Complex => e.standard_timeout_secs,
+        })
+    }
+}
+
+/// How an execution ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecStatus {
+    /// The executor ran to its end; verification decides whether the work is good.
+    Succeeded,
+    /// The executor itself failed (non-zero exit, CLI missing, HTTP errors after retries).
+    Failed,
+    TimedOut,
+    Cancelled,
+}
+
+/// What one execution produced. Tokens and cost are for this execution only.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecOutcome {
+    pub status: ExecStatus,
+    pub output: String,
+    pub model_used: Option<String>,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+    /// USD, as reported by the CLI or estimated from the cost table; 0 for Ollama.
+    pub cost_usd: f64,
+    /// What the tokens would have cost on the reference Claude model.
+    pub equivalent_claude_cost_usd: f64,
+    /// Why it failed, for `task_failed` (≤ 2,000 chars is applied when sending).
+    pub error: Option<String>,
+    pub execution_ms: u64,
+    /// Agentic loop: why it stopped (`final_answer`, `max_iterations`, `repetition`, `stall`, …).
+    pub termination_reason: Option<String>,
+    pub iterations_used: Option<u32>,
+}
+
+impl ExecOutcome {
+    /// An outcome that never ran (bad routing, missing tool), with an error that says why.
+    pub fn failed(error: impl Into<String>) -> ExecOutcome {
+        ExecOutcome {
+            status: ExecStatus::Failed,
+            output: String::new(),
+            model_used: None,
+            tokens_in: 0,
+            tokens_out: 0,
+            cost_usd: 0.0,
+            equivalent_claude_cost_usd: 0.0,
+            error: Some(error.into()),
+            execution_ms: 0,
+            termination_reason: None,
+            iterations_used: None,
+        }
+    }
+}
+
+/// One attempt's input.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// 1-based.
+    pub number: u32,
+    /// The full prompt for LLM executors: the initial prompt, or a corrective one.
+    /// Shell ignores it.
+    pub prompt: String,
+}
+
+/// The executor of one task.
+pub enum Executor {
+    Shell(shell::ShellExecutor),
+    Claude(claude::ClaudeExecutor),
+    Ollama(ollama::OllamaExecutor),
+}
+
+impl Executor {
+    /// Pick and build the executor for `ctx.task`. An `Err` is a reason for `task_failed`.
+    pub fn for_task(ctx: &ExecContext) -> Result<Executor, String> {
+        let kind = ctx.task.executor_kind().map_err(|e| e.to_string())?;
+        Ok(match kind {
+            ExecutorKind::Shell => Executor::Shell(shell::ShellExecutor::new(ctx)?),
+            ExecutorKind::Claude => Executor::Claude(claude::ClaudeExecutor::new(ctx)?),
+            ExecutorKind::Ollama => Executor::Ollama(ollama::OllamaExecutor::new(ctx)?),
+        })
+    }
+
+    pub fn kind(&self) -> ExecutorKind {
+        match self {
+            Executor::Shell(_) => ExecutorKind::Shell,
+            Executor::Claude(_) => ExecutorKind::Claude,
+            Executor::Ollama(_) => ExecutorKind::Ollama,
+        }
+    }
+
+    /// Whether the verification loop may re-prompt this executor (never for shell).
+    pub fn is_llm(&self) -> bool {
+        !matches!(self, Executor::Shell(_))
+    }
+
+    /// Run one attempt.
+    pub async fn execute(&mut self, ctx: &ExecContext, attempt: &Attempt) -> ExecOutcome {
+        match self {
+            Executor::Shell(e) => e.execute(ctx, attempt).await,
+            Executor::Claude(e) => e.execute(ctx, attempt).await,
+            Executor::Ollama(e) => e.execute(ctx, attempt).await,
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The shell executor: runs `metadata.shell_command` (never the description) with `sh -c`
+//! in the workspace, in its own process group, output streamed as progress.
+
+use std::time::{Duration, Instant};
+
+use crate::process::{self, CommandSpec, Exit, Limits};
+use crate::progress::ProgressEvent;
+
+use super::{Attempt, ExecContext, ExecOutcome, ExecStatus};
+
+pub struct ShellExecutor {
+    command: String,
+}
+
+impl ShellExecutor {
+    pub fn new(ctx: &ExecContext) -> Result<ShellExecutor, String> {
+        match ctx.task.metadata.shell_command.as_deref().map(str::trim) {
+            Some(c) if !c.is_empty() => Ok(ShellExecutor {
+                command: c.to_string(),
+            }),
+            _ => Err("shell task has no metadata.shell_command; the description is prose and is never run as a command. Route the task to an LLM executor or give it a shell_command".into()),
+        }
+    }
+
+    pub async fn execute(&mut self, ctx: &ExecContext, _attempt: &Attempt) -> ExecOutcome {
+        let started = Instant::now();
+        let cfg = &ctx.config.executor;
+        let limits = Limits {
+            timeout: Some(Duration::from_millis(
+                ctx.task.metadata.timeout_ms.unwrap_or(cfg.shell_timeout_ms),
+            )),
+            grace: Duration::from_millis(cfg.kill_grace_ms),
+            output_cap: cfg.output_cap_bytes,
+        };
+        let spec = CommandSpec::shell(&self.command, &ctx.workspace, ctx.env.clone());
+        ctx.progress.emit(ProgressEvent::status("running shell command"));
+        let out = match process::run(&spec, &limits, &ctx.cancel, Some(&ctx.progress)).await {
+            Ok(o) => o,
+            Err(e) => {
+                return ExecOutcome::failed(format!(
+                    "could not start `sh` in {}: {e}",
+                    ctx.workspace.display()
+                ))
+            }
+        };
+        let (status, error) = match out.exit {
+            Exit::Code(0) => (ExecStatus::Succeeded, None),
+            Exit::TimedOut => (
+                ExecStatus::TimedOut,
+                Some(format!(
+                    "shell command timed out after {} ms (metadata.timeout_ms); its process group was killed",
+                    limits.timeout.unwrap_or_default().as_millis()
+                )),
+            ),
+            Exit::Cancelled => (ExecStatus::Cancelled, Some("cancelled".into())),
+            other => (
+                ExecStatus::Failed,
+                Some(format!(
+                    "shell command failed with {}; stderr tail: {}",
+                    other.describe(),
+                    crate::util::tail_bytes(out.stderr.trim_end(), 1000)
+                )),
+            ),
+        };
+        ExecOutcome {
+            status,
+            output: out.combined(),
+            model_used: None,
+            tokens_in: 0,
+            tokens_out: 0,
+            cost_usd: 0.0,
+            equivalent_claude_cost_usd: 0.0,
+            error,
+            execution_ms: started.elapsed().as_millis() as u64,
+            termination_reason: None,
+            iterations_used: None,
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Agentic tools and their workspace sandbox (stub until the executors issue lands).

@@ -1,0 +1,41 @@
+//! hub-sidecar: a worker daemon for an AgentCom hub.
+//!
+//! It keeps one WebSocket to the hub, takes one task at a time, persists it before
+//! acknowledging, runs it through an executor (shell, Claude Code CLI or Ollama), verifies
+//! the result with the task's checks inside a bounded corrective-retry loop, and reports
+//! the outcome without ever losing it.
+//!
+//! # Layout
+//!
+//! - [`config`]: layered configuration (defaults < file < env < flags), validated once.
+//! - [`hub`]: the hub link: wire types ([`hub::proto`]), connection, heartbeat, backoff,
+//!   the outgoing rate budget and resource reports.
+//! - [`task`]: the task model parsed from `task_assign`, executor choice.
+//! - [`state`]: the crash-safe state file: active task and the outbox of terminal frames.
+//! - [`daemon`]: the lifecycle actor tying link, state and runner together.
+//! - [`runner`]: runs one task: executor + verification loop → result frame.
+//! - [`executor`]: the executors, one file each, behind one seam.
+//! - [`verify`]: checks, reports, workspace observations, the judge and the retry loop.
+//! - [`progress`]: progress events and their coalescing under the hub's budget.
+//! - [`process`]: child processes in their own process group, capped capture, group kill.
+//! - [`redact`]: secret scrubbing for everything that leaves the process.
+//! - [`ops`]: systemd notify, health and metrics.
+//! - [`mock_hub`]: an in-process hub that validates frames like the real one (tests, demo).
+//! - [`demo`]: the `demo` subcommand.
+
+pub mod config;
+pub mod cost;
+pub mod daemon;
+pub mod demo;
+pub mod executor;
+pub mod hub;
+pub mod mock_hub;
+pub mod ops;
+pub mod process;
+pub mod progress;
+pub mod redact;
+pub mod runner;
+pub mod state;
+pub mod task;
+pub mod util;
+pub mod verify;

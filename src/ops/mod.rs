@@ -1,0 +1,1 @@
+//! Operations: systemd notification, health and metrics (filled in by the operations issue).

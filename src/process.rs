@@ -1,0 +1,468 @@
+//! Child processes: spawned in their own process group, output captured with a cap (head and
+//! tail kept), killed as a whole tree on timeout, cancellation or after the leader exits.
+//!
+//! Every command the daemon runs (shell tasks, checks, agentic `run_command`, git) goes
+//! through [`run`], so "no orphans" and "no unbounded buffers" hold in one place.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+use crate::progress::{EventKind, ProgressSink};
+
+/// What a child may see of the daemon's environment.
+#[derive(Debug, Clone, Default)]
+pub struct ChildEnv {
+    vars: Vec<(String, String)>,
+}
+
+/// Always passed when an allowlist is in force, so children can still find programs.
+const ALWAYS_ALLOWED: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "TMPDIR"];
+
+impl ChildEnv {
+    /// The daemon's environment minus its own settings (`HUB_SIDECAR_*`), the deny list, and
+    /// any variable whose value contains a secret; with an allowlist, only those names.
+    pub fn from_config(cfg: &crate::config::Config) -> ChildEnv {
+        ChildEnv::filter(std::env::vars(), cfg)
+    }
+
+    pub fn filter(vars: impl IntoIterator<Item = (String, String)>, cfg: &crate::config::Config) -> ChildEnv {
+        let secrets: Vec<String> = cfg
+            .secret_values()
+            .into_iter()
+            .filter(|s| s.len() >= 6)
+            .collect();
+        let allow = &cfg.env.allow;
+        let vars = vars
+            .into_iter()
+            .filter(|(k, v)| {
+                !k.starts_with("HUB_SIDECAR_")
+                    && k != "NOTIFY_SOCKET"
+                    && k != "WATCHDOG_USEC"
+                    && k != "WATCHDOG_PID"
+                    && !cfg.env.deny.iter().any(|d| d == k)
+                    && (allow.is_empty()
+                        || allow.iter().any(|a| a == k)
+                        || ALWAYS_ALLOWED.contains(&k.as_str()))
+                    && !secrets.iter().any(|s| v.contains(s.as_str()))
+            })
+            .collect();
+        ChildEnv { vars }
+    }
+
+    /// The current environment, unfiltered (tests, offline tools).
+    pub fn inherit() -> ChildEnv {
+        ChildEnv {
+            vars: std::env::vars().collect(),
+        }
+    }
+
+    pub fn vars(&self) -> &[(String, String)] {
+        &self.vars
+    }
+
+    /// Override or add one variable (e.g. a test's PATH).
+    pub fn set(&mut self, key: &str, value: &str) {
+        self.vars.retain(|(k, _)| k != key);
+        self.vars.push((key.to_string(), value.to_string()));
+    }
+}
+
+/// A command to run: program and argv, never a shell string built from task data.
+#[derive(Debug, Clone)]
+pub struct CommandSpec {
+    pub program: OsString,
+    pub args: Vec<OsString>,
+    pub cwd: PathBuf,
+    pub env: ChildEnv,
+    /// Bytes written to the child's stdin, then closed (None: /dev/null).
+    pub stdin: Option<Vec<u8>>,
+}
+
+impl CommandSpec {
+    pub fn new(program: impl Into<OsString>, cwd: impl Into<PathBuf>, env: ChildEnv) -> CommandSpec {
+        CommandSpec {
+            program: program.into(),
+            args: Vec::new(),
+            cwd: cwd.into(),
+            env,
+            stdin: None,
+        }
+    }
+
+    /// `sh -c SCRIPT`: only for commands that are shell by design (`shell_command`, check targets).
+    pub fn shell(script: &str, cwd: impl Into<PathBuf>, env: ChildEnv) -> CommandSpec {
+        CommandSpec::new("sh", cwd, env).arg("-c").arg(script)
+    }
+
+    pub fn arg(mut self, a: impl Into<OsString>) -> CommandSpec {
+        self.args.push(a.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> CommandSpec
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+}
+
+/// Bounds on one run.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub timeout: Option<Duration>,
+    /// SIGTERM → SIGKILL grace.
+    pub grace: Duration,
+    /// Bytes kept per stream (half head, half tail).
+    pub output_cap: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Some(Duration::from_secs(60)),
+            grace: Duration::from_secs(5),
+            output_cap: 1024 * 1024,
+        }
+    }
+}
+
+/// How a run ended. Callers branch on this, so it is an enum, not a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    TimedOut,
+    Cancelled,
+}
+
+impl Exit {
+    pub fn success(self) -> bool {
+        self == Exit::Code(0)
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            Exit::Code(c) => format!("exit code {c}"),
+            Exit::Signal(s) => format!("killed by signal {s}"),
+            Exit::TimedOut => "timed out".into(),
+            Exit::Cancelled => "cancelled".into(),
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct RunOutput {
+    pub exit: Exit,
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes dropped from the middle of stdout + stderr by the cap.
+    pub dropped_bytes: u64,
+    pub duration: Duration,
+}
+
+impl RunOutput {
+    /// stdout then stderr, for reports.
+    pub fn combined(&self) -> String {
+        match (self.stdout.is_empty(), self.stderr.is_empty()) {
+            (_, true) => self.stdout.clone(),
+            (true, false) => self.stderr.clone(),
+            (false, false) => format!("{}\n{}", self.stdout, self.stderr),
+        }
+    }
+}
+
+/// A byte buffer that keeps its first and last `cap/2` bytes.
+#[derive(Debug)]
+pub struct CappedBuf {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    half: usize,
+    dropped: u64,
+}
+
+impl CappedBuf {
+    pub fn new(cap: usize) -> CappedBuf {
+        CappedBuf {
+            head: Vec::new(),
+            tail: VecDeque::new(),
+            half: (cap / 2).max(1),
+            dropped: 0,
+        }
+    }
+
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        if self.head.len() < self.half {
+            let n = (self.half - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+        }
+        if bytes.len() >= self.half {
+            self.dropped += (self.tail.len() + bytes.len() - self.half) as u64;
+            self.tail.clear();
+            self.tail.extend(&bytes[bytes.len() - self.half..]);
+            return;
+        }
+        let overflow = (self.tail.len() + bytes.len()).saturating_sub(self.half);
+        self.tail.drain(..overflow);
+        self.dropped += overflow as u64;
+        self.tail.extend(bytes);
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Head, an elision marker when bytes were dropped, tail. Lossy UTF-8.
+    pub fn to_string_lossy(&self) -> String {
+        let mut out = String::from_utf8_lossy(&self.head).into_owned();
+        if self.dropped > 0 {
+            out.push_str(&format!("\n[… {} bytes elided …]\n", self.dropped));
+        }
+        let (a, b) = self.tail.as_slices();
+        let mut t = Vec::with_capacity(a.len() + b.len());
+        t.extend_from_slice(a);
+        t.extend_from_slice(b);
+        out.push_str(&String::from_utf8_lossy(&t));
+        out
+    }
+}
+
+/// Send `sig` to the whole process group `pgid`.
+#[allow(unsafe_code)]
+fn signal_group(pgid: u32, sig: libc::c_int) {
+    if pgid == 0 {
+        return;
+    }
+    // SAFETY: killpg has no memory-safety preconditions; a stale pgid yields ESRCH.
+    unsafe {
+        libc::killpg(pgid as libc::pid_t, sig);
+    }
+}
+
+/// Kills the group when dropped, so a cancelled future cannot leak a process tree.
+struct GroupGuard(u32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        signal_group(self.0, libc::SIGKILL);
+    }
+}
+
+/// Run a command to completion under `limits`, streaming output to `progress` if given.
+///
+/// The child leads its own process group. On timeout or `cancel` the group gets SIGTERM,
+/// then SIGKILL after the grace period. After the leader exits, stragglers (background jobs)
+/// are killed too: nothing the command started outlives it.
+pub async fn run(
+    spec: &CommandSpec,
+    limits: &Limits,
+    cancel: &CancellationToken,
+    progress: Option<&ProgressSink>,
+) -> std::io::Result<RunOutput> {
+    let started = Instant::now();
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .current_dir(&spec.cwd)
+        .env_clear()
+        .envs(spec.env.vars().iter().map(|(k, v)| (k, v)))
+        .stdin(if spec.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn()?;
+    let pgid = child.id().unwrap_or(0);
+    let guard = GroupGuard(pgid);
+
+    if let (Some(data), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = stdin.write_all(&data).await;
+        });
+    }
+    let mut out = child.stdout.take().expect("stdout piped");
+    let mut err = child.stderr.take().expect("stderr piped");
+    let mut out_buf = CappedBuf::new(limits.output_cap);
+    let mut err_buf = CappedBuf::new(limits.output_cap);
+    let mut ob = vec![0u8; 16 * 1024];
+    let mut eb = vec![0u8; 16 * 1024];
+    let (mut out_open, mut err_open) = (true, true);
+
+    let deadline = limits.timeout.map(|t| tokio::time::Instant::now() + t);
+    let sleep_deadline = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep_deadline);
+
+    let mut forced: Option<Exit> = None;
+    let status = loop {
+        tokio::select! {
+            n = out.read(&mut ob), if out_open => match n {
+                Ok(0) | Err(_) => out_open = false,
+                Ok(n) => {
+                    out_buf.push(&ob[..n]);
+                    if let Some(p) = progress {
+                        p.stream(EventKind::Stdout, &String::from_utf8_lossy(&ob[..n]));
+                    }
+                }
+            },
+            n = err.read(&mut eb), if err_open => match n {
+                Ok(0) | Err(_) => err_open = false,
+                Ok(n) => {
+                    err_buf.push(&eb[..n]);
+                    if let Some(p) = progress {
+                        p.stream(EventKind::Stderr, &String::from_utf8_lossy(&eb[..n]));
+                    }
+                }
+            },
+            status = child.wait() => break status?,
+            _ = &mut sleep_deadline, if forced.is_none() => {
+                forced = Some(Exit::TimedOut);
+                break terminate(&mut child, pgid, limits.grace).await?;
+            }
+            _ = cancel.cancelled(), if forced.is_none() => {
+                forced = Some(Exit::Cancelled);
+                break terminate(&mut child, pgid, limits.grace).await?;
+            }
+        }
+    };
+    // The leader is gone; anything left in its group is an orphan in the making.
+    signal_group(pgid, libc::SIGKILL);
+    drop(guard);
+    // Drain what is still buffered in the pipes (writers are dead now, so EOF comes fast).
+    let drain = async {
+        while out_open {
+            match out.read(&mut ob).await {
+                Ok(0) | Err(_) => out_open = false,
+                Ok(n) => out_buf.push(&ob[..n]),
+            }
+        }
+        while err_open {
+            match err.read(&mut eb).await {
+                Ok(0) | Err(_) => err_open = false,
+                Ok(n) => err_buf.push(&eb[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+
+    let exit = forced.unwrap_or_else(|| {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(c), _) => Exit::Code(c),
+            (None, Some(s)) => Exit::Signal(s),
+            _ => Exit::Code(-1),
+        }
+    });
+    Ok(RunOutput {
+        exit,
+        stdout: out_buf.to_string_lossy(),
+        stderr: err_buf.to_string_lossy(),
+        dropped_bytes: out_buf.dropped() + err_buf.dropped(),
+        duration: started.elapsed(),
+    })
+}
+
+/// SIGTERM the group, wait `grace`, then SIGKILL; returns the leader's status.
+async fn terminate(
+    child: &mut tokio::process::Child,
+    pgid: u32,
+    grace: Duration,
+) -> std::io::Result<std::process::ExitStatus> {
+    signal_group(pgid, libc::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            signal_group(pgid, libc::SIGKILL);
+            child.wait().await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_buf_keeps_head_and_tail() {
+        let mut b = CappedBuf::new(10);
+        for i in 0..100u8 {
+            b.push(&[b'a' + (i % 26)]);
+        }
+        assert_eq!(b.dropped(), 90);
+        let s = b.to_string_lossy();
+        assert!(s.starts_with("abcde"));
+        assert!(s.contains("90 bytes elided"));
+        assert!(s.ends_with("rstuv"), "{s}");
+        let mut b = CappedBuf::new(10);
+        b.push(b"0123456789ABCDEFGHIJ");
+        assert_eq!(b.to_string_lossy(), "01234\n[… 10 bytes elided …]\nFGHIJ");
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("pid");
+        let script = format!("sleep 30 & echo $! > {}; wait", marker.display());
+        let spec = CommandSpec::shell(&script, dir.path(), ChildEnv::inherit());
+        let limits = Limits {
+            timeout: Some(Duration::from_millis(300)),
+            grace: Duration::from_millis(200),
+            output_cap: 1024,
+        };
+        let out = run(&spec, &limits, &CancellationToken::new(), None).await.unwrap();
+        assert_eq!(out.exit, Exit::TimedOut);
+        assert_gone(&marker).await;
+    }
+
+    #[tokio::test]
+    async fn background_children_do_not_outlive_a_normal_exit() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("pid");
+        let script = format!("sleep 30 > /dev/null 2>&1 & echo $! > {}; echo done", marker.display());
+        let spec = CommandSpec::shell(&script, dir.path(), ChildEnv::inherit());
+        let out = run(&spec, &Limits::default(), &CancellationToken::new(), None)
+            .await
+            .unwrap();
+        assert!(out.exit.success());
+        assert_eq!(out.stdout.trim(), "done");
+        assert_gone(&marker).await;
+    }
+
+    /// The pid written to `marker` is gone (or a zombie awaiting its reaper) within 1 s.
+    async fn assert_gone(marker: &std::path::Path) {
+        let pid: i32 = std::fs::read_to_string(marker).unwrap().trim().parse().unwrap();
+        // SIGKILL delivery is asynchronous; give the kernel a moment.
+        for _ in 0..50 {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("background sleep {pid} survived");
+    }
+
+    fn is_zombie(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.split_whitespace().nth(2) == Some("Z"))
+            .unwrap_or(true)
+    }
+}

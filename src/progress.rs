@@ -1,0 +1,350 @@
+//! Progress events (PROTOCOL.md §6) and their coalescing under the hub's budget.
+//!
+//! Executors and the verification loop [`ProgressSink::emit`] as often as they like; the sink
+//! merges everything between two sends into one pending frame with bounded memory (stream
+//! text keeps its tail, structured events are merged, never dropped). A [`pump`] per task
+//! turns the pending state into at most one `task_progress` frame per budget token, and a
+//! heartbeat frame when the task is quiet so the hub's stale-task sweep leaves it alone.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::hub::budget::RateBudget;
+use crate::hub::proto::Outbound;
+use crate::redact::Redactor;
+use crate::util::{now_ms, tail_bytes};
+
+/// `execution_event.event_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Token,
+    Stdout,
+    Stderr,
+    Status,
+    Error,
+    ToolCall,
+    VerificationRetryStart,
+    VerificationCheckResult,
+    VerificationRetryComplete,
+}
+
+impl EventKind {
+    /// Streamed text may be cut (tail kept); everything else must reach the hub.
+    pub fn is_stream(self) -> bool {
+        matches!(self, EventKind::Token | EventKind::Stdout | EventKind::Stderr)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Token => "token",
+            EventKind::Stdout => "stdout",
+            EventKind::Stderr => "stderr",
+            EventKind::Status => "status",
+            EventKind::Error => "error",
+            EventKind::ToolCall => "tool_call",
+            EventKind::VerificationRetryStart => "verification_retry_start",
+            EventKind::VerificationCheckResult => "verification_check_result",
+            EventKind::VerificationRetryComplete => "verification_retry_complete",
+        }
+    }
+}
+
+/// One progress event. Type-specific fields (`tool_name`, `attempt`, …) go in `fields`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgressEvent {
+    pub kind: EventKind,
+    pub text: String,
+    pub tokens_so_far: Option<u64>,
+    pub model: Option<String>,
+    pub fields: Map<String, Value>,
+}
+
+impl ProgressEvent {
+    pub fn new(kind: EventKind, text: impl Into<String>) -> ProgressEvent {
+        ProgressEvent {
+            kind,
+            text: text.into(),
+            tokens_so_far: None,
+            model: None,
+            fields: Map::new(),
+        }
+    }
+
+    pub fn status(text: impl Into<String>) -> ProgressEvent {
+        ProgressEvent::new(EventKind::Status, text)
+    }
+
+    /// Add a type-specific field.
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> ProgressEvent {
+        self.fields.insert(key.to_string(), value.into());
+        self
+    }
+
+    pub fn with_tokens(mut self, tokens_so_far: u64, model: Option<&str>) -> ProgressEvent {
+        self.tokens_so_far = Some(tokens_so_far);
+        self.model = model.map(str::to_string);
+        self
+    }
+
+    /// The `execution_event` object.
+    pub fn to_json(&self) -> Value {
+        let mut m = self.fields.clone();
+        m.insert("event_type".into(), json!(self.kind.as_str()));
+        m.insert("text".into(), json!(self.text));
+        m.insert("tokens_so_far".into(), json!(self.tokens_so_far));
+        m.insert("model".into(), json!(self.model));
+        m.insert("timestamp".into(), json!(now_ms()));
+        Value::Object(m)
+    }
+}
+
+type Observer = Box<dyn Fn(&ProgressEvent) + Send + Sync>;
+
+/// Cheap, cloneable handle executors and checks write progress into. Never blocks.
+#[derive(Clone)]
+pub struct ProgressSink {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+    notify: Notify,
+    max_text: usize,
+    observer: Option<Observer>,
+}
+
+/// Most structured events kept between two sends before the oldest are folded together.
+const MAX_PENDING_EVENTS: usize = 32;
+
+#[derive(Default)]
+struct Pending {
+    /// Streamed text since the last send (tail kept, cut counted).
+    stream: String,
+    stream_kind: Option<EventKind>,
+    stream_cut: usize,
+    tokens_so_far: Option<u64>,
+    model: Option<String>,
+    events: Vec<ProgressEvent>,
+    dirty: bool,
+    /// Total events emitted (for tests and metrics).
+    emitted: u64,
+}
+
+impl ProgressSink {
+    /// A sink whose frames' text is capped at `max_text` bytes.
+    pub fn new(max_text: usize) -> ProgressSink {
+        ProgressSink::build(max_text, None)
+    }
+
+    /// A sink that also shows every event to `observer` as it happens (terminal display).
+    pub fn with_observer(
+        max_text: usize,
+        observer: impl Fn(&ProgressEvent) + Send + Sync + 'static,
+    ) -> ProgressSink {
+        ProgressSink::build(max_text, Some(Box::new(observer)))
+    }
+
+    fn build(max_text: usize, observer: Option<Observer>) -> ProgressSink {
+        ProgressSink {
+            shared: Arc::new(Shared {
+                pending: Mutex::new(Pending::default()),
+                notify: Notify::new(),
+                max_text: max_text.max(256),
+                observer,
+            }),
+        }
+    }
+
+    /// Record an event. Memory stays bounded whatever the rate.
+    pub fn emit(&self, ev: ProgressEvent) {
+        if let Some(obs) = &self.shared.observer {
+            obs(&ev);
+        }
+        let max = self.shared.max_text;
+        {
+            let mut p = self.shared.pending.lock().expect("progress lock poisoned");
+            p.emitted += 1;
+            p.dirty = true;
+            if ev.tokens_so_far.is_some() {
+                p.tokens_so_far = ev.tokens_so_far;
+            }
+            if ev.model.is_some() {
+                p.model = ev.model.clone();
+            }
+            if ev.kind.is_stream() {
+                p.stream_kind = Some(ev.kind);
+                p.stream.push_str(&ev.text);
+                if p.stream.len() > 2 * max {
+                    let mut cut = p.stream.len() - max;
+                    while !p.stream.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    p.stream.drain(..cut);
+                    p.stream_cut += cut;
+                }
+            } else {
+                if p.events.len() >= MAX_PENDING_EVENTS {
+                    // Fold the two oldest so nothing is lost and memory stays bounded.
+                    let b = p.events.remove(1);
+                    let a = &mut p.events[0];
+                    a.text = tail_bytes(&format!("{}\n{}", a.text, b.text), max);
+                }
+                p.events.push(ev);
+            }
+        }
+        self.shared.notify.notify_one();
+    }
+
+    /// Shorthand for a streamed chunk.
+    pub fn stream(&self, kind: EventKind, text: &str) {
+        self.emit(ProgressEvent::new(kind, text));
+    }
+
+    /// Events emitted so far (all, before merging).
+    pub fn emitted(&self) -> u64 {
+        self.shared.pending.lock().expect("progress lock poisoned").emitted
+    }
+
+    /// Take what is pending as one `execution_event`, or `None` when nothing is.
+    pub fn take_event(&self) -> Option<Value> {
+        let max = self.shared.max_text;
+        let mut p = self.shared.pending.lock().expect("progress lock poisoned");
+        if !p.dirty {
+            return None;
+        }
+        p.dirty = false;
+        let events = std::mem::take(&mut p.events);
+        let stream = std::mem::take(&mut p.stream);
+        let cut = std::mem::take(&mut p.stream_cut);
+        let stream_kind = p.stream_kind.take();
+        let mut texts: Vec<String> = events.iter().map(|e| e.text.clone()).collect();
+        if !stream.is_empty() {
+            texts.push(if cut > 0 {
+                format!("[… {cut} bytes elided …]\n{stream}")
+            } else {
+                stream
+            });
+        }
+        // The frame takes the shape of the last structured event (it carries the newest
+        // state: attempt numbers, statuses), else of the stream.
+        let mut head = match events.last() {
+            Some(e) => e.clone(),
+            None => ProgressEvent::new(stream_kind.unwrap_or(EventKind::Status), ""),
+        };
+        head.text = tail_bytes(&texts.join("\n"), max);
+        head.tokens_so_far = p.tokens_so_far;
+        head.model = p.model.clone();
+        let mut v = head.to_json();
+        if events.len() > 1 {
+            let merged: Vec<Value> = events
+                .iter()
+                .map(|e| {
+                    let mut j = e.to_json();
+                    j["text"] = json!(crate::util::truncate_chars(&e.text, 200));
+                    j
+                })
+                .collect();
+            v["merged_events"] = Value::Array(merged);
+        }
+        Some(v)
+    }
+
+    async fn changed(&self) {
+        self.shared.notify.notified().await
+    }
+}
+
+/// Where the pump sends its frames (the hub link, or a test's channel).
+pub trait FrameSender: Send + Sync {
+    fn send_progress(&self, frame: Outbound);
+}
+
+/// Turn a task's pending progress into `task_progress` frames under the budget, until
+/// `cancel`. Sends a heartbeat frame when nothing happened for `heartbeat`.
+pub async fn pump(
+    sink: ProgressSink,
+    task_id: String,
+    budget: Arc<RateBudget>,
+    out: Arc<dyn FrameSender>,
+    redactor: Arc<Redactor>,
+    min_interval: Duration,
+    heartbeat: Duration,
+    cancel: CancellationToken,
+) {
+    let mut last_sent = tokio::time::Instant::now();
+    loop {
+        let beat = tokio::time::sleep_until(last_sent + heartbeat);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = sink.changed() => {}
+            _ = beat => {
+                sink.emit(ProgressEvent::status("still working"));
+            }
+        }
+        // Let events accumulate: one frame per interval at most.
+        let earliest = last_sent + min_interval;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep_until(earliest) => {}
+        }
+        loop {
+            match budget.try_progress() {
+                Ok(()) => break,
+                Err(wait) => tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                },
+            }
+        }
+        if let Some(mut event) = sink.take_event() {
+            redactor.scrub_value(&mut event);
+            out.send_progress(Outbound::TaskProgress {
+                task_id: task_id.clone(),
+                progress: None,
+                execution_event: Some(event),
+            });
+            last_sent = tokio::time::Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_text_is_bounded_and_keeps_the_tail() {
+        let s = ProgressSink::new(1024);
+        for i in 0..100_000 {
+            s.stream(EventKind::Stdout, &format!("{i}\n"));
+        }
+        let ev = s.take_event().unwrap();
+        let text = ev["text"].as_str().unwrap();
+        assert!(text.len() <= 1024 + 64, "{}", text.len());
+        assert!(text.ends_with("99999\n"));
+        assert!(text.contains("elided"));
+        assert!(s.take_event().is_none());
+    }
+
+    #[test]
+    fn structured_events_are_merged_not_lost() {
+        let s = ProgressSink::new(8192);
+        for i in 0..40 {
+            s.emit(
+                ProgressEvent::new(EventKind::VerificationCheckResult, format!("check {i}"))
+                    .with("attempt", 1),
+            );
+        }
+        let ev = s.take_event().unwrap();
+        assert_eq!(ev["event_type"], "verification_check_result");
+        let text = ev["text"].as_str().unwrap();
+        for i in 0..40 {
+            assert!(text.contains(&format!("check {i}")), "lost check {i}");
+        }
+    }
+}

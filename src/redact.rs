@@ -1,0 +1,104 @@
+//! Secret scrubbing: the token and configured secrets never leave the process.
+//!
+//! Task output often echoes environment values, so every progress event, result and report
+//! passes through [`Redactor`] before it is sent, and log lines go through it too. Each
+//! secret (≥ 6 bytes; shorter ones would redact ordinary words) is matched verbatim and in
+//! its base64 and URL-encoded forms.
+
+use base64::Engine;
+use serde_json::Value;
+
+pub const MARK: &str = "[REDACTED]";
+
+/// Replaces known secret values with [`MARK`].
+#[derive(Debug, Clone, Default)]
+pub struct Redactor {
+    needles: Vec<String>,
+}
+
+impl Redactor {
+    pub fn new(secrets: impl IntoIterator<Item = String>) -> Redactor {
+        let mut needles = Vec::new();
+        for s in secrets {
+            if s.len() < 6 {
+                continue;
+            }
+            let b64 = base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+            let b64_trim = b64.trim_end_matches('=').to_string();
+            let url = url_encode(&s);
+            for n in [s, b64, b64_trim, url] {
+                if n.len() >= 6 && !needles.contains(&n) {
+                    needles.push(n);
+                }
+            }
+        }
+        // Longest first, so a secret's encoded form is not half-replaced by a shorter one.
+        needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
+        Redactor { needles }
+    }
+
+    pub fn from_config(cfg: &crate::config::Config) -> Redactor {
+        Redactor::new(cfg.secret_values())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.needles.is_empty()
+    }
+
+    /// `s` with every secret replaced.
+    pub fn scrub(&self, s: &str) -> String {
+        let mut out = s.to_string();
+        for n in &self.needles {
+            if out.contains(n.as_str()) {
+                out = out.replace(n.as_str(), MARK);
+            }
+        }
+        out
+    }
+
+    /// Scrub every string inside a JSON value, in place.
+    pub fn scrub_value(&self, v: &mut Value) {
+        if self.needles.is_empty() {
+            return;
+        }
+        match v {
+            Value::String(s) => {
+                if self.needles.iter().any(|n| s.contains(n.as_str())) {
+                    *s = self.scrub(s);
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| self.scrub_value(x)),
+            Value::Object(m) => m.values_mut().for_each(|x| self.scrub_value(x)),
+            _ => {}
+        }
+    }
+}
+
+fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn scrubs_plain_base64_and_urlencoded_forms() {
+        let r = Redactor::new(vec!["s3cr3t/tok+en".to_string(), "abc".to_string()]);
+        let b64 = base64::engine::general_purpose::STANDARD.encode("s3cr3t/tok+en");
+        let text = format!("a s3cr3t/tok+en b {b64} c s3cr3t%2Ftok%2Ben abc");
+        let out = r.scrub(&text);
+        assert_eq!(out, "a [REDACTED] b [REDACTED] c [REDACTED] abc");
+        let mut v = json!({"x": ["s3cr3t/tok+en"], "n": 1});
+        r.scrub_value(&mut v);
+        assert_eq!(v, json!({"x": ["[REDACTED]"], "n": 1}));
+    }
+}

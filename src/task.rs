@@ -1,0 +1,249 @@
+//! The task model: what a `task_assign` frame asks for, parsed leniently.
+//!
+//! The hub is trusted to send well-formed tasks, but a daemon that runs unattended must not
+//! fall over on a field of the wrong type: required fields (`task_id`) are strict, every
+//! other field falls back to its default when it is missing, `null` or mistyped.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+
+/// Deserialize `T`, falling back to `T::default()` when the value is absent, `null` or of
+/// the wrong shape. The hub treats `null` as absent; we also tolerate wrong types.
+pub fn lenient<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned + Default,
+{
+    let v = Value::deserialize(d)?;
+    Ok(T::deserialize(v).unwrap_or_default())
+}
+
+/// A task as assigned by the hub (`task_assign`, PROTOCOL.md §5).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Task {
+    /// The hub's id for the task; echoed in every frame about it.
+    pub task_id: String,
+    /// Prose for an LLM. Never run as a command.
+    #[serde(default, deserialize_with = "lenient")]
+    pub description: String,
+    #[serde(default, deserialize_with = "lenient")]
+    pub metadata: TaskMetadata,
+    /// Echoed in `task_complete` / `task_failed`; the hub ignores results of old generations.
+    #[serde(default, deserialize_with = "lenient")]
+    pub generation: u64,
+    #[serde(default, deserialize_with = "lenient")]
+    pub assigned_at: Option<i64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub repo: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub branch: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub file_hints: Vec<FileHint>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub success_criteria: Vec<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub verification_steps: Vec<VerificationStep>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub complexity: Option<Complexity>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub routing_decision: Option<RoutingDecision>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub skip_verification: bool,
+    #[serde(default, deserialize_with = "lenient")]
+    pub verification_timeout_ms: Option<u64>,
+    /// 0 = one attempt. Capped at [`MAX_VERIFICATION_RETRIES`] by [`Task::retry_budget`].
+    #[serde(default, deserialize_with = "lenient")]
+    pub max_verification_retries: u32,
+}
+
+/// The hub's own cap on corrective retries.
+pub const MAX_VERIFICATION_RETRIES: u32 = 5;
+
+/// `task_assign.metadata`: free-form, with the keys the sidecar understands typed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TaskMetadata {
+    /// The only thing the shell executor ever runs.
+    #[serde(default, deserialize_with = "lenient")]
+    pub shell_command: Option<String>,
+    /// Execution timeout for the shell executor.
+    #[serde(default, deserialize_with = "lenient")]
+    pub timeout_ms: Option<u64>,
+    /// Forces the Ollama executor into (true) or out of (false) the agentic tool loop.
+    #[serde(default, deserialize_with = "lenient")]
+    pub agentic: Option<bool>,
+    /// Per-task cost cap for the verification loop, in USD.
+    #[serde(default, deserialize_with = "lenient")]
+    pub max_cost_usd: Option<f64>,
+    /// Everything else, kept so it round-trips through the state file.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct FileHint {
+    #[serde(default, deserialize_with = "lenient")]
+    pub path: String,
+    #[serde(default, deserialize_with = "lenient")]
+    pub reason: Option<String>,
+}
+
+/// One mechanical check (`verification_steps[]`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct VerificationStep {
+    #[serde(rename = "type", default, deserialize_with = "lenient")]
+    pub check_type: String,
+    #[serde(default, deserialize_with = "lenient")]
+    pub target: String,
+    #[serde(default, deserialize_with = "lenient")]
+    pub description: Option<String>,
+    /// Per-check timeout (an extension; the report's global deadline still applies).
+    #[serde(default, deserialize_with = "lenient")]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Complexity {
+    #[serde(default, deserialize_with = "lenient")]
+    pub effective_tier: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub source: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RoutingDecision {
+    #[serde(default, deserialize_with = "lenient")]
+    pub effective_tier: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub target_type: Option<String>,
+    /// `host:port` of the Ollama endpoint chosen by the hub.
+    #[serde(default, deserialize_with = "lenient")]
+    pub selected_endpoint: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub selected_model: Option<String>,
+}
+
+/// Which executor runs a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutorKind {
+    Shell,
+    Claude,
+    Ollama,
+}
+
+/// The task's complexity tier, which sizes timeouts and iteration caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    Trivial,
+    Standard,
+    Complex,
+}
+
+/// Why a task cannot be routed to any executor.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoutingError {
+    #[error("routing target `wake` (legacy wake command path) is not supported by hub-sidecar; route the task to `sidecar`, `claude` or `ollama`")]
+    WakeUnsupported,
+    #[error("unknown routing target `{0}`: expected `sidecar`, `claude` or `ollama`")]
+    UnknownTarget(String),
+}
+
+impl Task {
+    /// Parse a `task_assign` frame (or a task file of that shape).
+    pub fn from_value(v: Value) -> Result<Task, serde_json::Error> {
+        serde_json::from_value(v)
+    }
+
+    /// The complexity tier: routing decision first, then complexity, default standard.
+    pub fn tier(&self) -> Tier {
+        let t = self
+            .routing_decision
+            .as_ref()
+            .and_then(|r| r.effective_tier.as_deref())
+            .or_else(|| {
+                self.complexity
+                    .as_ref()
+                    .and_then(|c| c.effective_tier.as_deref())
+            });
+        match t {
+            Some("trivial") => Tier::Trivial,
+            Some("complex") => Tier::Complex,
+            _ => Tier::Standard,
+        }
+    }
+
+    /// Executor choice per PROTOCOL.md §5: `routing_decision.target_type`, else inferred from
+    /// the tier (trivial → shell, complex → claude, otherwise ollama).
+    pub fn executor_kind(&self) -> Result<ExecutorKind, RoutingError> {
+        let target = self
+            .routing_decision
+            .as_ref()
+            .and_then(|r| r.target_type.as_deref());
+        match target {
+            Some("sidecar") | Some("shell") => Ok(ExecutorKind::Shell),
+            Some("claude") => Ok(ExecutorKind::Claude),
+            Some("ollama") => Ok(ExecutorKind::Ollama),
+            Some("wake") => Err(RoutingError::WakeUnsupported),
+            Some(other) => Err(RoutingError::UnknownTarget(other.to_string())),
+            None => Ok(match self.tier() {
+                Tier::Trivial => ExecutorKind::Shell,
+                Tier::Complex => ExecutorKind::Claude,
+                Tier::Standard => ExecutorKind::Ollama,
+            }),
+        }
+    }
+
+    /// Corrective retries allowed: the hub's value, capped at 5.
+    pub fn retry_budget(&self) -> u32 {
+        self.max_verification_retries.min(MAX_VERIFICATION_RETRIES)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn wrong_types_fall_back_to_defaults() {
+        let t = Task::from_value(json!({
+            "task_id": "t1", "description": 5, "generation": "x", "file_hints": "nope",
+            "verification_steps": [{"type": "file_exists", "target": 3}],
+            "metadata": {"shell_command": ["a"], "custom": 1},
+            "max_verification_retries": 9, "complexity": null
+        }))
+        .unwrap();
+        assert_eq!(t.description, "");
+        assert_eq!(t.generation, 0);
+        assert!(t.file_hints.is_empty());
+        assert_eq!(t.verification_steps[0].check_type, "file_exists");
+        assert_eq!(t.verification_steps[0].target, "");
+        assert_eq!(t.metadata.shell_command, None);
+        assert_eq!(t.metadata.extra["custom"], json!(1));
+        assert_eq!(t.retry_budget(), 5);
+    }
+
+    #[test]
+    fn missing_task_id_is_an_error() {
+        assert!(Task::from_value(json!({"description": "x"})).is_err());
+    }
+
+    #[test]
+    fn executor_choice_follows_routing_then_tier() {
+        let mut t = Task::from_value(json!({"task_id": "t"})).unwrap();
+        assert_eq!(t.executor_kind(), Ok(ExecutorKind::Ollama));
+        t.complexity = Some(Complexity {
+            effective_tier: Some("trivial".into()),
+            source: None,
+        });
+        assert_eq!(t.executor_kind(), Ok(ExecutorKind::Shell));
+        t.routing_decision = Some(RoutingDecision {
+            target_type: Some("claude".into()),
+            ..Default::default()
+        });
+        assert_eq!(t.executor_kind(), Ok(ExecutorKind::Claude));
+        t.routing_decision.as_mut().unwrap().target_type = Some("wake".into());
+        assert_eq!(t.executor_kind(), Err(RoutingError::WakeUnsupported));
+    }
+}
