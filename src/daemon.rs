@@ -1,1 +1,537 @@
-//! (in progress)
+//! The daemon: one actor that owns the task state and reacts to the hub link, the runner
+//! and shutdown signals.
+//!
+//! Invariants it keeps:
+//! - at most one task is active; it is on disk before `task_accepted` is sent;
+//! - a terminal frame is in the on-disk outbox before it is sent, and leaves the outbox only
+//!   when the hub answers it (`task_ack`, or a final `task_*_failed` error);
+//! - outbox frames are sent one at a time, each followed by a barrier ping, so an answer can
+//!   be matched to its frame even though the hub's error replies carry no task id;
+//! - shutdown drains (finish the task, deliver its result) before it stops, unless forced.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::hub::budget::RateBudget;
+use crate::hub::link::{self, LinkEvent, LinkHandle};
+use crate::hub::proto::{Inbound, Outbound};
+use crate::ops::Ops;
+use crate::process::ChildEnv;
+use crate::progress::{ProgressEvent, ProgressSink};
+use crate::redact::Redactor;
+use crate::runner::{self, RunnerDeps, TaskOutcome};
+use crate::state::{ActiveTask, OutboxEntry, PersistedState, Phase, StateStore};
+use crate::task::Task;
+use crate::util::now_ms;
+
+/// The two stages of stopping. `drain`: take no new task, finish the current one, deliver
+/// its result, exit. `abort`: cancel the current task, keep it on disk for recovery, exit.
+#[derive(Clone, Default)]
+pub struct Shutdown {
+    pub drain: CancellationToken,
+    pub abort: CancellationToken,
+}
+
+impl Shutdown {
+    pub fn new() -> Shutdown {
+        Shutdown::default()
+    }
+}
+
+/// Why [`run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitReason {
+    /// Drained after a stop request.
+    Drained,
+    /// Forced stop: the task (if any) is kept for `task_recovering`.
+    Aborted,
+    /// The hub asked for a restart (`restart_sidecar`); systemd starts us again.
+    RestartRequested,
+}
+
+/// How long a drain waits for the outbox to empty after the task finished.
+const OUTBOX_FLUSH: Duration = Duration::from_secs(10);
+
+/// Run the daemon until shutdown. `ops` receives metrics and health.
+pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
+    let cfg = Arc::new(cfg);
+    let store = StateStore::new(cfg.state_file());
+    let loaded = store.load().await.with_context(|| {
+        format!(
+            "loading state from {}; fix its permissions or move it away",
+            store.path().display()
+        )
+    })?;
+    if let Some((aside, error)) = &loaded.corrupt {
+        tracing::error!(
+            file = %store.path().display(),
+            moved_to = %aside.display(),
+            error = %error,
+            "state file was corrupt: moved aside and starting with empty state; inspect the saved copy"
+        );
+    }
+    let mut state = loaded.state;
+    if let Some(active) = &mut state.active {
+        tracing::warn!(task_id = %active.task.task_id, "found an unfinished task from a previous run; will ask the hub with task_recovering");
+        active.phase = Phase::Recovering;
+    }
+    if let Err(e) = store.save(&state).await {
+        tracing::error!(error = %e, "state directory is not writable: tasks will be refused until it is");
+    }
+
+    let budget = Arc::new(RateBudget::from_config(&cfg.progress));
+    let (handle, out_rx) = link::channel();
+    let (ev_tx, ev_rx) = mpsc::channel(1024);
+    let link_cancel = CancellationToken::new();
+    let link_task = tokio::spawn(link::run(
+        cfg.clone(),
+        budget.clone(),
+        ev_tx,
+        out_rx,
+        ops.clone(),
+        link_cancel.clone(),
+    ));
+    let redactor = Arc::new(Redactor::from_config(&cfg));
+    let deps = RunnerDeps {
+        config: cfg.clone(),
+        env: ChildEnv::from_config(&cfg),
+        redactor,
+        budget,
+        out: Arc::new(handle.clone()),
+        ops: ops.clone(),
+    };
+    let mut d = Daemon {
+        cfg,
+        store,
+        state,
+        link: handle,
+        deps,
+        ops,
+        events: ev_rx,
+        running: None,
+        identified: false,
+        inflight: None,
+        outbox_retry_at: None,
+        draining: false,
+        drain_deadline: None,
+        flush_deadline: None,
+        restart_requested: false,
+    };
+    let reason = d.run(&shutdown).await;
+    d.ops.stopping();
+    link_cancel.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), link_task).await;
+    Ok(reason)
+}
+
+/// The task being worked on now.
+struct Running {
+    task_id: String,
+    cancel: CancellationToken,
+    handle: JoinHandle<TaskOutcome>,
+    /// The hub took the task back (cancelled, reassigned, aborted): send nothing for it.
+    dropped: bool,
+}
+
+struct Daemon {
+    cfg: Arc<Config>,
+    store: StateStore,
+    state: PersistedState,
+    link: LinkHandle,
+    deps: RunnerDeps,
+    ops: Ops,
+    events: mpsc::Receiver<LinkEvent>,
+    running: Option<Running>,
+    identified: bool,
+    /// Task id of the outbox head sent on this connection and not yet answered.
+    inflight: Option<String>,
+    /// When to re-send the outbox head after it went unanswered.
+    outbox_retry_at: Option<Instant>,
+    draining: bool,
+    drain_deadline: Option<Instant>,
+    /// Set once a drain has nothing left to run: how long the outbox may take.
+    flush_deadline: Option<Instant>,
+    restart_requested: bool,
+}
+
+async fn join_running(r: &mut Option<Running>) -> Result<TaskOutcome, tokio::task::JoinError> {
+    match r {
+        Some(r) => (&mut r.handle).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Daemon {
+    async fn run(&mut self, shutdown: &Shutdown) -> ExitReason {
+        self.ops.status("connecting to the hub");
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.abort.cancelled() => {
+                    self.abort().await;
+                    return ExitReason::Aborted;
+                }
+                _ = sleep_until_opt(self.drain_deadline) => {
+                    tracing::warn!(drain_timeout_secs = self.cfg.drain_timeout_secs, "drain timeout reached; cancelling the task and keeping it for recovery");
+                    self.abort().await;
+                    return ExitReason::Aborted;
+                }
+                _ = shutdown.drain.cancelled(), if !self.draining => {
+                    tracing::info!(running = self.running.is_some(), "stop requested: draining (no new tasks; the current one may finish)");
+                    self.draining = true;
+                    self.drain_deadline = Some(Instant::now() + Duration::from_secs(self.cfg.drain_timeout_secs));
+                    self.ops.status("draining");
+                }
+                res = join_running(&mut self.running) => {
+                    let r = self.running.take().expect("joined a running task");
+                    self.task_finished(r, res).await;
+                }
+                ev = self.events.recv() => match ev {
+                    Some(ev) => self.on_link_event(ev).await,
+                    None => {
+                        tracing::error!("hub link task ended unexpectedly");
+                        self.abort().await;
+                        return ExitReason::Aborted;
+                    }
+                },
+                _ = sleep_until_opt(self.outbox_retry_at) => {
+                    self.outbox_retry_at = None;
+                    self.pump_outbox();
+                }
+                _ = sleep_until_opt(self.flush_deadline) => {
+                    tracing::warn!(pending = self.state.outbox.len(), "outbox not flushed in time; results stay on disk and are re-sent on the next start");
+                    return self.idle_exit_reason();
+                }
+            }
+            if (self.draining || self.restart_requested) && self.running.is_none() {
+                if self.state.outbox.is_empty() {
+                    return self.idle_exit_reason();
+                }
+                self.flush_deadline.get_or_insert_with(|| Instant::now() + OUTBOX_FLUSH);
+            }
+        }
+    }
+
+    fn idle_exit_reason(&self) -> ExitReason {
+        if self.draining {
+            ExitReason::Drained
+        } else {
+            ExitReason::RestartRequested
+        }
+    }
+
+    async fn save(&self) -> bool {
+        match self.store.save(&self.state).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "state not persisted");
+                false
+            }
+        }
+    }
+
+    async fn on_link_event(&mut self, ev: LinkEvent) {
+        match ev {
+            LinkEvent::Identified { epoch } => {
+                self.link.set_epoch(epoch);
+                self.identified = true;
+                self.inflight = None;
+                self.ops.ready();
+                self.after_identify();
+            }
+            LinkEvent::Disconnected { reason } => {
+                tracing::debug!(reason = %reason, "link down");
+                self.identified = false;
+                self.inflight = None;
+                self.ops.status("reconnecting to the hub");
+            }
+            LinkEvent::Barrier { task_id } => {
+                if self.inflight.as_deref() == Some(task_id.as_str()) {
+                    // The hub answered the ping after our frame but not the frame: it was
+                    // dropped (rate limit). Send it again once the budget allows.
+                    tracing::warn!(task_id = %task_id, "terminal frame went unanswered; re-sending");
+                    self.inflight = None;
+                    self.outbox_retry_at = Some(Instant::now() + Duration::from_secs(1));
+                }
+            }
+            LinkEvent::Frame(frame) => self.on_frame(frame).await,
+        }
+    }
+
+    /// After each `identified`: recovery question, state report, outbox.
+    fn after_identify(&mut self) {
+        if let Some(active) = &self.state.active {
+            let task = &active.task;
+            match active.phase {
+                Phase::Recovering if self.running.is_none() => {
+                    self.link.send(Outbound::TaskRecovering {
+                        task_id: task.task_id.clone(),
+                        generation: task.generation,
+                    });
+                }
+                _ if self.running.is_some() => {
+                    self.link.send(Outbound::StateReport {
+                        task_id: task.task_id.clone(),
+                        status: "working".into(),
+                        generation: task.generation,
+                        assigned_at: task.assigned_at,
+                    });
+                }
+                _ => {}
+            }
+        }
+        self.status_line();
+        self.pump_outbox();
+    }
+
+    fn status_line(&self) {
+        match &self.state.active {
+            Some(a) => self.ops.status(&format!("connected, running task {}", a.task.task_id)),
+            None => self.ops.status("connected, idle"),
+        }
+    }
+
+    async fn on_frame(&mut self, frame: Inbound) {
+        match frame {
+            Inbound::TaskAssign(task) => self.on_assign(*task).await,
+            Inbound::TaskCancelled { task_id } => {
+                tracing::info!(task_id = %task_id, "hub cancelled the task");
+                self.drop_task(&task_id).await;
+            }
+            Inbound::TaskReassign { task_id } => {
+                tracing::info!(task_id = %task_id, "hub re-queued the task; dropping it");
+                self.drop_task(&task_id).await;
+            }
+            Inbound::StateReportAck { task_id, action } => {
+                if action == "abort" {
+                    tracing::warn!(task_id = %task_id, "hub says abort the task");
+                    self.drop_task(&task_id).await;
+                }
+            }
+            Inbound::TaskContinue { task_id, generation } => self.on_continue(&task_id, generation).await,
+            Inbound::RestartSidecar { reason } => {
+                tracing::info!(reason = ?reason, "hub asked for a restart; exiting once idle");
+                self.restart_requested = true;
+            }
+            Inbound::TaskAck { task_id, status } => {
+                if status.as_deref() == Some("accepted") {
+                    return;
+                }
+                let before = self.state.outbox.len();
+                self.state.outbox.retain(|e| e.task_id != task_id);
+                if self.inflight.as_deref() == Some(task_id.as_str()) {
+                    self.inflight = None;
+                }
+                if self.state.outbox.len() != before {
+                    tracing::info!(task_id = %task_id, status = ?status, "result acknowledged by the hub");
+                    self.save().await;
+                }
+                self.pump_outbox();
+            }
+            Inbound::Error { error, message_type, .. } => {
+                if error.starts_with("task_complete_failed") || error.starts_with("task_fail_failed") {
+                    if let Some(task_id) = self.inflight.take() {
+                        tracing::error!(task_id = %task_id, error = %error, "hub refused the result for good (stale generation or unknown task); dropping it");
+                        if let Some(pos) = self.state.outbox.iter().position(|e| e.task_id == task_id) {
+                            self.state.outbox.remove(pos);
+                        }
+                        self.save().await;
+                        self.pump_outbox();
+                    }
+                } else {
+                    tracing::warn!(error = %error, message_type = ?message_type, "hub reported an error");
+                }
+            }
+            Inbound::RateLimited { .. } => {}
+            other => tracing::debug!(frame = ?other, "hub frame needs no action"),
+        }
+    }
+
+    async fn on_assign(&mut self, task: Task) {
+        let task_id = task.task_id.clone();
+        tracing::info!(task_id = %task_id, generation = task.generation, "task assigned");
+        if let (Some(r), Some(active)) = (&self.running, &mut self.state.active) {
+            if r.task_id == task_id {
+                // The hub re-assigned the task we are already running (after a reconnect):
+                // keep the work, adopt the new generation.
+                active.task.generation = task.generation;
+                self.save().await;
+                self.link.send(Outbound::TaskAccepted { task_id });
+                return;
+            }
+        }
+        if self.state.active.is_some() {
+            tracing::warn!(task_id = %task_id, "busy with another task: refusing");
+            return self.refuse(&task, "sidecar_busy").await;
+        }
+        if self.draining || self.restart_requested {
+            return self.refuse(&task, "sidecar_shutting_down").await;
+        }
+        self.state.active = Some(ActiveTask {
+            task: task.clone(),
+            phase: Phase::Running,
+            accepted_at: now_ms(),
+        });
+        if !self.save().await {
+            self.state.active = None;
+            tracing::error!(task_id = %task_id, state_file = %self.store.path().display(), "cannot persist the task, so not accepting it");
+            return self.refuse(&task, "state_not_persistable: the sidecar cannot write its state file").await;
+        }
+        self.link.send(Outbound::TaskAccepted {
+            task_id: task_id.clone(),
+        });
+        self.start(task);
+    }
+
+    /// Answer an assignment we will not run with `task_failed` (via the outbox).
+    async fn refuse(&mut self, task: &Task, reason: &str) {
+        self.state.outbox.push(OutboxEntry {
+            task_id: task.task_id.clone(),
+            frame: Outbound::task_failed(&task.task_id, task.generation, reason),
+            created_at: now_ms(),
+        });
+        self.save().await;
+        self.pump_outbox();
+    }
+
+    async fn on_continue(&mut self, task_id: &str, generation: Option<u64>) {
+        let Some(active) = &mut self.state.active else {
+            return;
+        };
+        if active.task.task_id != task_id || active.phase != Phase::Recovering || self.running.is_some() {
+            return;
+        }
+        if let Some(g) = generation {
+            active.task.generation = g;
+        }
+        active.phase = Phase::Running;
+        let task = active.task.clone();
+        tracing::info!(task_id = %task_id, generation = task.generation, "hub says continue: running the task again");
+        self.save().await;
+        self.start(task);
+    }
+
+    /// Stop and forget a task the hub no longer wants us to run.
+    async fn drop_task(&mut self, task_id: &str) {
+        if let Some(r) = &mut self.running {
+            if r.task_id == task_id {
+                r.dropped = true;
+                r.cancel.cancel();
+                return; // cleared when the runner returns
+            }
+        }
+        if self.state.active.as_ref().is_some_and(|a| a.task.task_id == task_id) {
+            self.state.active = None;
+            self.ops.set_active_task(None);
+            self.save().await;
+            self.status_line();
+        }
+    }
+
+    fn start(&mut self, task: Task) {
+        let task = Arc::new(task);
+        let cancel = CancellationToken::new();
+        let sink = ProgressSink::new(self.cfg.progress.max_text_bytes);
+        sink.emit(ProgressEvent::status("task accepted"));
+        self.ops.set_active_task(Some(&task.task_id));
+        let handle = tokio::spawn(runner::run_task(
+            task.clone(),
+            self.deps.clone(),
+            sink,
+            cancel.clone(),
+        ));
+        self.running = Some(Running {
+            task_id: task.task_id.clone(),
+            cancel,
+            handle,
+            dropped: false,
+        });
+        self.status_line();
+    }
+
+    async fn task_finished(&mut self, r: Running, res: Result<TaskOutcome, tokio::task::JoinError>) {
+        self.ops.set_active_task(None);
+        let generation = self.state.active.as_ref().map(|a| a.task.generation).unwrap_or(0);
+        self.state.active = None;
+        let outcome = match res {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(task_id = %r.task_id, error = %e, "task runner crashed");
+                TaskOutcome::Terminal(Outbound::task_failed(
+                    &r.task_id,
+                    generation,
+                    &format!("sidecar internal error while running the task: {e}"),
+                ))
+            }
+        };
+        match outcome {
+            _ if r.dropped => {
+                tracing::info!(task_id = %r.task_id, "task stopped and dropped as the hub asked");
+            }
+            TaskOutcome::Cancelled => {
+                tracing::info!(task_id = %r.task_id, "task cancelled");
+            }
+            TaskOutcome::Terminal(mut frame) => {
+                // The hub may have moved the generation on while we worked (re-assign).
+                match &mut frame {
+                    Outbound::TaskComplete { generation: g, .. } | Outbound::TaskFailed { generation: g, .. } => *g = generation,
+                    _ => {}
+                }
+                tracing::info!(task_id = %r.task_id, frame = frame.kind(), "task finished; result stored in the outbox");
+                self.state.outbox.push(OutboxEntry {
+                    task_id: r.task_id.clone(),
+                    frame,
+                    created_at: now_ms(),
+                });
+            }
+        }
+        self.save().await;
+        self.status_line();
+        self.pump_outbox();
+    }
+
+    /// Send the outbox head if nothing is in flight.
+    fn pump_outbox(&mut self) {
+        if !self.identified || self.inflight.is_some() || self.outbox_retry_at.is_some() {
+            return;
+        }
+        if let Some(head) = self.state.outbox.first() {
+            if self.link.send_with_barrier(head.frame.clone(), &head.task_id) {
+                self.inflight = Some(head.task_id.clone());
+            }
+        }
+    }
+
+    /// Forced stop: cancel the task, keep it on disk as recovering.
+    async fn abort(&mut self) {
+        if let Some(mut r) = self.running.take() {
+            tracing::warn!(task_id = %r.task_id, "forced stop: cancelling the running task; it will be reported with task_recovering on the next start");
+            r.cancel.cancel();
+            let grace = Duration::from_millis(self.cfg.executor.kill_grace_ms) + Duration::from_secs(2);
+            match tokio::time::timeout(grace, &mut r.handle).await {
+                Ok(_) => {}
+                Err(_) => r.handle.abort(),
+            }
+            if r.dropped {
+                self.state.active = None;
+            } else if let Some(a) = &mut self.state.active {
+                a.phase = Phase::Recovering;
+            }
+        }
+        self.save().await;
+    }
+}

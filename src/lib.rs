@@ -23,6 +23,7 @@
 //! - [`mock_hub`]: an in-process hub that validates frames like the real one (tests, demo).
 //! - [`demo`]: the `demo` subcommand.
 
+pub mod cli;
 pub mod config;
 pub mod cost;
 pub mod daemon;

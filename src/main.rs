@@ -1,1 +1,33 @@
-fn main() {}
+//! `hub-sidecar`: parse the command line, set up logging, run the library, map the result
+//! to an exit code.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use hub_sidecar::cli::{self, Cli};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Secrets known from the environment are scrubbed from logs from the first line on;
+    // the daemon's own logging never formats the token in the first place.
+    let secrets = std::env::var("HUB_SIDECAR_TOKEN").into_iter().collect();
+    let logs = cli::init_tracing(cli.log_format, cli.log_level.as_deref(), secrets);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hub-sidecar: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(cli, logs)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hub-sidecar: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

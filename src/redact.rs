@@ -102,3 +102,67 @@ mod tests {
         assert_eq!(v, json!({"x": ["[REDACTED]"], "n": 1}));
     }
 }
+
+/// A `tracing_subscriber` writer that scrubs secrets from every log line before it is
+/// written: defence in depth, so even a careless log statement cannot leak the token.
+///
+/// Cloning shares the secret list: [`RedactingWriter::set`] on any clone (e.g. once the
+/// config file is loaded) applies to all log output from then on.
+#[derive(Clone, Default)]
+pub struct RedactingWriter {
+    redactor: std::sync::Arc<std::sync::RwLock<std::sync::Arc<Redactor>>>,
+}
+
+impl RedactingWriter {
+    pub fn new(redactor: Redactor) -> RedactingWriter {
+        let w = RedactingWriter::default();
+        w.set(redactor);
+        w
+    }
+
+    /// Replace the secrets scrubbed from logs.
+    pub fn set(&self, redactor: Redactor) {
+        *self.redactor.write().expect("redactor lock poisoned") = std::sync::Arc::new(redactor);
+    }
+
+    fn current(&self) -> std::sync::Arc<Redactor> {
+        self.redactor.read().expect("redactor lock poisoned").clone()
+    }
+}
+
+/// One event's bytes, scrubbed and written to stderr on drop.
+pub struct ScrubbedLine {
+    redactor: std::sync::Arc<Redactor>,
+    buf: Vec<u8>,
+}
+
+impl std::io::Write for ScrubbedLine {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for ScrubbedLine {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let text = String::from_utf8_lossy(&self.buf);
+        let clean = self.redactor.scrub(&text);
+        let _ = std::io::stderr().lock().write_all(clean.as_bytes());
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for RedactingWriter {
+    type Writer = ScrubbedLine;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        ScrubbedLine {
+            redactor: self.current(),
+            buf: Vec::with_capacity(256),
+        }
+    }
+}

@@ -1,1 +1,225 @@
-//! (in progress)
+//! Runs one task to its terminal frame: workspace, executor, verification loop, result.
+//!
+//! The runner owns nothing durable: it returns the frame and the daemon puts it in the
+//! outbox. Everything it sends is redacted first.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::executor::{ExecContext, ExecStatus, Executor};
+use crate::hub::budget::RateBudget;
+use crate::hub::proto::Outbound;
+use crate::ops::Ops;
+use crate::process::ChildEnv;
+use crate::progress::{self, FrameSender, ProgressEvent, ProgressSink};
+use crate::redact::Redactor;
+use crate::task::Task;
+use crate::verify::retry_loop::{self, LoopOutcome};
+use crate::verify::VerificationStatus;
+
+/// What the daemon gives every runner.
+#[derive(Clone)]
+pub struct RunnerDeps {
+    pub config: Arc<Config>,
+    pub env: ChildEnv,
+    pub redactor: Arc<Redactor>,
+    pub budget: Arc<RateBudget>,
+    pub out: Arc<dyn FrameSender>,
+    pub ops: Ops,
+}
+
+/// How a task run ended.
+#[derive(Debug)]
+pub enum TaskOutcome {
+    /// `task_complete` or `task_failed`, ready for the outbox.
+    Terminal(Outbound),
+    /// Cancelled (by the hub or a forced stop): no terminal frame.
+    Cancelled,
+}
+
+/// Result output kept in `task_complete.result.output` (head and tail).
+const RESULT_OUTPUT_CAP: usize = 64 * 1024;
+
+/// The workspace for a task without a repository: `repo_dir`, else a per-task directory.
+pub fn workspace_for(cfg: &Config, task: &Task) -> PathBuf {
+    match &cfg.repo_dir {
+        Some(d) => d.clone(),
+        None => {
+            let safe: String = task
+                .task_id
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+                .take(100)
+                .collect();
+            cfg.state_dir.join("work").join(safe)
+        }
+    }
+}
+
+/// Run `task` to a terminal frame. `progress` may carry an observer (terminal display).
+pub async fn run_task(
+    task: Arc<Task>,
+    deps: RunnerDeps,
+    progress: ProgressSink,
+    cancel: CancellationToken,
+) -> TaskOutcome {
+    let cfg = deps.config.clone();
+    let workspace = workspace_for(&cfg, &task);
+    if let Err(e) = tokio::fs::create_dir_all(&workspace).await {
+        return TaskOutcome::Terminal(Outbound::task_failed(
+            &task.task_id,
+            task.generation,
+            &format!("cannot create workspace {}: {e}", workspace.display()),
+        ));
+    }
+    let pump_cancel = cancel.child_token();
+    let pump = tokio::spawn(progress::pump(
+        progress.clone(),
+        task.task_id.clone(),
+        deps.budget.clone(),
+        deps.out.clone(),
+        deps.redactor.clone(),
+        Duration::from_millis(cfg.progress.min_interval_ms),
+        Duration::from_secs(cfg.progress.heartbeat_secs),
+        pump_cancel.clone(),
+    ));
+    let ctx = ExecContext {
+        task: task.clone(),
+        workspace,
+        config: cfg.clone(),
+        env: deps.env.clone(),
+        progress: progress.clone(),
+        cancel: cancel.clone(),
+    };
+    let outcome = match Executor::for_task(&ctx) {
+        Err(reason) => {
+            deps.ops.metrics().task_finished("execution_failed");
+            Some(Outbound::task_failed(&task.task_id, task.generation, &reason))
+        }
+        Ok(mut executor) => {
+            progress.emit(ProgressEvent::status(format!(
+                "executor {:?} started",
+                executor.kind()
+            )));
+            let lo = retry_loop::run(&mut executor, &ctx).await;
+            record_metrics(&deps.ops, &lo);
+            if cancel.is_cancelled() || lo.last_exec.status == ExecStatus::Cancelled {
+                None
+            } else {
+                Some(frame_for(&task, &lo))
+            }
+        }
+    };
+    pump_cancel.cancel();
+    let _ = pump.await;
+    match outcome {
+        None => TaskOutcome::Cancelled,
+        Some(mut frame) => {
+            redact_frame(&deps.redactor, &mut frame);
+            TaskOutcome::Terminal(frame)
+        }
+    }
+}
+
+fn record_metrics(ops: &Ops, lo: &LoopOutcome) {
+    let m = ops.metrics();
+    let outcome = match lo.verification_status {
+        VerificationStatus::Verified => "verified",
+        VerificationStatus::PartialPass => "partial_pass",
+        VerificationStatus::ExecutionFailed => "execution_failed",
+    };
+    if lo.last_exec.status == ExecStatus::Cancelled {
+        m.task_finished("cancelled");
+    } else {
+        m.task_finished(outcome);
+    }
+    m.verification_attempts.observe(lo.attempts.len() as f64);
+    m.execution_seconds.observe(lo.execution_ms as f64 / 1000.0);
+    m.tokens.inc_by(lo.tokens_in + lo.tokens_out);
+    m.cost_usd.inc_by(lo.cost_usd);
+}
+
+/// The terminal frame for a finished loop: `task_failed` for an execution failure,
+/// `task_complete` with every attempt's report otherwise.
+pub fn frame_for(task: &Task, lo: &LoopOutcome) -> Outbound {
+    if lo.verification_status == VerificationStatus::ExecutionFailed {
+        let reason = lo
+            .last_exec
+            .error
+            .clone()
+            .unwrap_or_else(|| format!("execution {:?}", lo.last_exec.status));
+        return Outbound::task_failed(&task.task_id, task.generation, &reason);
+    }
+    let history: Vec<Value> = lo
+        .attempts
+        .iter()
+        .map(|a| serde_json::to_value(a).expect("reports serialize"))
+        .collect();
+    Outbound::TaskComplete {
+        task_id: task.task_id.clone(),
+        generation: task.generation,
+        result: result_json(lo),
+        tokens_used: lo.tokens_in + lo.tokens_out,
+        verification_report: history.last().cloned(),
+        verification_history: history,
+    }
+}
+
+/// `task_complete.result` (PROTOCOL.md §7).
+pub fn result_json(lo: &LoopOutcome) -> Value {
+    let status = match lo.verification_status {
+        VerificationStatus::Verified => "success",
+        _ => "partial",
+    };
+    json!({
+        "status": status,
+        "output": head_tail(&lo.last_exec.output, RESULT_OUTPUT_CAP),
+        "model_used": lo.last_exec.model_used,
+        "tokens_in": lo.tokens_in,
+        "tokens_out": lo.tokens_out,
+        "estimated_cost_usd": lo.cost_usd,
+        "equivalent_claude_cost_usd": lo.equivalent_claude_cost_usd,
+        "execution_ms": lo.execution_ms,
+        "verification_status": lo.verification_status,
+        "verification_attempts": lo.attempts.len(),
+        "termination_reason": lo.termination_reason,
+        "iterations_used": lo.last_exec.iterations_used,
+    })
+}
+
+/// `s` cut to about `max` bytes keeping head and tail, with a marker saying what was cut.
+pub fn head_tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut buf = crate::process::CappedBuf::new(max);
+    buf.push(s.as_bytes());
+    buf.to_string_lossy()
+}
+
+fn redact_frame(r: &Redactor, frame: &mut Outbound) {
+    match frame {
+        Outbound::TaskComplete {
+            result,
+            verification_report,
+            verification_history,
+            ..
+        } => {
+            r.scrub_value(result);
+            if let Some(v) = verification_report {
+                r.scrub_value(v);
+            }
+            verification_history.iter_mut().for_each(|v| r.scrub_value(v));
+        }
+        Outbound::TaskFailed { error, reason, .. } => {
+            *error = r.scrub(error);
+            *reason = r.scrub(reason);
+        }
+        _ => {}
+    }
+}

@@ -78,6 +78,24 @@ impl RateBudget {
         }
     }
 
+    /// How long until a lifecycle token is available (zero if one is now). Takes nothing.
+    pub fn try_lifecycle_wait(&self) -> Duration {
+        let now = Instant::now();
+        let b = self.bucket.lock().expect("budget lock poisoned");
+        if let Some(until) = b.paused_until {
+            if now < until {
+                return until - now;
+            }
+        }
+        let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
+        let tokens = (b.tokens + elapsed * self.per_sec).min(self.capacity);
+        if tokens >= 1.0 || self.per_sec <= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64((1.0 - tokens) / self.per_sec)
+        }
+    }
+
     /// The hub says only `remaining` tokens are left: believe it if it is lower than ours.
     pub fn on_warning(&self, remaining: u64) {
         let mut b = self.bucket.lock().expect("budget lock poisoned");

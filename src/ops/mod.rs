@@ -1,1 +1,120 @@
-//! Operations: systemd notification, health and metrics (filled in by the operations issue).
+//! Operations: what an operator sees of the daemon — metrics, health, systemd status.
+//!
+//! [`Ops`] is a cheap handle every part of the daemon reports into. It holds no task state:
+//! only counters, gauges and the few facts `/healthz` and the systemd watchdog need.
+//!
+//! # Layout
+//!
+//! - [`metrics`]: the Prometheus registry.
+//! - [`systemd`]: sd_notify readiness, status and watchdog.
+
+pub mod metrics;
+pub mod systemd;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+
+use metrics::Metrics;
+
+/// Facts for `/healthz` and the watchdog.
+#[derive(Debug, Default)]
+struct Health {
+    identified: bool,
+    last_pong: Option<Instant>,
+    active_task: Option<String>,
+}
+
+/// The handle. Clone freely.
+#[derive(Clone, Default)]
+pub struct Ops {
+    metrics: Arc<Metrics>,
+    health: Arc<Mutex<Health>>,
+    ready_sent: Arc<AtomicBool>,
+}
+
+/// A snapshot for `/healthz`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HealthSnapshot {
+    pub connected: bool,
+    pub identified: bool,
+    pub active_task: Option<String>,
+    pub last_pong_age_ms: Option<u64>,
+}
+
+impl Ops {
+    pub fn new() -> Ops {
+        Ops::default()
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().expect("health lock poisoned")
+    }
+
+    pub fn link_state(&self, identified: bool) {
+        self.health().identified = identified;
+        self.metrics.connected.set(i64::from(identified));
+    }
+
+    pub fn pong(&self) {
+        self.health().last_pong = Some(Instant::now());
+    }
+
+    pub fn reconnect(&self) {
+        self.metrics.reconnects.inc();
+    }
+
+    pub fn frame_in(&self) {
+        self.metrics.frames_in.inc();
+    }
+
+    pub fn frame_out(&self, kind: &'static str) {
+        self.metrics.frame_out(kind);
+    }
+
+    pub fn rate_limited(&self) {
+        self.metrics.rate_limited.inc();
+    }
+
+    pub fn set_active_task(&self, task_id: Option<&str>) {
+        self.health().active_task = task_id.map(str::to_string);
+    }
+
+    /// `READY=1`, once, after the first `identified`.
+    pub fn ready(&self) {
+        if !self.ready_sent.swap(true, Ordering::AcqRel) {
+            systemd::notify(&[sd_notify::NotifyState::Ready]);
+        }
+    }
+
+    /// A `STATUS=` line for `systemctl status`.
+    pub fn status(&self, line: &str) {
+        systemd::notify(&[sd_notify::NotifyState::Status(line)]);
+    }
+
+    /// `STOPPING=1`.
+    pub fn stopping(&self) {
+        systemd::notify(&[sd_notify::NotifyState::Stopping]);
+    }
+
+    pub fn snapshot(&self) -> HealthSnapshot {
+        let h = self.health();
+        HealthSnapshot {
+            connected: h.identified,
+            identified: h.identified,
+            active_task: h.active_task.clone(),
+            last_pong_age_ms: h.last_pong.map(|t| t.elapsed().as_millis() as u64),
+        }
+    }
+
+    /// Healthy for the watchdog: identified and a pong younger than `max_age`.
+    pub fn link_healthy(&self, max_age: std::time::Duration) -> bool {
+        let h = self.health();
+        h.identified && h.last_pong.is_some_and(|t| t.elapsed() <= max_age)
+    }
+}

@@ -1,1 +1,5 @@
+//! Integration tests: the real daemon (in-process `daemon::run` or the real binary) against
+//! the mock hub over a real loopback WebSocket. One test crate, one link step.
 
+mod daemon;
+mod util;

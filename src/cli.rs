@@ -1,0 +1,178 @@
+//! The command line: clap definitions and the dispatch to each subcommand.
+//!
+//! Raw flags live here; [`crate::config::Config::load`] turns them (with the file and the
+//! environment) into the validated configuration, once.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{self, Config, Layers};
+use crate::daemon::{self, ExitReason, Shutdown};
+use crate::ops::Ops;
+use crate::redact::{RedactingWriter, Redactor};
+
+/// A worker daemon for an AgentCom hub: takes tasks over one WebSocket, runs them with a
+/// shell, Claude Code or Ollama executor, verifies them, and reports every result.
+#[derive(Debug, Parser)]
+#[command(name = "hub-sidecar", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Log format: `text` for people, `json` for journald/collectors.
+    #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log level (RUST_LOG, when set, wins).
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon (the default).
+    Run(RunArgs),
+    /// Run the real daemon against an embedded mock hub with a sample task, and print the result.
+    Demo(DemoArgs),
+}
+
+/// Settings shared by commands that load a config.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ConfigArgs {
+    /// Config file: TOML, or the Node sidecar's config.json.
+    #[arg(long, short = 'c', env = "HUB_SIDECAR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Agent id at the hub (overrides the file and HUB_SIDECAR_AGENT_ID).
+    #[arg(long)]
+    pub agent_id: Option<String>,
+    /// Hub token. Prefer the file or HUB_SIDECAR_TOKEN: flags show up in `ps`.
+    #[arg(long, hide = true)]
+    pub token: Option<String>,
+    /// Hub WebSocket URL, e.g. ws://hub:4000/ws.
+    #[arg(long)]
+    pub hub_url: Option<String>,
+    /// State directory (state file, workspaces).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Workspace for tasks without a repository.
+    #[arg(long)]
+    pub repo_dir: Option<PathBuf>,
+    /// Serve /healthz and /metrics here, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+}
+
+impl ConfigArgs {
+    /// Load and validate the configuration from file, environment and these flags.
+    pub fn load(&self) -> Result<Config, config::ConfigError> {
+        let mut flags = Vec::new();
+        let mut put = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                flags.push((k.to_string(), v));
+            }
+        };
+        put("agent_id", self.agent_id.clone());
+        put("token", self.token.clone());
+        put("hub_url", self.hub_url.clone());
+        put("state_dir", self.state_dir.as_ref().map(|p| p.display().to_string()));
+        put("repo_dir", self.repo_dir.as_ref().map(|p| p.display().to_string()));
+        put("metrics_addr", self.metrics_addr.clone());
+        Config::load(&Layers::from_process(self.config.clone(), flags))
+    }
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct DemoArgs {
+    /// Keep the demo's temporary directory and print where it is.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Run the parsed command line.
+///
+/// `logs` is the log writer from [`init_tracing`]: once a config is loaded its secrets are
+/// added, so no log line can carry them.
+pub async fn run(cli: Cli, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
+    match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
+        Command::Run(args) => run_daemon(args, logs).await,
+        Command::Demo(args) => crate::demo::run(args).await,
+    }
+}
+
+async fn run_daemon(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
+    let cfg = args.config.load()?;
+    logs.set(Redactor::from_config(&cfg));
+    config::warn_about(&cfg);
+    tracing::info!(agent_id = %cfg.agent_id, hub = %cfg.hub_url, state = %cfg.state_file().display(), "hub-sidecar starting");
+    let shutdown = Shutdown::new();
+    tokio::spawn(stage_signals(shutdown.clone()));
+    let ops = Ops::new();
+    let reason = daemon::run(cfg, shutdown, ops)
+        .await
+        .context("the daemon stopped with an error")?;
+    tracing::info!(reason = ?reason, "hub-sidecar stopped");
+    Ok(match reason {
+        ExitReason::Drained | ExitReason::Aborted | ExitReason::RestartRequested => ExitCode::SUCCESS,
+    })
+}
+
+/// First SIGTERM/SIGINT: drain. Second: abort the task (kept for recovery). Third: exit now.
+async fn stage_signals(shutdown: Shutdown) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop the daemon with SIGKILL");
+        return;
+    };
+    let mut count = 0;
+    loop {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        count += 1;
+        match count {
+            1 => shutdown.drain.cancel(),
+            2 => {
+                tracing::warn!("second stop signal: cancelling the running task");
+                shutdown.abort.cancel();
+            }
+            _ => {
+                // State is already on disk; nothing is lost by leaving now.
+                tracing::warn!("third stop signal: exiting immediately");
+                std::process::exit(130);
+            }
+        }
+    }
+}
+
+/// Set up tracing: human text or JSON on stderr, secrets scrubbed from every line.
+pub fn init_tracing(format: LogFormat, level: Option<&str>, secrets: Vec<String>) -> RedactingWriter {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(level.unwrap_or("info")));
+    let writer = RedactingWriter::new(Redactor::new(secrets));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer.clone())
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
+    writer
+}

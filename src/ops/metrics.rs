@@ -1,0 +1,118 @@
+//! The Prometheus registry (`prometheus-client`): one struct, registered once.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabel {
+    pub r#type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub connected: Gauge,
+    pub reconnects: Counter,
+    pub frames_in: Counter,
+    pub frames_out: Family<TypeLabel, Counter>,
+    pub rate_limited: Counter,
+    pub tasks: Family<OutcomeLabel, Counter>,
+    pub verification_attempts: Histogram,
+    pub execution_seconds: Histogram,
+    pub check_seconds: Histogram,
+    pub tokens: Counter,
+    pub cost_usd: Counter<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("hub_sidecar");
+        let m = Metrics {
+            connected: Gauge::default(),
+            reconnects: Counter::default(),
+            frames_in: Counter::default(),
+            frames_out: Family::default(),
+            rate_limited: Counter::default(),
+            tasks: Family::default(),
+            verification_attempts: Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0].into_iter()),
+            execution_seconds: Histogram::new(
+                [0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 1800.0].into_iter(),
+            ),
+            check_seconds: Histogram::new([0.01, 0.1, 1.0, 10.0, 60.0, 120.0].into_iter()),
+            tokens: Counter::default(),
+            cost_usd: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register("hub_connected", "1 while identified with the hub", m.connected.clone());
+        registry.register("reconnects", "Hub reconnect attempts", m.reconnects.clone());
+        registry.register("frames_in", "Frames received from the hub", m.frames_in.clone());
+        registry.register("frames_out", "Frames sent to the hub, by type", m.frames_out.clone());
+        registry.register("rate_limited", "rate_limited answers from the hub", m.rate_limited.clone());
+        registry.register("tasks", "Tasks finished, by outcome", m.tasks.clone());
+        registry.register(
+            "verification_attempts",
+            "Verification attempts per task",
+            m.verification_attempts.clone(),
+        );
+        registry.register(
+            "execution_seconds",
+            "Executor run time per attempt",
+            m.execution_seconds.clone(),
+        );
+        registry.register("check_seconds", "Verification check run time", m.check_seconds.clone());
+        registry.register("tokens", "LLM tokens used (in + out)", m.tokens.clone());
+        registry.register("cost_usd", "Estimated LLM cost in USD", m.cost_usd.clone());
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    pub fn frame_out(&self, kind: &str) {
+        self.frames_out
+            .get_or_create(&TypeLabel {
+                r#type: kind.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn task_finished(&self, outcome: &str) {
+        self.tasks
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_registered_metrics() {
+        let m = Metrics::default();
+        m.frame_out("ping");
+        m.task_finished("verified");
+        let text = m.encode();
+        assert!(text.contains("hub_sidecar_frames_out_total{type=\"ping\"} 1"), "{text}");
+        assert!(text.contains("hub_sidecar_tasks_total{outcome=\"verified\"} 1"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

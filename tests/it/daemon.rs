@@ -1,0 +1,400 @@
+//! Daemon core: hub link, task lifecycle, crash-safe state, outbox (issue: daemon core).
+
+use std::time::{Duration, Instant};
+
+use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions, RecoveryAnswer};
+use serde_json::json;
+
+use crate::util::*;
+
+async fn hub() -> MockHub {
+    MockHub::start(MockHubOptions::default()).await.unwrap()
+}
+
+#[tokio::test]
+async fn identifies_first_then_pings_and_gets_pongs() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("ping", T).await.expect("a ping");
+    let first = hub.received()[0].clone();
+    assert_eq!(first["type"], "identify");
+    assert_eq!(first["agent_id"], "sidecar-test");
+    assert_eq!(first["client_type"], "sidecar");
+    assert_eq!(first["status"], "idle");
+    assert!(hub
+        .frames()
+        .iter()
+        .any(|f| !f.inbound && f.frame["type"] == "pong"));
+    assert!(wait_until(|| d.ops.snapshot().last_pong_age_ms.is_some(), T).await);
+    assert_eq!(d.stop().await, hub_sidecar::daemon::ExitReason::Drained);
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn reconnects_after_the_hub_restarts_on_the_same_port() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.stop().await;
+    hub.restart().await.unwrap();
+    hub.wait_for_nth("identify", 2, T).await.expect("re-identify after restart");
+    // And the new connection works: a task goes through.
+    hub.wait_for_nth("ping", 2, T).await.unwrap();
+    hub.assign(sample_shell_task("after-restart", "echo ok"));
+    hub.wait_for_type("task_complete", T).await.expect("task on the new link");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn cooldown_close_is_honoured_before_the_next_identify() {
+    let hub = hub().await;
+    hub.set_cooldown(2);
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_nth("identify", 2, T).await.expect("identify again after cooldown");
+    let ids: Vec<Instant> = hub
+        .frames()
+        .iter()
+        .filter(|f| f.inbound && f.frame["type"] == "identify")
+        .map(|f| f.at)
+        .collect();
+    let gap = ids[1] - ids[0];
+    assert!(gap >= Duration::from_millis(1900), "re-identified after {gap:?}, cooldown was 2 s");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_rejected_token_backs_off_to_the_maximum() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.token = "wrong-token".into();
+    c.reconnect_min_ms = 50;
+    c.reconnect_max_ms = 3000;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    // With a 50 ms minimum, a plain reconnect loop would identify ~20 times in a second;
+    // after an auth error the next try waits at least half the 3 s maximum.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(hub.received_of("identify").len(), 1, "hammered the hub with a bad token");
+    hub.wait_for_nth("identify", 2, T).await.expect("keeps retrying, slowly");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn assign_accept_complete_echoes_generation_and_is_acked_once() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    let mut task = sample_shell_task("t-gen", "echo hello-from-task");
+    task["generation"] = json!(7);
+    hub.assign(task);
+    let acc = hub.wait_for_type("task_accepted", T).await.unwrap();
+    assert_eq!(acc["task_id"], "t-gen");
+    let done = hub.wait_for_type("task_complete", T).await.unwrap();
+    assert_eq!(done["generation"], 7);
+    assert_eq!(done["result"]["verification_status"], "verified");
+    assert!(done["result"]["output"].as_str().unwrap().contains("hello-from-task"));
+    assert!(wait_until(|| hub.acked_terminal("t-gen") == 1, T).await);
+    // The outbox empties once acknowledged.
+    let state = dir.path().join("queue.json");
+    assert!(
+        wait_until(
+            || std::fs::read_to_string(&state)
+                .map(|s| s.contains("\"outbox\": []") && s.contains("\"active\": null"))
+                .unwrap_or(false),
+            T
+        )
+        .await
+    );
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_second_assign_while_busy_fails_with_sidecar_busy_and_its_generation() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    let sleep = unique_sleep();
+    hub.assign(sample_shell_task("busy-1", &format!("sleep {sleep}")));
+    hub.wait_for_type("task_accepted", T).await.unwrap();
+    let mut second = sample_shell_task("busy-2", "echo never");
+    second["generation"] = json!(4);
+    hub.assign(second);
+    let failed = hub.wait_for_type("task_failed", T).await.unwrap();
+    assert_eq!(failed["task_id"], "busy-2");
+    assert_eq!(failed["reason"], "sidecar_busy");
+    assert_eq!(failed["generation"], 4);
+    hub.push(json!({"type": "task_cancelled", "task_id": "busy-1", "timestamp": 1}));
+    assert!(wait_until(|| procs_with_arg(&sleep).is_empty(), T).await);
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn cancel_kills_the_task_tree_within_a_second_and_frees_the_slot() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    let sleep = unique_sleep();
+    // A pipeline and a background job: the whole tree must go.
+    hub.assign(sample_shell_task(
+        "cancel-me",
+        &format!("sleep {sleep} & sleep {sleep} | cat; wait"),
+    ));
+    hub.wait_for_type("task_accepted", T).await.unwrap();
+    assert!(wait_until(|| procs_with_arg(&sleep).len() >= 2, T).await, "sleeps started");
+    let t0 = Instant::now();
+    hub.push(json!({"type": "task_cancelled", "task_id": "cancel-me", "timestamp": 1}));
+    assert!(
+        wait_until(|| procs_with_arg(&sleep).is_empty(), Duration::from_secs(1)).await,
+        "sleep processes still alive 1 s after task_cancelled: {:?}",
+        procs_with_arg(&sleep)
+    );
+    let took = t0.elapsed();
+    // The slot is free: the next task runs, and nothing was reported for the cancelled one.
+    hub.assign(sample_shell_task("after-cancel", "echo next"));
+    let done = hub.wait_for_type("task_complete", T).await.unwrap();
+    assert_eq!(done["task_id"], "after-cancel");
+    assert!(hub.received_of("task_failed").is_empty());
+    eprintln!("cancel → tree gone in {took:?}");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn result_survives_a_hub_outage_and_is_acked_exactly_once() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    let marker = dir.path().join("started");
+    hub.assign(sample_shell_task(
+        "outage",
+        &format!("touch {}; sleep 1; echo finished-while-hub-down", marker.display()),
+    ));
+    hub.wait_for_type("task_accepted", T).await.unwrap();
+    assert!(wait_until(|| marker.exists(), T).await);
+    hub.stop().await;
+    // The task finishes while the hub is down: the result must be on disk.
+    let state = dir.path().join("queue.json");
+    assert!(
+        wait_until(
+            || std::fs::read_to_string(&state)
+                .map(|s| s.contains("finished-while-hub-down"))
+                .unwrap_or(false),
+            T
+        )
+        .await,
+        "result not persisted in the outbox"
+    );
+    hub.restart().await.unwrap();
+    let done = hub.wait_for_type("task_complete", T).await.expect("re-sent after reconnect");
+    assert_eq!(done["task_id"], "outage");
+    assert!(wait_until(|| hub.acked_terminal("outage") == 1, T).await);
+    // Give a duplicate a chance to show up before asserting there is none.
+    hub.wait_for_nth("ping", hub.received_of("ping").len() + 2, T).await;
+    assert_eq!(hub.acked_terminal("outage"), 1);
+    assert_eq!(hub.received_of("task_complete").len(), 1);
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_rate_limited_result_is_resent_after_retry_after() {
+    let hub = MockHub::start(MockHubOptions {
+        normal_capacity: 1,
+        normal_per_minute: 60,
+        ..MockHubOptions::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.progress.min_interval_ms = 60_000; // no progress frames: isolate the lifecycle frames
+    c.progress.heartbeat_secs = 600;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(sample_shell_task("limited", "echo x"));
+    let done = hub.wait_for_nth("task_complete", 2, T).await.expect("re-sent");
+    assert_eq!(done["task_id"], "limited");
+    assert!(hub.rate_limited_count() >= 1, "the hub never rate-limited: test proves nothing");
+    assert!(wait_until(|| hub.acked_terminal("limited") == 1, T).await);
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn garbage_frames_do_not_hurt_and_the_next_task_completes() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.wait_for_type("ping", T).await.unwrap();
+    assert!(hub.push_text("this is not json"));
+    assert!(hub.push_text("[1,2,3]"));
+    assert!(hub.push_text("\"a string\""));
+    assert!(hub.push_binary(vec![0, 159, 146, 150]));
+    assert!(hub.push(json!({"type": "task_assign", "description": "no task id"})));
+    assert!(hub.push(json!({"type": "no_such_type", "x": 1})));
+    assert!(hub.push(json!({"type": "task_ack"})));
+    assert!(hub.push(json!({"type": "task_assign", "task_id": 5})));
+    let mut huge = sample_shell_task("huge", "echo huge");
+    huge["description"] = json!("x".repeat(1024 * 1024));
+    hub.assign(huge);
+    hub.wait_for(|f| f["type"] == "task_complete" && f["task_id"] == "huge", T)
+        .await
+        .expect("1 MB description task handled");
+    hub.assign(sample_shell_task("valid", "echo still-alive"));
+    let done = hub
+        .wait_for(|f| f["type"] == "task_complete" && f["task_id"] == "valid", T)
+        .await
+        .expect("daemon survived the garbage");
+    assert!(done["result"]["output"].as_str().unwrap().contains("still-alive"));
+    assert_eq!(hub.connections_total(), 1, "garbage should not cost the connection");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_shell_task_without_shell_command_fails_clearly_and_never_runs_the_description() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    let marker = dir.path().join("pwned");
+    let mut task = sample_shell_task("prose", "true");
+    task["metadata"] = json!({});
+    task["description"] = json!(format!("touch {}", marker.display()));
+    hub.assign(task);
+    let failed = hub.wait_for_type("task_failed", T).await.unwrap();
+    assert!(failed["reason"].as_str().unwrap().contains("shell_command"));
+    assert!(!marker.exists());
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_corrupt_state_file_is_kept_aside_and_the_daemon_still_works() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("queue.json"), b"{\"active\": [garbage").unwrap();
+    let config = write_config(&hub, dir.path(), "test-token", "");
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let aside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("queue.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "corrupt file not moved aside");
+    assert_eq!(
+        std::fs::read(aside[0].path()).unwrap(),
+        b"{\"active\": [garbage"
+    );
+    hub.assign(sample_shell_task("after-corrupt", "echo fine"));
+    hub.wait_for_type("task_complete", T).await.unwrap();
+    bin.signal("TERM");
+    assert_eq!(bin.wait(T).await, Some(0));
+    let logs = bin.logs();
+    assert!(logs.contains("corrupt"), "not reported in the log:\n{logs}");
+    assert_no_violations(&hub);
+}
+
+/// Kill the real binary mid-task; on restart the task is reported with `task_recovering`.
+async fn kill_mid_task_then_restart(answer: RecoveryAnswer) -> (MockHub, tempfile::TempDir, Bin) {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&hub, dir.path(), "test-token", "");
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let marker = dir.path().join("runs");
+    let cmd = format!("echo run >> {}; sleep 2; echo recovered-output", marker.display());
+    hub.assign(sample_shell_task("crash-me", &cmd));
+    hub.wait_for_type("task_accepted", T).await.unwrap();
+    assert!(wait_until(|| marker.exists(), T).await);
+    bin.kill9().await;
+    hub.set_recovery_answer("crash-me", answer);
+    let bin = Bin::start(dir.path(), &config, &[]);
+    let rec = hub.wait_for_type("task_recovering", T).await.expect("task_recovering after restart");
+    assert_eq!(rec["task_id"], "crash-me");
+    (hub, dir, bin)
+}
+
+#[tokio::test]
+async fn after_sigkill_task_continue_reruns_the_task() {
+    let (hub, dir, mut bin) = kill_mid_task_then_restart(RecoveryAnswer::Continue).await;
+    let done = hub.wait_for_type("task_complete", T).await.expect("re-run completes");
+    assert_eq!(done["task_id"], "crash-me");
+    assert!(done["result"]["output"].as_str().unwrap().contains("recovered-output"));
+    let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
+    assert_eq!(runs.lines().count(), 2, "ran once before the kill and once after");
+    bin.signal("TERM");
+    assert_eq!(bin.wait(T).await, Some(0));
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn after_sigkill_task_reassign_drops_the_task() {
+    let (hub, dir, mut bin) = kill_mid_task_then_restart(RecoveryAnswer::Reassign).await;
+    let state = dir.path().join("queue.json");
+    assert!(
+        wait_until(
+            || std::fs::read_to_string(&state)
+                .map(|s| s.contains("\"active\": null"))
+                .unwrap_or(false),
+            T
+        )
+        .await,
+        "reassigned task not dropped from state"
+    );
+    // Still usable, and nothing was reported for the dropped task.
+    hub.assign(sample_shell_task("next", "echo next"));
+    hub.wait_for_type("task_complete", T).await.unwrap();
+    assert!(hub
+        .received()
+        .iter()
+        .all(|f| f["task_id"] != "crash-me" || f["type"] != "task_complete"));
+    bin.signal("TERM");
+    assert_eq!(bin.wait(T).await, Some(0));
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn the_token_never_appears_in_logs() {
+    let hub = MockHub::start(MockHubOptions {
+        agents: vec![("sidecar-test".into(), "tok-UNIQUE-7f3a9c2e".into())],
+        ..MockHubOptions::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&hub, dir.path(), "tok-UNIQUE-7f3a9c2e", "");
+    let mut bin = Bin::start(dir.path(), &config, &[("RUST_LOG", "trace")]);
+    hub.wait_for_type("identify", T).await.unwrap();
+    // A task that echoes the token from its environment must not leak it either.
+    hub.assign(sample_shell_task("leak", "echo tok-UNIQUE-7f3a9c2e; echo $HUB_SIDECAR_TOKEN"));
+    let done = hub.wait_for_type("task_complete", T).await.unwrap();
+    bin.signal("TERM");
+    bin.wait(T).await;
+    let logs = bin.logs();
+    assert!(logs.len() > 200, "expected trace logs, got:\n{logs}");
+    assert!(!logs.contains("tok-UNIQUE-7f3a9c2e"), "token leaked into logs");
+    let frames: String = hub
+        .received()
+        .iter()
+        .filter(|f| f["type"] != "identify")
+        .map(|f| f.to_string())
+        .collect();
+    assert!(!frames.contains("tok-UNIQUE-7f3a9c2e"), "token leaked to the hub: {done}");
+    assert_no_violations(&hub);
+}

@@ -1,0 +1,191 @@
+//! Test helpers: configs pointing at a mock hub, the daemon in-process or as the real
+//! binary, process-table inspection.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hub_sidecar::config::Config;
+use hub_sidecar::daemon::{self, ExitReason, Shutdown};
+use hub_sidecar::mock_hub::MockHub;
+use hub_sidecar::ops::Ops;
+use tokio::task::JoinHandle;
+
+/// Generous bound for anything that should happen "soon" on a loaded 2-core CI box.
+pub const T: Duration = Duration::from_secs(15);
+
+/// A config for `hub` with fast timers, state in `dir`.
+pub fn cfg(hub: &MockHub, dir: &Path) -> Config {
+    let mut c = Config::for_hub(&hub.url(), dir);
+    c.ping_interval_secs = 1;
+    c.pong_timeout_secs = 3;
+    c.reconnect_min_ms = 50;
+    c.reconnect_max_ms = 400;
+    c.resource_report_interval_secs = 3600;
+    c.progress.min_interval_ms = 200;
+    c.executor.kill_grace_ms = 1000;
+    c
+}
+
+/// The daemon running in this test's runtime.
+pub struct InProc {
+    pub shutdown: Shutdown,
+    pub ops: Ops,
+    pub handle: JoinHandle<anyhow::Result<ExitReason>>,
+}
+
+pub fn spawn(cfg: Config) -> InProc {
+    let shutdown = Shutdown::new();
+    let ops = Ops::new();
+    let handle = tokio::spawn(daemon::run(cfg, shutdown.clone(), ops.clone()));
+    InProc {
+        shutdown,
+        ops,
+        handle,
+    }
+}
+
+impl InProc {
+    /// Drain-stop and wait for the exit reason.
+    pub async fn stop(self) -> ExitReason {
+        self.shutdown.drain.cancel();
+        tokio::time::timeout(T, self.handle)
+            .await
+            .expect("daemon did not stop in time")
+            .expect("daemon task panicked")
+            .expect("daemon returned an error")
+    }
+}
+
+pub fn assert_no_violations(hub: &MockHub) {
+    let v = hub.violations();
+    assert!(v.is_empty(), "the mock hub recorded schema violations: {v:#?}");
+}
+
+/// Poll a condition that has no event to wait on (files, the process table).
+pub async fn wait_until(mut cond: impl FnMut() -> bool, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Live (non-zombie) processes whose argv contains `needle` as one argument.
+pub fn procs_with_arg(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if !cmd.split(|b| *b == 0).any(|a| a == needle.as_bytes()) {
+            continue;
+        }
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.rsplit(')').next().unwrap_or("").split_whitespace().next() == Some("Z"))
+            .unwrap_or(true);
+        if !zombie {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A unique `sleep` duration so a test can find exactly its own sleeps in the process table.
+pub fn unique_sleep() -> String {
+    format!("{}.{:03}", 30 + fastrand::u32(0..60), fastrand::u32(1..999))
+}
+
+/// The real `hub-sidecar` binary with a config file in a temp dir.
+pub struct Bin {
+    pub child: tokio::process::Child,
+    pub dir: PathBuf,
+    pub log: PathBuf,
+    pub config: PathBuf,
+}
+
+/// Write a TOML config for `hub` into `dir`.
+pub fn write_config(hub: &MockHub, dir: &Path, token: &str, extra: &str) -> PathBuf {
+    let path = dir.join("hub-sidecar.toml");
+    let text = format!(
+        "agent_id = \"sidecar-test\"\ntoken = \"{token}\"\nhub_url = \"{}\"\nstate_dir = \"{}\"\nping_interval_secs = 1\npong_timeout_secs = 3\nreconnect_min_ms = 50\nreconnect_max_ms = 400\nresource_report_interval_secs = 3600\n{extra}\n",
+        hub.url(),
+        dir.display()
+    );
+    std::fs::write(&path, text).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    path
+}
+
+impl Bin {
+    /// Start the binary with `config`, logging to `dir/daemon-N.log`.
+    pub fn start(dir: &Path, config: &Path, envs: &[(&str, &str)]) -> Bin {
+        let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
+        let log = dir.join(format!("daemon-{n}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-sidecar"));
+        cmd.arg("run")
+            .arg("--config")
+            .arg(config)
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        Bin {
+            child: cmd.spawn().expect("spawn hub-sidecar"),
+            dir: dir.to_path_buf(),
+            log,
+            config: config.to_path_buf(),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("running") as i32
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    pub async fn kill9(&mut self) {
+        self.child.kill().await.unwrap();
+    }
+
+    /// Wait for exit; the exit code.
+    pub async fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(Ok(s)) => s.code(),
+            _ => None,
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
