@@ -96,7 +96,8 @@ pub struct Recorded {
     /// `true` when the sidecar sent it.
     pub inbound: bool,
     /// The decoded frame; non-JSON text is stored as `Value::String`, binary as a
-    /// `"<binary N bytes>"` string.
+    /// `"<binary N bytes>"` string, a close frame the hub sent as
+    /// `{"type":"<close>","code":N,"reason":S}`.
     pub frame: Value,
 }
 
@@ -303,10 +304,13 @@ impl MockHub {
     }
 
     /// Binds the same port again and serves. Retries briefly while the port is still busy.
+    /// Like a restarted hub, the limiter starts with full buckets (the real one keeps them in
+    /// memory); the task table survives.
     pub async fn restart(&self) -> std::io::Result<()> {
         if self.is_running() {
             return Ok(());
         }
+        self.inner.lock().buckets.clear();
         let mut attempt = 0;
         let listener = loop {
             match bind(self.inner.addr) {
@@ -366,6 +370,8 @@ impl MockHub {
     /// Registers `task` in the task table (generation from the value, else the table's, else
     /// 1), fills `type` and `assigned_at`, pushes it and returns the frame sent. The task is
     /// assigned to the identified agent (or the first configured one when none is connected).
+    /// To re-assign a re-queued task at its new generation, pass a value without
+    /// `generation` (or use [`MockTask::generation`]).
     pub fn assign(&self, task: Value) -> Value {
         let mut frame = match task {
             Value::Object(m) => m,
@@ -729,7 +735,8 @@ impl Inner {
                         if matches!(o, Outbound::Close(..)) { end = End::Close; }
                         out = vec![o];
                     }
-                    None => continue,
+                    // Our entry left the table (stop()): nothing more will come.
+                    None => break true,
                 },
                 m = stream.next(), if !stalled => {
                     sleep.as_mut().reset(tokio::time::Instant::now() + idle.unwrap_or(far));

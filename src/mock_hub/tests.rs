@@ -524,3 +524,9 @@ async fn dropping_the_last_handle_shuts_the_server_down() {
     .unwrap();
     assert!(connect_async(url).await.is_err());
 }
+
+#[test]
+fn handle_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
+    assert_send_sync::<MockHub>();
+}
