@@ -81,8 +81,14 @@ impl ConfigArgs {
         put("agent_id", self.agent_id.clone());
         put("token", self.token.clone());
         put("hub_url", self.hub_url.clone());
-        put("state_dir", self.state_dir.as_ref().map(|p| p.display().to_string()));
-        put("repo_dir", self.repo_dir.as_ref().map(|p| p.display().to_string()));
+        put(
+            "state_dir",
+            self.state_dir.as_ref().map(|p| p.display().to_string()),
+        );
+        put(
+            "repo_dir",
+            self.repo_dir.as_ref().map(|p| p.display().to_string()),
+        );
         put("metrics_addr", self.metrics_addr.clone());
         Config::load(&Layers::from_process(self.config.clone(), flags))
     }
@@ -125,14 +131,19 @@ async fn run_daemon(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<Exit
         .context("the daemon stopped with an error")?;
     tracing::info!(reason = ?reason, "hub-sidecar stopped");
     Ok(match reason {
-        ExitReason::Drained | ExitReason::Aborted | ExitReason::RestartRequested => ExitCode::SUCCESS,
+        ExitReason::Drained | ExitReason::Aborted | ExitReason::RestartRequested => {
+            ExitCode::SUCCESS
+        }
     })
 }
 
 /// First SIGTERM/SIGINT: drain. Second: abort the task (kept for recovery). Third: exit now.
 async fn stage_signals(shutdown: Shutdown) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers; stop the daemon with SIGKILL");
         return;
     };
@@ -159,7 +170,11 @@ async fn stage_signals(shutdown: Shutdown) {
 }
 
 /// Set up tracing: human text or JSON on stderr, secrets scrubbed from every line.
-pub fn init_tracing(format: LogFormat, level: Option<&str>, secrets: Vec<String>) -> RedactingWriter {
+pub fn init_tracing(
+    format: LogFormat,
+    level: Option<&str>,
+    secrets: Vec<String>,
+) -> RedactingWriter {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(level.unwrap_or("info")));

@@ -276,8 +276,17 @@ impl Default for EnvConfig {
 
 /// Keys whose env/flag values are always strings, even when they look like numbers.
 const STRING_KEYS: &[&str] = &[
-    "agent_id", "token", "hub_url", "name", "ollama_url", "repo_dir", "state_dir",
-    "state_file", "ca_file", "metrics_addr", "log_level",
+    "agent_id",
+    "token",
+    "hub_url",
+    "name",
+    "ollama_url",
+    "repo_dir",
+    "state_dir",
+    "state_file",
+    "ca_file",
+    "metrics_addr",
+    "log_level",
 ];
 
 /// The layers before merging: what the CLI hands over.
@@ -324,13 +333,12 @@ impl Config {
             insert_path(&mut tree, &path, v);
         }
         let origin = describe_origin(layers.file.as_deref());
-        let mut cfg: Config = serde_json::from_value(Value::Object(tree)).map_err(|e| {
-            ConfigError::Invalid {
+        let mut cfg: Config =
+            serde_json::from_value(Value::Object(tree)).map_err(|e| ConfigError::Invalid {
                 key: "(file)".into(),
                 origin: origin.clone(),
                 message: e.to_string(),
-            }
-        })?;
+            })?;
         cfg.origin = layers.file.clone();
         cfg.validate(&origin)?;
         Ok(cfg)
@@ -357,10 +365,16 @@ impl Config {
             message,
         };
         if self.agent_id.chars().count() > 128 {
-            return Err(invalid("agent_id", "longer than the hub's 128 characters".into()));
+            return Err(invalid(
+                "agent_id",
+                "longer than the hub's 128 characters".into(),
+            ));
         }
         if self.token.chars().count() > 256 {
-            return Err(invalid("token", "longer than the hub's 256 characters".into()));
+            return Err(invalid(
+                "token",
+                "longer than the hub's 256 characters".into(),
+            ));
         }
         if !(self.hub_url.starts_with("ws://") || self.hub_url.starts_with("wss://")) {
             return Err(invalid(
@@ -428,7 +442,10 @@ impl Config {
 
 fn describe_origin(file: Option<&Path>) -> String {
     match file {
-        Some(p) => format!("config file {}, HUB_SIDECAR_* environment, flags", p.display()),
+        Some(p) => format!(
+            "config file {}, HUB_SIDECAR_* environment, flags",
+            p.display()
+        ),
         None => "HUB_SIDECAR_* environment and flags (no --config file given)".into(),
     }
 }
@@ -504,8 +521,14 @@ mod tests {
     fn layers(file: Option<PathBuf>, env: &[(&str, &str)], flags: &[(&str, &str)]) -> Layers {
         Layers {
             file,
-            env: env.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
-            flags: flags.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
+            env: env
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+            flags: flags
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
         }
     }
 
@@ -524,7 +547,10 @@ mod tests {
         assert_eq!(c.executor.claude_model, "m");
         let c = Config::load(&layers(
             Some(f.clone()),
-            &[("HUB_SIDECAR_AGENT_ID", "env"), ("HUB_SIDECAR_EXECUTOR__CLAUDE_MODEL", "e")],
+            &[
+                ("HUB_SIDECAR_AGENT_ID", "env"),
+                ("HUB_SIDECAR_EXECUTOR__CLAUDE_MODEL", "e"),
+            ],
             &[],
         ))
         .unwrap();
@@ -559,7 +585,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("c.toml");
         std::fs::write(&f, "agent_id = \"a\"\ntoken = \"tok-UNIQUE-99\"\n").unwrap();
-        let e = Config::load(&layers(Some(f.clone()), &[], &[])).unwrap_err().to_string();
+        let e = Config::load(&layers(Some(f.clone()), &[], &[]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("hub_url"), "{e}");
         assert!(e.contains(&f.display().to_string()), "{e}");
         assert!(!e.contains("tok-UNIQUE-99"));

@@ -221,7 +221,8 @@ impl Daemon {
                 if self.state.outbox.is_empty() {
                     return self.idle_exit_reason();
                 }
-                self.flush_deadline.get_or_insert_with(|| Instant::now() + OUTBOX_FLUSH);
+                self.flush_deadline
+                    .get_or_insert_with(|| Instant::now() + OUTBOX_FLUSH);
             }
         }
     }
@@ -300,7 +301,9 @@ impl Daemon {
 
     fn status_line(&self) {
         match &self.state.active {
-            Some(a) => self.ops.status(&format!("connected, running task {}", a.task.task_id)),
+            Some(a) => self
+                .ops
+                .status(&format!("connected, running task {}", a.task.task_id)),
             None => self.ops.status("connected, idle"),
         }
     }
@@ -322,7 +325,10 @@ impl Daemon {
                     self.drop_task(&task_id).await;
                 }
             }
-            Inbound::TaskContinue { task_id, generation } => self.on_continue(&task_id, generation).await,
+            Inbound::TaskContinue {
+                task_id,
+                generation,
+            } => self.on_continue(&task_id, generation).await,
             Inbound::RestartSidecar { reason } => {
                 tracing::info!(reason = ?reason, "hub asked for a restart; exiting once idle");
                 self.restart_requested = true;
@@ -342,11 +348,19 @@ impl Daemon {
                 }
                 self.pump_outbox();
             }
-            Inbound::Error { error, message_type, .. } => {
-                if error.starts_with("task_complete_failed") || error.starts_with("task_fail_failed") {
+            Inbound::Error {
+                error,
+                message_type,
+                ..
+            } => {
+                if error.starts_with("task_complete_failed")
+                    || error.starts_with("task_fail_failed")
+                {
                     if let Some(task_id) = self.inflight.take() {
                         tracing::error!(task_id = %task_id, error = %error, "hub refused the result for good (stale generation or unknown task); dropping it");
-                        if let Some(pos) = self.state.outbox.iter().position(|e| e.task_id == task_id) {
+                        if let Some(pos) =
+                            self.state.outbox.iter().position(|e| e.task_id == task_id)
+                        {
                             self.state.outbox.remove(pos);
                         }
                         self.save().await;
@@ -389,7 +403,12 @@ impl Daemon {
         if !self.save().await {
             self.state.active = None;
             tracing::error!(task_id = %task_id, state_file = %self.store.path().display(), "cannot persist the task, so not accepting it");
-            return self.refuse(&task, "state_not_persistable: the sidecar cannot write its state file").await;
+            return self
+                .refuse(
+                    &task,
+                    "state_not_persistable: the sidecar cannot write its state file",
+                )
+                .await;
         }
         self.link.send(Outbound::TaskAccepted {
             task_id: task_id.clone(),
@@ -412,7 +431,10 @@ impl Daemon {
         let Some(active) = &mut self.state.active else {
             return;
         };
-        if active.task.task_id != task_id || active.phase != Phase::Recovering || self.running.is_some() {
+        if active.task.task_id != task_id
+            || active.phase != Phase::Recovering
+            || self.running.is_some()
+        {
             return;
         }
         if let Some(g) = generation {
@@ -434,7 +456,12 @@ impl Daemon {
                 return; // cleared when the runner returns
             }
         }
-        if self.state.active.as_ref().is_some_and(|a| a.task.task_id == task_id) {
+        if self
+            .state
+            .active
+            .as_ref()
+            .is_some_and(|a| a.task.task_id == task_id)
+        {
             self.state.active = None;
             self.ops.set_active_task(None);
             self.save().await;
@@ -463,9 +490,18 @@ impl Daemon {
         self.status_line();
     }
 
-    async fn task_finished(&mut self, r: Running, res: Result<TaskOutcome, tokio::task::JoinError>) {
+    async fn task_finished(
+        &mut self,
+        r: Running,
+        res: Result<TaskOutcome, tokio::task::JoinError>,
+    ) {
         self.ops.set_active_task(None);
-        let generation = self.state.active.as_ref().map(|a| a.task.generation).unwrap_or(0);
+        let generation = self
+            .state
+            .active
+            .as_ref()
+            .map(|a| a.task.generation)
+            .unwrap_or(0);
         self.state.active = None;
         let outcome = match res {
             Ok(o) => o,
@@ -488,7 +524,8 @@ impl Daemon {
             TaskOutcome::Terminal(mut frame) => {
                 // The hub may have moved the generation on while we worked (re-assign).
                 match &mut frame {
-                    Outbound::TaskComplete { generation: g, .. } | Outbound::TaskFailed { generation: g, .. } => *g = generation,
+                    Outbound::TaskComplete { generation: g, .. }
+                    | Outbound::TaskFailed { generation: g, .. } => *g = generation,
                     _ => {}
                 }
                 tracing::info!(task_id = %r.task_id, frame = frame.kind(), "task finished; result stored in the outbox");
@@ -510,7 +547,10 @@ impl Daemon {
             return;
         }
         if let Some(head) = self.state.outbox.first() {
-            if self.link.send_with_barrier(head.frame.clone(), &head.task_id) {
+            if self
+                .link
+                .send_with_barrier(head.frame.clone(), &head.task_id)
+            {
                 self.inflight = Some(head.task_id.clone());
             }
         }
@@ -521,7 +561,8 @@ impl Daemon {
         if let Some(mut r) = self.running.take() {
             tracing::warn!(task_id = %r.task_id, "forced stop: cancelling the running task; it will be reported with task_recovering on the next start");
             r.cancel.cancel();
-            let grace = Duration::from_millis(self.cfg.executor.kill_grace_ms) + Duration::from_secs(2);
+            let grace =
+                Duration::from_millis(self.cfg.executor.kill_grace_ms) + Duration::from_secs(2);
             match tokio::time::timeout(grace, &mut r.handle).await {
                 Ok(_) => {}
                 Err(_) => r.handle.abort(),

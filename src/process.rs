@@ -32,7 +32,10 @@ impl ChildEnv {
         ChildEnv::filter(std::env::vars(), cfg)
     }
 
-    pub fn filter(vars: impl IntoIterator<Item = (String, String)>, cfg: &crate::config::Config) -> ChildEnv {
+    pub fn filter(
+        vars: impl IntoIterator<Item = (String, String)>,
+        cfg: &crate::config::Config,
+    ) -> ChildEnv {
         let secrets: Vec<String> = cfg
             .secret_values()
             .into_iter()
@@ -86,7 +89,11 @@ pub struct CommandSpec {
 }
 
 impl CommandSpec {
-    pub fn new(program: impl Into<OsString>, cwd: impl Into<PathBuf>, env: ChildEnv) -> CommandSpec {
+    pub fn new(
+        program: impl Into<OsString>,
+        cwd: impl Into<PathBuf>,
+        env: ChildEnv,
+    ) -> CommandSpec {
         CommandSpec {
             program: program.into(),
             args: Vec::new(),
@@ -428,7 +435,9 @@ mod tests {
             grace: Duration::from_millis(200),
             output_cap: 1024,
         };
-        let out = run(&spec, &limits, &CancellationToken::new(), None).await.unwrap();
+        let out = run(&spec, &limits, &CancellationToken::new(), None)
+            .await
+            .unwrap();
         assert_eq!(out.exit, Exit::TimedOut);
         assert_gone(&marker).await;
     }
@@ -437,7 +446,10 @@ mod tests {
     async fn background_children_do_not_outlive_a_normal_exit() {
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("pid");
-        let script = format!("sleep 30 > /dev/null 2>&1 & echo $! > {}; echo done", marker.display());
+        let script = format!(
+            "sleep 30 > /dev/null 2>&1 & echo $! > {}; echo done",
+            marker.display()
+        );
         let spec = CommandSpec::shell(&script, dir.path(), ChildEnv::inherit());
         let out = run(&spec, &Limits::default(), &CancellationToken::new(), None)
             .await
@@ -449,7 +461,11 @@ mod tests {
 
     /// The pid written to `marker` is gone (or a zombie awaiting its reaper) within 1 s.
     async fn assert_gone(marker: &std::path::Path) {
-        let pid: i32 = std::fs::read_to_string(marker).unwrap().trim().parse().unwrap();
+        let pid: i32 = std::fs::read_to_string(marker)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         // SIGKILL delivery is asynchronous; give the kernel a moment.
         for _ in 0..50 {
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid) {

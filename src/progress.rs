@@ -2,7 +2,7 @@
 //!
 //! Executors and the verification loop [`ProgressSink::emit`] as often as they like; the sink
 //! merges everything between two sends into one pending frame with bounded memory (stream
-//! text keeps its tail, structured events are merged, never dropped). A [`pump`] per task
+//! text keeps its tail, structured events are merged, never dropped). A [`Pump`] per task
 //! turns the pending state into at most one `task_progress` frame per budget token, and a
 //! heartbeat frame when the task is quiet so the hub's stale-task sweep leaves it alone.
 
@@ -36,7 +36,10 @@ pub enum EventKind {
 impl EventKind {
     /// Streamed text may be cut (tail kept); everything else must reach the hub.
     pub fn is_stream(self) -> bool {
-        matches!(self, EventKind::Token | EventKind::Stdout | EventKind::Stderr)
+        matches!(
+            self,
+            EventKind::Token | EventKind::Stdout | EventKind::Stderr
+        )
     }
 
     pub fn as_str(self) -> &'static str {
@@ -207,7 +210,11 @@ impl ProgressSink {
 
     /// Events emitted so far (all, before merging).
     pub fn emitted(&self) -> u64 {
-        self.shared.pending.lock().expect("progress lock poisoned").emitted
+        self.shared
+            .pending
+            .lock()
+            .expect("progress lock poisoned")
+            .emitted
     }
 
     /// Take what is pending as one `execution_event`, or `None` when nothing is.
@@ -264,51 +271,64 @@ pub trait FrameSender: Send + Sync {
     fn send_progress(&self, frame: Outbound);
 }
 
-/// Turn a task's pending progress into `task_progress` frames under the budget, until
-/// `cancel`. Sends a heartbeat frame when nothing happened for `heartbeat`.
-pub async fn pump(
-    sink: ProgressSink,
-    task_id: String,
-    budget: Arc<RateBudget>,
-    out: Arc<dyn FrameSender>,
-    redactor: Arc<Redactor>,
-    min_interval: Duration,
-    heartbeat: Duration,
-    cancel: CancellationToken,
-) {
-    let mut last_sent = tokio::time::Instant::now();
-    loop {
-        let beat = tokio::time::sleep_until(last_sent + heartbeat);
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = sink.changed() => {}
-            _ = beat => {
-                sink.emit(ProgressEvent::status("still working"));
-            }
-        }
-        // Let events accumulate: one frame per interval at most.
-        let earliest = last_sent + min_interval;
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep_until(earliest) => {}
-        }
+/// Turns one task's pending progress into `task_progress` frames under the budget.
+pub struct Pump {
+    pub sink: ProgressSink,
+    pub task_id: String,
+    pub budget: Arc<RateBudget>,
+    pub out: Arc<dyn FrameSender>,
+    pub redactor: Arc<Redactor>,
+    /// At most one frame per this interval.
+    pub min_interval: Duration,
+    /// A frame at least this often, even when nothing happened.
+    pub heartbeat: Duration,
+}
+
+impl Pump {
+    /// Run until `cancel`.
+    pub async fn run(self, cancel: CancellationToken) {
+        let Pump {
+            sink,
+            task_id,
+            budget,
+            out,
+            redactor,
+            min_interval,
+            heartbeat,
+        } = self;
+        let mut last_sent = tokio::time::Instant::now();
         loop {
-            match budget.try_progress() {
-                Ok(()) => break,
-                Err(wait) => tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(wait) => {}
-                },
+            let beat = tokio::time::sleep_until(last_sent + heartbeat);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = sink.changed() => {}
+                _ = beat => {
+                    sink.emit(ProgressEvent::status("still working"));
+                }
             }
-        }
-        if let Some(mut event) = sink.take_event() {
-            redactor.scrub_value(&mut event);
-            out.send_progress(Outbound::TaskProgress {
-                task_id: task_id.clone(),
-                progress: None,
-                execution_event: Some(event),
-            });
-            last_sent = tokio::time::Instant::now();
+            // Let events accumulate: one frame per interval at most.
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep_until(last_sent + min_interval) => {}
+            }
+            loop {
+                match budget.try_progress() {
+                    Ok(()) => break,
+                    Err(wait) => tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(wait) => {}
+                    },
+                }
+            }
+            if let Some(mut event) = sink.take_event() {
+                redactor.scrub_value(&mut event);
+                out.send_progress(Outbound::TaskProgress {
+                    task_id: task_id.clone(),
+                    progress: None,
+                    execution_event: Some(event),
+                });
+                last_sent = tokio::time::Instant::now();
+            }
         }
     }
 }

@@ -62,10 +62,8 @@ impl Redactor {
             return;
         }
         match v {
-            Value::String(s) => {
-                if self.needles.iter().any(|n| s.contains(n.as_str())) {
-                    *s = self.scrub(s);
-                }
+            Value::String(s) if self.needles.iter().any(|n| s.contains(n.as_str())) => {
+                *s = self.scrub(s);
             }
             Value::Array(a) => a.iter_mut().for_each(|x| self.scrub_value(x)),
             Value::Object(m) => m.values_mut().for_each(|x| self.scrub_value(x)),
@@ -78,7 +76,9 @@ fn url_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
             _ => out.push_str(&format!("%{b:02X}")),
         }
     }
@@ -126,7 +126,10 @@ impl RedactingWriter {
     }
 
     fn current(&self) -> std::sync::Arc<Redactor> {
-        self.redactor.read().expect("redactor lock poisoned").clone()
+        self.redactor
+            .read()
+            .expect("redactor lock poisoned")
+            .clone()
     }
 }
 

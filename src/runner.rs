@@ -16,7 +16,7 @@ use crate::hub::budget::RateBudget;
 use crate::hub::proto::Outbound;
 use crate::ops::Ops;
 use crate::process::ChildEnv;
-use crate::progress::{self, FrameSender, ProgressEvent, ProgressSink};
+use crate::progress::{FrameSender, ProgressEvent, ProgressSink, Pump};
 use crate::redact::Redactor;
 use crate::task::Task;
 use crate::verify::retry_loop::{self, LoopOutcome};
@@ -53,7 +53,13 @@ pub fn workspace_for(cfg: &Config, task: &Task) -> PathBuf {
             let safe: String = task
                 .task_id
                 .chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
                 .take(100)
                 .collect();
             cfg.state_dir.join("work").join(safe)
@@ -78,16 +84,16 @@ pub async fn run_task(
         ));
     }
     let pump_cancel = cancel.child_token();
-    let pump = tokio::spawn(progress::pump(
-        progress.clone(),
-        task.task_id.clone(),
-        deps.budget.clone(),
-        deps.out.clone(),
-        deps.redactor.clone(),
-        Duration::from_millis(cfg.progress.min_interval_ms),
-        Duration::from_secs(cfg.progress.heartbeat_secs),
-        pump_cancel.clone(),
-    ));
+    let pump = Pump {
+        sink: progress.clone(),
+        task_id: task.task_id.clone(),
+        budget: deps.budget.clone(),
+        out: deps.out.clone(),
+        redactor: deps.redactor.clone(),
+        min_interval: Duration::from_millis(cfg.progress.min_interval_ms),
+        heartbeat: Duration::from_secs(cfg.progress.heartbeat_secs),
+    };
+    let pump = tokio::spawn(pump.run(pump_cancel.clone()));
     let ctx = ExecContext {
         task: task.clone(),
         workspace,
@@ -99,7 +105,11 @@ pub async fn run_task(
     let outcome = match Executor::for_task(&ctx) {
         Err(reason) => {
             deps.ops.metrics().task_finished("execution_failed");
-            Some(Outbound::task_failed(&task.task_id, task.generation, &reason))
+            Some(Outbound::task_failed(
+                &task.task_id,
+                task.generation,
+                &reason,
+            ))
         }
         Ok(mut executor) => {
             progress.emit(ProgressEvent::status(format!(
@@ -214,7 +224,9 @@ fn redact_frame(r: &Redactor, frame: &mut Outbound) {
             if let Some(v) = verification_report {
                 r.scrub_value(v);
             }
-            verification_history.iter_mut().for_each(|v| r.scrub_value(v));
+            verification_history
+                .iter_mut()
+                .for_each(|v| r.scrub_value(v));
         }
         Outbound::TaskFailed { error, reason, .. } => {
             *error = r.scrub(error);

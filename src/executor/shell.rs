@@ -33,7 +33,8 @@ impl ShellExecutor {
             output_cap: cfg.output_cap_bytes,
         };
         let spec = CommandSpec::shell(&self.command, &ctx.workspace, ctx.env.clone());
-        ctx.progress.emit(ProgressEvent::status("running shell command"));
+        ctx.progress
+            .emit(ProgressEvent::status("running shell command"));
         let out = match process::run(&spec, &limits, &ctx.cancel, Some(&ctx.progress)).await {
             Ok(o) => o,
             Err(e) => {

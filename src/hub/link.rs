@@ -87,7 +87,10 @@ impl LinkHandle {
         match self.tx.try_send(of) {
             Ok(()) => true,
             Err(_) => {
-                tracing::warn!(frame = kind, "hub link send queue full or closed; frame dropped");
+                tracing::warn!(
+                    frame = kind,
+                    "hub link send queue full or closed; frame dropped"
+                );
                 false
             }
         }
@@ -252,8 +255,8 @@ fn tls_connector(cfg: &Config) -> anyhow::Result<Option<Connector>> {
         let _ = roots.add(cert);
     }
     if let Some(path) = &cfg.ca_file {
-        let pem = std::fs::read(path)
-            .with_context(|| format!("reading ca_file {}", path.display()))?;
+        let pem =
+            std::fs::read(path).with_context(|| format!("reading ca_file {}", path.display()))?;
         for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
             let cert = cert.with_context(|| format!("parsing ca_file {}", path.display()))?;
             roots
@@ -340,7 +343,11 @@ fn close_end(cf: Option<CloseFrame>) -> End {
             let wait = cooldown_from_reason(&reason).unwrap_or(Duration::from_secs(30));
             End::Cooldown(wait, reason)
         }
-        Some(cf) => End::Lost(format!("hub closed the socket: {} {}", u16::from(cf.code), cf.reason)),
+        Some(cf) => End::Lost(format!(
+            "hub closed the socket: {} {}",
+            u16::from(cf.code),
+            cf.reason
+        )),
         None => End::Lost("hub closed the socket".into()),
     }
 }
@@ -373,8 +380,9 @@ impl Connection<'_> {
         let mut ping_tick = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
         ping_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let report_every = Duration::from_secs(self.cfg.resource_report_interval_secs.max(1));
-        // The first report shortly after identify, then every interval.
-        let mut report_tick = tokio::time::interval_at(Instant::now() + Duration::from_secs(1), report_every);
+        // The first report soon after identify (dashboards want it), then every interval.
+        let first_report = report_every.min(Duration::from_secs(5));
+        let mut report_tick = tokio::time::interval_at(Instant::now() + first_report, report_every);
         report_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut unanswered_since: Option<Instant> = None;
         let far = Duration::from_secs(86_400);
@@ -508,7 +516,12 @@ impl Connection<'_> {
         Ok(())
     }
 
-    async fn send_text<S>(&mut self, sink: &mut S, text: String, kind: &'static str) -> Result<(), End>
+    async fn send_text<S>(
+        &mut self,
+        sink: &mut S,
+        text: String,
+        kind: &'static str,
+    ) -> Result<(), End>
     where
         S: futures_util::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
     {

@@ -252,7 +252,10 @@ mod tests {
             Ok(Inbound::Pong { timestamp: Some(1) })
         ));
         assert!(matches!(Inbound::parse("[1]"), Err(FrameError::NotObject)));
-        assert!(matches!(Inbound::parse("nope"), Err(FrameError::NotJson(_))));
+        assert!(matches!(
+            Inbound::parse("nope"),
+            Err(FrameError::NotJson(_))
+        ));
         assert!(matches!(
             Inbound::parse(r#"{"type":"task_assign"}"#),
             Err(FrameError::Malformed { .. })

@@ -43,20 +43,34 @@ impl Default for Metrics {
             frames_out: Family::default(),
             rate_limited: Counter::default(),
             tasks: Family::default(),
-            verification_attempts: Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0].into_iter()),
-            execution_seconds: Histogram::new(
-                [0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 1800.0].into_iter(),
-            ),
-            check_seconds: Histogram::new([0.01, 0.1, 1.0, 10.0, 60.0, 120.0].into_iter()),
+            verification_attempts: Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            execution_seconds: Histogram::new([0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 1800.0]),
+            check_seconds: Histogram::new([0.01, 0.1, 1.0, 10.0, 60.0, 120.0]),
             tokens: Counter::default(),
             cost_usd: Counter::default(),
             registry: Registry::default(),
         };
-        registry.register("hub_connected", "1 while identified with the hub", m.connected.clone());
+        registry.register(
+            "hub_connected",
+            "1 while identified with the hub",
+            m.connected.clone(),
+        );
         registry.register("reconnects", "Hub reconnect attempts", m.reconnects.clone());
-        registry.register("frames_in", "Frames received from the hub", m.frames_in.clone());
-        registry.register("frames_out", "Frames sent to the hub, by type", m.frames_out.clone());
-        registry.register("rate_limited", "rate_limited answers from the hub", m.rate_limited.clone());
+        registry.register(
+            "frames_in",
+            "Frames received from the hub",
+            m.frames_in.clone(),
+        );
+        registry.register(
+            "frames_out",
+            "Frames sent to the hub, by type",
+            m.frames_out.clone(),
+        );
+        registry.register(
+            "rate_limited",
+            "rate_limited answers from the hub",
+            m.rate_limited.clone(),
+        );
         registry.register("tasks", "Tasks finished, by outcome", m.tasks.clone());
         registry.register(
             "verification_attempts",
@@ -68,7 +82,11 @@ impl Default for Metrics {
             "Executor run time per attempt",
             m.execution_seconds.clone(),
         );
-        registry.register("check_seconds", "Verification check run time", m.check_seconds.clone());
+        registry.register(
+            "check_seconds",
+            "Verification check run time",
+            m.check_seconds.clone(),
+        );
         registry.register("tokens", "LLM tokens used (in + out)", m.tokens.clone());
         registry.register("cost_usd", "Estimated LLM cost in USD", m.cost_usd.clone());
         Metrics { registry, ..m }
@@ -111,7 +129,10 @@ mod tests {
         m.frame_out("ping");
         m.task_finished("verified");
         let text = m.encode();
-        assert!(text.contains("hub_sidecar_frames_out_total{type=\"ping\"} 1"), "{text}");
+        assert!(
+            text.contains("hub_sidecar_frames_out_total{type=\"ping\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("hub_sidecar_tasks_total{outcome=\"verified\"} 1"));
         assert!(text.ends_with("# EOF\n"));
     }

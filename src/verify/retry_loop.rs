@@ -41,9 +41,15 @@ pub async fn run(executor: &mut Executor, ctx: &ExecContext) -> LoopOutcome {
         prompt: task.description.clone(),
     };
     let exec = executor.execute(ctx, &attempt).await;
-    let timeout_ms = task.verification_timeout_ms.unwrap_or(ctx.config.verification.timeout_ms);
+    let timeout_ms = task
+        .verification_timeout_ms
+        .unwrap_or(ctx.config.verification.timeout_ms);
     let (status, attempts, reason) = if exec.status != ExecStatus::Succeeded {
-        (VerificationStatus::ExecutionFailed, Vec::new(), "execution_failed")
+        (
+            VerificationStatus::ExecutionFailed,
+            Vec::new(),
+            "execution_failed",
+        )
     } else {
         let rs = if task.skip_verification {
             ReportStatus::Skip

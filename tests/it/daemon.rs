@@ -39,11 +39,15 @@ async fn reconnects_after_the_hub_restarts_on_the_same_port() {
     hub.wait_for_type("identify", T).await.unwrap();
     hub.stop().await;
     hub.restart().await.unwrap();
-    hub.wait_for_nth("identify", 2, T).await.expect("re-identify after restart");
+    hub.wait_for_nth("identify", 2, T)
+        .await
+        .expect("re-identify after restart");
     // And the new connection works: a task goes through.
     hub.wait_for_nth("ping", 2, T).await.unwrap();
     hub.assign(sample_shell_task("after-restart", "echo ok"));
-    hub.wait_for_type("task_complete", T).await.expect("task on the new link");
+    hub.wait_for_type("task_complete", T)
+        .await
+        .expect("task on the new link");
     d.stop().await;
     assert_no_violations(&hub);
 }
@@ -54,7 +58,9 @@ async fn cooldown_close_is_honoured_before_the_next_identify() {
     hub.set_cooldown(2);
     let dir = tempfile::tempdir().unwrap();
     let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_nth("identify", 2, T).await.expect("identify again after cooldown");
+    hub.wait_for_nth("identify", 2, T)
+        .await
+        .expect("identify again after cooldown");
     let ids: Vec<Instant> = hub
         .frames()
         .iter()
@@ -62,7 +68,10 @@ async fn cooldown_close_is_honoured_before_the_next_identify() {
         .map(|f| f.at)
         .collect();
     let gap = ids[1] - ids[0];
-    assert!(gap >= Duration::from_millis(1900), "re-identified after {gap:?}, cooldown was 2 s");
+    assert!(
+        gap >= Duration::from_millis(1900),
+        "re-identified after {gap:?}, cooldown was 2 s"
+    );
     d.stop().await;
     assert_no_violations(&hub);
 }
@@ -80,8 +89,14 @@ async fn a_rejected_token_backs_off_to_the_maximum() {
     // With a 50 ms minimum, a plain reconnect loop would identify ~20 times in a second;
     // after an auth error the next try waits at least half the 3 s maximum.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(hub.received_of("identify").len(), 1, "hammered the hub with a bad token");
-    hub.wait_for_nth("identify", 2, T).await.expect("keeps retrying, slowly");
+    assert_eq!(
+        hub.received_of("identify").len(),
+        1,
+        "hammered the hub with a bad token"
+    );
+    hub.wait_for_nth("identify", 2, T)
+        .await
+        .expect("keeps retrying, slowly");
     d.stop().await;
     assert_no_violations(&hub);
 }
@@ -100,7 +115,10 @@ async fn assign_accept_complete_echoes_generation_and_is_acked_once() {
     let done = hub.wait_for_type("task_complete", T).await.unwrap();
     assert_eq!(done["generation"], 7);
     assert_eq!(done["result"]["verification_status"], "verified");
-    assert!(done["result"]["output"].as_str().unwrap().contains("hello-from-task"));
+    assert!(done["result"]["output"]
+        .as_str()
+        .unwrap()
+        .contains("hello-from-task"));
     assert!(wait_until(|| hub.acked_terminal("t-gen") == 1, T).await);
     // The outbox empties once acknowledged.
     let state = dir.path().join("queue.json");
@@ -152,7 +170,10 @@ async fn cancel_kills_the_task_tree_within_a_second_and_frees_the_slot() {
         &format!("sleep {sleep} & sleep {sleep} | cat; wait"),
     ));
     hub.wait_for_type("task_accepted", T).await.unwrap();
-    assert!(wait_until(|| procs_with_arg(&sleep).len() >= 2, T).await, "sleeps started");
+    assert!(
+        wait_until(|| procs_with_arg(&sleep).len() >= 2, T).await,
+        "sleeps started"
+    );
     let t0 = Instant::now();
     hub.push(json!({"type": "task_cancelled", "task_id": "cancel-me", "timestamp": 1}));
     assert!(
@@ -180,7 +201,10 @@ async fn result_survives_a_hub_outage_and_is_acked_exactly_once() {
     let marker = dir.path().join("started");
     hub.assign(sample_shell_task(
         "outage",
-        &format!("touch {}; sleep 1; echo finished-while-hub-down", marker.display()),
+        &format!(
+            "touch {}; sleep 1; echo finished-while-hub-down",
+            marker.display()
+        ),
     ));
     hub.wait_for_type("task_accepted", T).await.unwrap();
     assert!(wait_until(|| marker.exists(), T).await);
@@ -198,11 +222,15 @@ async fn result_survives_a_hub_outage_and_is_acked_exactly_once() {
         "result not persisted in the outbox"
     );
     hub.restart().await.unwrap();
-    let done = hub.wait_for_type("task_complete", T).await.expect("re-sent after reconnect");
+    let done = hub
+        .wait_for_type("task_complete", T)
+        .await
+        .expect("re-sent after reconnect");
     assert_eq!(done["task_id"], "outage");
     assert!(wait_until(|| hub.acked_terminal("outage") == 1, T).await);
     // Give a duplicate a chance to show up before asserting there is none.
-    hub.wait_for_nth("ping", hub.received_of("ping").len() + 2, T).await;
+    hub.wait_for_nth("ping", hub.received_of("ping").len() + 2, T)
+        .await;
     assert_eq!(hub.acked_terminal("outage"), 1);
     assert_eq!(hub.received_of("task_complete").len(), 1);
     d.stop().await;
@@ -212,8 +240,10 @@ async fn result_survives_a_hub_outage_and_is_acked_exactly_once() {
 #[tokio::test]
 async fn a_rate_limited_result_is_resent_after_retry_after() {
     let hub = MockHub::start(MockHubOptions {
+        // One token, refilled every 3 s: task_accepted takes it, so the immediate
+        // task_complete is always denied.
         normal_capacity: 1,
-        normal_per_minute: 60,
+        normal_per_minute: 20,
         ..MockHubOptions::default()
     })
     .await
@@ -225,9 +255,21 @@ async fn a_rate_limited_result_is_resent_after_retry_after() {
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
     hub.assign(sample_shell_task("limited", "echo x"));
-    let done = hub.wait_for_nth("task_complete", 2, T).await.expect("re-sent");
+    let done = hub.wait_for_nth("task_complete", 2, T).await;
+    let done = done.unwrap_or_else(|| {
+        panic!(
+            "not re-sent: {:#?}",
+            hub.frames()
+                .iter()
+                .map(|f| (f.inbound, f.frame.to_string()))
+                .collect::<Vec<_>>()
+        )
+    });
     assert_eq!(done["task_id"], "limited");
-    assert!(hub.rate_limited_count() >= 1, "the hub never rate-limited: test proves nothing");
+    assert!(
+        hub.rate_limited_count() >= 1,
+        "the hub never rate-limited: test proves nothing"
+    );
     assert!(wait_until(|| hub.acked_terminal("limited") == 1, T).await);
     d.stop().await;
     assert_no_violations(&hub);
@@ -251,16 +293,29 @@ async fn garbage_frames_do_not_hurt_and_the_next_task_completes() {
     let mut huge = sample_shell_task("huge", "echo huge");
     huge["description"] = json!("x".repeat(1024 * 1024));
     hub.assign(huge);
-    hub.wait_for(|f| f["type"] == "task_complete" && f["task_id"] == "huge", T)
-        .await
-        .expect("1 MB description task handled");
+    hub.wait_for(
+        |f| f["type"] == "task_complete" && f["task_id"] == "huge",
+        T,
+    )
+    .await
+    .expect("1 MB description task handled");
     hub.assign(sample_shell_task("valid", "echo still-alive"));
     let done = hub
-        .wait_for(|f| f["type"] == "task_complete" && f["task_id"] == "valid", T)
+        .wait_for(
+            |f| f["type"] == "task_complete" && f["task_id"] == "valid",
+            T,
+        )
         .await
         .expect("daemon survived the garbage");
-    assert!(done["result"]["output"].as_str().unwrap().contains("still-alive"));
-    assert_eq!(hub.connections_total(), 1, "garbage should not cost the connection");
+    assert!(done["result"]["output"]
+        .as_str()
+        .unwrap()
+        .contains("still-alive"));
+    assert_eq!(
+        hub.connections_total(),
+        1,
+        "garbage should not cost the connection"
+    );
     d.stop().await;
     assert_no_violations(&hub);
 }
@@ -294,7 +349,11 @@ async fn a_corrupt_state_file_is_kept_aside_and_the_daemon_still_works() {
     let aside: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("queue.json.corrupt-"))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("queue.json.corrupt-")
+        })
         .collect();
     assert_eq!(aside.len(), 1, "corrupt file not moved aside");
     assert_eq!(
@@ -318,14 +377,20 @@ async fn kill_mid_task_then_restart(answer: RecoveryAnswer) -> (MockHub, tempfil
     let mut bin = Bin::start(dir.path(), &config, &[]);
     hub.wait_for_type("identify", T).await.unwrap();
     let marker = dir.path().join("runs");
-    let cmd = format!("echo run >> {}; sleep 2; echo recovered-output", marker.display());
+    let cmd = format!(
+        "echo run >> {}; sleep 2; echo recovered-output",
+        marker.display()
+    );
     hub.assign(sample_shell_task("crash-me", &cmd));
     hub.wait_for_type("task_accepted", T).await.unwrap();
     assert!(wait_until(|| marker.exists(), T).await);
     bin.kill9().await;
     hub.set_recovery_answer("crash-me", answer);
     let bin = Bin::start(dir.path(), &config, &[]);
-    let rec = hub.wait_for_type("task_recovering", T).await.expect("task_recovering after restart");
+    let rec = hub
+        .wait_for_type("task_recovering", T)
+        .await
+        .expect("task_recovering after restart");
     assert_eq!(rec["task_id"], "crash-me");
     (hub, dir, bin)
 }
@@ -333,11 +398,21 @@ async fn kill_mid_task_then_restart(answer: RecoveryAnswer) -> (MockHub, tempfil
 #[tokio::test]
 async fn after_sigkill_task_continue_reruns_the_task() {
     let (hub, dir, mut bin) = kill_mid_task_then_restart(RecoveryAnswer::Continue).await;
-    let done = hub.wait_for_type("task_complete", T).await.expect("re-run completes");
+    let done = hub
+        .wait_for_type("task_complete", T)
+        .await
+        .expect("re-run completes");
     assert_eq!(done["task_id"], "crash-me");
-    assert!(done["result"]["output"].as_str().unwrap().contains("recovered-output"));
+    assert!(done["result"]["output"]
+        .as_str()
+        .unwrap()
+        .contains("recovered-output"));
     let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
-    assert_eq!(runs.lines().count(), 2, "ran once before the kill and once after");
+    assert_eq!(
+        runs.lines().count(),
+        2,
+        "ran once before the kill and once after"
+    );
     bin.signal("TERM");
     assert_eq!(bin.wait(T).await, Some(0));
     assert_no_violations(&hub);
@@ -382,19 +457,28 @@ async fn the_token_never_appears_in_logs() {
     let mut bin = Bin::start(dir.path(), &config, &[("RUST_LOG", "trace")]);
     hub.wait_for_type("identify", T).await.unwrap();
     // A task that echoes the token from its environment must not leak it either.
-    hub.assign(sample_shell_task("leak", "echo tok-UNIQUE-7f3a9c2e; echo $HUB_SIDECAR_TOKEN"));
+    hub.assign(sample_shell_task(
+        "leak",
+        "echo tok-UNIQUE-7f3a9c2e; echo $HUB_SIDECAR_TOKEN",
+    ));
     let done = hub.wait_for_type("task_complete", T).await.unwrap();
     bin.signal("TERM");
     bin.wait(T).await;
     let logs = bin.logs();
     assert!(logs.len() > 200, "expected trace logs, got:\n{logs}");
-    assert!(!logs.contains("tok-UNIQUE-7f3a9c2e"), "token leaked into logs");
+    assert!(
+        !logs.contains("tok-UNIQUE-7f3a9c2e"),
+        "token leaked into logs"
+    );
     let frames: String = hub
         .received()
         .iter()
         .filter(|f| f["type"] != "identify")
         .map(|f| f.to_string())
         .collect();
-    assert!(!frames.contains("tok-UNIQUE-7f3a9c2e"), "token leaked to the hub: {done}");
+    assert!(
+        !frames.contains("tok-UNIQUE-7f3a9c2e"),
+        "token leaked to the hub: {done}"
+    );
     assert_no_violations(&hub);
 }

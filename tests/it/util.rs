@@ -60,7 +60,10 @@ impl InProc {
 
 pub fn assert_no_violations(hub: &MockHub) {
     let v = hub.violations();
-    assert!(v.is_empty(), "the mock hub recorded schema violations: {v:#?}");
+    assert!(
+        v.is_empty(),
+        "the mock hub recorded schema violations: {v:#?}"
+    );
 }
 
 /// Poll a condition that has no event to wait on (files, the process table).
