@@ -40,7 +40,10 @@ pub enum ReportStatus {
 impl ReportStatus {
     /// Whether the work counts as verified.
     pub fn is_success(self) -> bool {
-        matches!(self, ReportStatus::Pass | ReportStatus::Skip | ReportStatus::AutoPass)
+        matches!(
+            self,
+            ReportStatus::Pass | ReportStatus::Skip | ReportStatus::AutoPass
+        )
     }
 }
 
