@@ -11,7 +11,9 @@
 //! so tests can drive it with a closure that edits a real workspace.
 //!
 //! Event `attempt` fields are the 1-based attempt (= report `run_number`);
-//! `verification_retry_start` is sent for attempts 2.. (the retries).
+//! `verification_retry_start` is sent for attempts 2.. (the retries);
+//! `verification_retry_complete.failed` counts every check that did not pass (fail, error,
+//! timeout), so `passed + failed == total`.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};

@@ -603,3 +603,75 @@ async fn llm_judge_unchanged_workspace_fails_without_asking() {
     assert!(check.output.contains("workspace unchanged"));
     assert!(reqs.is_empty(), "the fake saw a request");
 }
+
+#[tokio::test]
+async fn llm_judge_claude_backend_uses_claude_print_json() {
+    let bin = tempfile::tempdir().unwrap();
+    let args_file = bin.path().join("args.txt");
+    let script = bin.path().join("claude");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+printf '%s\n' "$@" > "$JUDGE_ARGS_FILE"
+printf '%s\n' '{"type":"result","subtype":"success","is_error":false,"result":"Verdict: {\"match\":true,\"confidence\":0.9,\"reason\":\"ok\"}","usage":{"input_tokens":10,"output_tokens":5},"total_cost_usd":0.01,"num_turns":1}'
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut ctx, _) = ctx_with(
+        dir.path(),
+        json!({"description": "Write a greeting file",
+            "verification_steps": [{"type": "llm_judge", "target": "hello.txt exists"}]}),
+        |c| c.verification.judge_backend = "claude".into(),
+    );
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    ctx.env.set("PATH", &path);
+    ctx.env.set("JUDGE_ARGS_FILE", &args_file.to_string_lossy());
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, _| {
+        std::fs::write(ws.join("hello.txt"), "hi\n").unwrap();
+    })
+    .await;
+    let check = &out.attempts[0].report.checks[0];
+    assert_eq!(check.status, CheckStatus::Pass, "{check:?}");
+    let args = std::fs::read_to_string(&args_file).unwrap();
+    let args: Vec<&str> = args.lines().collect();
+    assert_eq!(args[0], "-p");
+    assert!(
+        args.windows(2).any(|w| w == ["--output-format", "json"]),
+        "{args:?}"
+    );
+}
+
+#[tokio::test]
+async fn cancelled_execution_ends_the_loop_as_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 3,
+            "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
+    );
+    let cancel = ctx.cancel.clone();
+    let mut attempter = FnAttempter(move |a: Attempt| {
+        let cancel = cancel.clone();
+        async move {
+            if a.number == 2 {
+                cancel.cancel();
+                let mut o = ExecOutcome::failed("cancelled");
+                o.status = ExecStatus::Cancelled;
+                return o;
+            }
+            ok(0.0)
+        }
+    });
+    let out = retry_loop::run_with(&mut attempter, true, &ctx, &LoopOptions::default()).await;
+    assert_eq!(out.termination_reason, "cancelled");
+    assert_eq!(out.verification_status, VerificationStatus::ExecutionFailed);
+    assert_eq!(out.attempts.len(), 1);
+    assert_eq!(out.executions, 2);
+}
