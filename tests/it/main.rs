@@ -1,5 +1,7 @@
 //! Integration tests: the real daemon (in-process `daemon::run` or the real binary) against
-//! the mock hub over a real loopback WebSocket. One test crate, one link step.
+//! the mock hub over a real loopback WebSocket, and the engines it drives. One test crate,
+//! one link step.
 
 mod daemon;
 mod util;
+mod verify;

@@ -1,0 +1,326 @@
+//! The `llm_judge` check: a model decides whether the observed changes meet "done".
+//!
+//! Owns the judge prompt, the call to the judge backend (Ollama `/api/chat` or `claude -p`),
+//! verdict extraction and the pass rule. The judge sees ONLY the task goal, its success
+//! criteria, the step's target and the observation list — never the repository — so it
+//! cannot be talked into a verdict by the work it is judging.
+//!
+//! Pass ⇔ `match == true` and `confidence ≥ judge_min_confidence`. The `reason` is shown in
+//! the output but never decides anything.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::executor::ExecContext;
+use crate::process::{self, CommandSpec, Exit, Limits};
+
+use super::observe;
+use super::report::CheckStatus;
+
+/// A judge's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub matched: bool,
+    /// 0..=1.
+    pub confidence: f64,
+    pub reason: String,
+}
+
+const SYSTEM: &str = "You are a strict verifier of completed coding work. You are given a task goal, its success criteria, a statement of what 'done' means, and a list of observed changes to the workspace. Decide whether the observed changes show that 'done' was achieved. Do not assume changes that are not listed. Reply with ONLY a JSON object: {\"match\": true|false, \"confidence\": <number 0..1>, \"reason\": \"<one sentence>\"}.";
+
+/// The user message: goal, criteria, target, observations — nothing else.
+pub fn judge_prompt(
+    goal: &str,
+    criteria: &[String],
+    target: &str,
+    observations: &[String],
+) -> String {
+    let mut s = format!("TASK GOAL:\n{goal}\n\nSUCCESS CRITERIA:\n");
+    if criteria.is_empty() {
+        s.push_str("- (none given)\n");
+    }
+    for c in criteria {
+        s.push_str(&format!("- {c}\n"));
+    }
+    s.push_str(&format!("\nDONE MEANS:\n{target}\n\nOBSERVED CHANGES:\n"));
+    for o in observations {
+        s.push_str(&format!("- {o}\n"));
+    }
+    s
+}
+
+/// The first JSON object in `text` (bare, in code fences or amid prose), if any.
+pub fn first_json_object(text: &str) -> Option<Value> {
+    for (i, _) in text.match_indices('{') {
+        let mut it = serde_json::Deserializer::from_str(&text[i..]).into_iter::<Value>();
+        if let Some(Ok(v @ Value::Object(_))) = it.next() {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// A verdict from the judge's text, or `None` when it has no valid one.
+pub fn extract_verdict(text: &str) -> Option<Verdict> {
+    let v = first_json_object(text)?;
+    let matched = v.get("match")?.as_bool()?;
+    let confidence = v.get("confidence")?.as_f64()?;
+    if !(0.0..=1.0).contains(&confidence) {
+        return None;
+    }
+    let reason = v
+        .get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    Some(Verdict {
+        matched,
+        confidence,
+        reason,
+    })
+}
+
+/// The pass rule. `reason` is reported, never consulted.
+pub fn decide(verdict: Option<&Verdict>, min_confidence: f64) -> (CheckStatus, String) {
+    match verdict {
+        None => (CheckStatus::Fail, "judge returned no valid verdict".into()),
+        Some(v) => {
+            let pass = v.matched && v.confidence >= min_confidence;
+            (
+                if pass {
+                    CheckStatus::Pass
+                } else {
+                    CheckStatus::Fail
+                },
+                format!(
+                    "judge: match={} confidence={:.2} (min {:.2}); reason: {}",
+                    v.matched,
+                    v.confidence,
+                    min_confidence,
+                    crate::util::truncate_chars(&v.reason, 500)
+                ),
+            )
+        }
+    }
+}
+
+/// `http://host:port` for the judge: the routing decision's endpoint, else config, else local.
+pub fn ollama_endpoint(ctx: &ExecContext) -> String {
+    let raw = ctx
+        .task
+        .routing_decision
+        .as_ref()
+        .and_then(|r| r.selected_endpoint.clone())
+        .filter(|s| !s.trim().is_empty())
+        .or_else(|| ctx.config.ollama_url.clone())
+        .unwrap_or_else(|| "localhost:11434".into());
+    let raw = raw.trim().trim_end_matches('/');
+    if raw.starts_with("http://") || raw.starts_with("https://") {
+        raw.to_string()
+    } else {
+        format!("http://{raw}")
+    }
+}
+
+/// The judge model: `judge_model`, else the task's selected model, else the executor default.
+pub fn judge_model(ctx: &ExecContext) -> String {
+    ctx.config
+        .verification
+        .judge_model
+        .clone()
+        .or_else(|| {
+            ctx.task
+                .routing_decision
+                .as_ref()
+                .and_then(|r| r.selected_model.clone())
+        })
+        .filter(|m| !m.trim().is_empty())
+        .unwrap_or_else(|| ctx.config.executor.ollama_model.clone())
+}
+
+/// Run one `llm_judge` check within `bound`.
+pub async fn judge_check(
+    ctx: &ExecContext,
+    target: &str,
+    observations: &[String],
+    bound: Duration,
+) -> (CheckStatus, String) {
+    if target.trim().is_empty() {
+        return (
+            CheckStatus::Error,
+            "llm_judge needs a target saying what done means; the target is empty".into(),
+        );
+    }
+    // Nothing changed: there is nothing to judge, and asking would only invite a guess.
+    if observe::is_unchanged(observations) {
+        return (
+            CheckStatus::Fail,
+            "workspace unchanged: nothing to judge (the judge was not asked)".into(),
+        );
+    }
+    let prompt = judge_prompt(
+        &ctx.task.description,
+        &ctx.task.success_criteria,
+        target,
+        observations,
+    );
+    let answer = match ctx.config.verification.judge_backend.as_str() {
+        "claude" => ask_claude(ctx, &prompt, bound).await,
+        "ollama" | "" => ask_ollama(ctx, &prompt, bound).await,
+        other => Err(format!(
+            "unknown judge_backend `{other}`: use \"ollama\" or \"claude\""
+        )),
+    };
+    match answer {
+        Ok(text) => decide(
+            extract_verdict(&text).as_ref(),
+            ctx.config.verification.judge_min_confidence,
+        ),
+        Err(e) => (CheckStatus::Error, e),
+    }
+}
+
+async fn ask_ollama(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<String, String> {
+    let url = format!("{}/api/chat", ollama_endpoint(ctx));
+    let body = json!({
+        "model": judge_model(ctx),
+        "stream": false,
+        "format": "json",
+        "options": {"temperature": 0},
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": prompt}
+        ]
+    });
+    let client = reqwest::Client::builder()
+        .timeout(bound)
+        .build()
+        .map_err(|e| format!("cannot build HTTP client: {e}"))?;
+    let call = async {
+        let resp = client
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| format!("judge request to {url} failed: {e}"))?;
+        let status = resp.status();
+        let v: Value = resp
+            .json()
+            .await
+            .map_err(|e| format!("judge response from {url} is not JSON ({status}): {e}"))?;
+        if !status.is_success() {
+            return Err(format!("judge at {url} answered {status}: {v}"));
+        }
+        Ok(v["message"]["content"].as_str().unwrap_or("").to_string())
+    };
+    tokio::select! {
+        r = call => r,
+        _ = ctx.cancel.cancelled() => Err("cancelled".into()),
+    }
+}
+
+async fn ask_claude(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<String, String> {
+    let program = ctx
+        .config
+        .executor
+        .claude_path
+        .clone()
+        .map(|p| p.into_os_string())
+        .unwrap_or_else(|| "claude".into());
+    let full = format!("{SYSTEM}\n\n{prompt}");
+    let spec = CommandSpec::new(program, &ctx.workspace, ctx.env.clone())
+        .arg("-p")
+        .arg(full)
+        .args(["--output-format", "json", "--model"])
+        .arg(judge_model_claude(ctx));
+    let limits = Limits {
+        timeout: Some(bound),
+        grace: Duration::from_millis(500),
+        output_cap: 1024 * 1024,
+    };
+    let out = process::run(&spec, &limits, &ctx.cancel, None)
+        .await
+        .map_err(|e| format!("could not start the claude judge: {e}"))?;
+    match out.exit {
+        Exit::Code(0) => {}
+        Exit::TimedOut => return Err(format!("judge timed out after {} ms", bound.as_millis())),
+        other => {
+            return Err(format!(
+                "claude judge failed ({}): {}",
+                other.describe(),
+                crate::util::tail_bytes(out.stderr.trim(), 500)
+            ))
+        }
+    }
+    // `--output-format json` wraps the model's text in {"result": "..."}.
+    Ok(first_json_object(&out.stdout)
+        .and_then(|v| v.get("result").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or(out.stdout))
+}
+
+fn judge_model_claude(ctx: &ExecContext) -> String {
+    ctx.config
+        .verification
+        .judge_model
+        .clone()
+        .filter(|m| !m.trim().is_empty())
+        .unwrap_or_else(|| ctx.config.executor.claude_model.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_are_found_in_fences_and_prose() {
+        let v = extract_verdict(
+            "```json\n{\"match\": true, \"confidence\": 0.9, \"reason\": \"ok\"}\n```",
+        )
+        .unwrap();
+        assert!(v.matched && (v.confidence - 0.9).abs() < 1e-9);
+        let v = extract_verdict("Sure! {not json} then {\"match\":false,\"confidence\":0.3,\"reason\":\"no {brace}\"} bye").unwrap();
+        assert!(!v.matched);
+        assert_eq!(v.reason, "no {brace}");
+        assert_eq!(extract_verdict("no json here"), None);
+        assert_eq!(
+            extract_verdict("{\"match\":\"yes\",\"confidence\":0.9}"),
+            None
+        );
+        assert_eq!(extract_verdict("{\"match\":true,\"confidence\":1.5}"), None);
+        assert_eq!(extract_verdict("{\"match\":true}"), None);
+    }
+
+    #[test]
+    fn pass_needs_match_and_confidence_and_ignores_reason() {
+        let v = |m, c, r: &str| Verdict {
+            matched: m,
+            confidence: c,
+            reason: r.into(),
+        };
+        assert_eq!(decide(Some(&v(true, 0.9, "")), 0.85).0, CheckStatus::Pass);
+        assert_eq!(decide(Some(&v(true, 0.85, "")), 0.85).0, CheckStatus::Pass);
+        assert_eq!(decide(Some(&v(true, 0.5, "")), 0.85).0, CheckStatus::Fail);
+        assert_eq!(
+            decide(Some(&v(false, 0.99, "task completed successfully")), 0.85).0,
+            CheckStatus::Fail
+        );
+        let (s, out) = decide(None, 0.85);
+        assert_eq!(s, CheckStatus::Fail);
+        assert_eq!(out, "judge returned no valid verdict");
+    }
+
+    #[test]
+    fn prompt_carries_goal_criteria_target_observations_only() {
+        let p = judge_prompt(
+            "Add a README",
+            &["README.md exists".into()],
+            "a README describing the project",
+            &["added: README.md (+10 lines)".into()],
+        );
+        assert!(p.contains("Add a README"));
+        assert!(p.contains("- README.md exists"));
+        assert!(p.contains("a README describing the project"));
+        assert!(p.contains("- added: README.md (+10 lines)"));
+    }
+}

@@ -1,0 +1,677 @@
+//! The verification loop end to end: real workspaces in temp dirs, real check commands, a
+//! real shell executor, an attempt closure standing in for an LLM (it edits real files), and
+//! a fake Ollama HTTP server on 127.0.0.1:0 for `llm_judge`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hub_sidecar::config::Config;
+use hub_sidecar::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus, Executor};
+use hub_sidecar::process::ChildEnv;
+use hub_sidecar::progress::{EventKind, ProgressEvent, ProgressSink};
+use hub_sidecar::task::Task;
+use hub_sidecar::verify::report::{CheckStatus, ReportStatus};
+use hub_sidecar::verify::retry_loop::{self, DailySpend, FnAttempter, LoopOptions, LoopOutcome};
+use hub_sidecar::verify::VerificationStatus;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+type Events = Arc<Mutex<Vec<ProgressEvent>>>;
+
+/// A context over `ws` for `task` (task_id filled in), recording every progress event.
+fn ctx_with(ws: &Path, mut task: Value, tweak: impl FnOnce(&mut Config)) -> (ExecContext, Events) {
+    task["task_id"] = json!("t-it-verify");
+    let events: Events = Arc::default();
+    let ev = events.clone();
+    let mut cfg = Config::for_hub("ws://127.0.0.1:1/ws", ws);
+    tweak(&mut cfg);
+    let ctx = ExecContext {
+        task: Arc::new(Task::from_value(task).unwrap()),
+        workspace: ws.to_path_buf(),
+        config: Arc::new(cfg),
+        env: ChildEnv::inherit(),
+        progress: ProgressSink::with_observer(8192, move |e| ev.lock().unwrap().push(e.clone())),
+        cancel: tokio_util::sync::CancellationToken::new(),
+    };
+    (ctx, events)
+}
+
+fn ctx_for(ws: &Path, task: Value) -> (ExecContext, Events) {
+    ctx_with(ws, task, |_| {})
+}
+
+/// A successful execution costing `cost_usd`.
+fn ok(cost_usd: f64) -> ExecOutcome {
+    let mut o = ExecOutcome::failed("");
+    o.status = ExecStatus::Succeeded;
+    o.error = None;
+    o.output = "done".into();
+    o.tokens_in = 10;
+    o.tokens_out = 5;
+    o.cost_usd = cost_usd;
+    o.execution_ms = 1;
+    o
+}
+
+/// Run the loop as an LLM executor whose attempt `k` calls `edit(workspace, k)`.
+/// Returns the outcome and the prompts the "LLM" received.
+async fn run_llm(
+    ctx: &ExecContext,
+    opts: &LoopOptions,
+    cost_usd: f64,
+    edit: impl Fn(&Path, u32) + Clone + 'static,
+) -> (LoopOutcome, Vec<String>) {
+    let prompts: Arc<Mutex<Vec<String>>> = Arc::default();
+    let p = prompts.clone();
+    let ws: PathBuf = ctx.workspace.clone();
+    let mut attempter = FnAttempter(move |a: Attempt| {
+        p.lock().unwrap().push(a.prompt.clone());
+        let ws = ws.clone();
+        let edit = edit.clone();
+        async move {
+            edit(&ws, a.number);
+            ok(cost_usd)
+        }
+    });
+    let out = retry_loop::run_with(&mut attempter, true, ctx, opts).await;
+    let prompts = prompts.lock().unwrap().clone();
+    (out, prompts)
+}
+
+fn kinds(events: &Events, kind: EventKind) -> Vec<ProgressEvent> {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.kind == kind)
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn fails_then_fixed_on_second_attempt_is_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, events) = ctx_for(
+        dir.path(),
+        json!({"description": "Create a.txt and make b.txt say fixed",
+        "success_criteria": ["b.txt says fixed"],
+        "max_verification_retries": 3,
+        "verification_steps": [
+            {"type": "file_exists", "target": "a.txt"},
+            {"type": "command_succeeds", "target": "grep -q fixed b.txt"}
+        ]}),
+    );
+    let (out, prompts) = run_llm(&ctx, &LoopOptions::default(), 0.01, |ws, k| {
+        std::fs::write(ws.join("a.txt"), "a\n").unwrap();
+        std::fs::write(
+            ws.join("b.txt"),
+            if k == 1 { "broken\n" } else { "fixed\n" },
+        )
+        .unwrap();
+    })
+    .await;
+    assert_eq!(out.verification_status, VerificationStatus::Verified);
+    assert_eq!(out.termination_reason, "verified");
+    let runs: Vec<u32> = out.attempts.iter().map(|a| a.report.run_number).collect();
+    assert_eq!(runs, vec![1, 2]);
+    assert_eq!(out.attempts[0].report.status, ReportStatus::Fail);
+    assert_eq!(out.attempts[1].report.status, ReportStatus::Pass);
+    assert_eq!((out.tokens_in, out.tokens_out), (20, 10));
+    assert!((out.cost_usd - 0.02).abs() < 1e-9);
+    // First prompt: task, criteria, completion criteria, plan instruction.
+    assert!(
+        prompts[0].contains("Create a.txt")
+            && prompts[0].contains("- command_succeeds: grep -q fixed b.txt")
+    );
+    assert!(prompts[0].contains("Plan your approach"));
+    // Corrective prompt: failed check, passed check, observations, original task.
+    let p = &prompts[1];
+    assert!(p.starts_with("VERIFICATION RETRY 1/3"), "{p}");
+    assert!(
+        p.contains("type: command_succeeds | target: grep -q fixed b.txt | status: fail"),
+        "{p}"
+    );
+    assert!(
+        p.contains("PASSED CHECKS (keep these passing):\n- file_exists: a.txt"),
+        "{p}"
+    );
+    assert!(p.contains("- added: b.txt (+1 lines)"), "{p}");
+    assert!(p.contains("ORIGINAL TASK:\nCreate a.txt"), "{p}");
+    assert!(p.contains("YOUR PREVIOUS OUTPUT:\ndone"), "{p}");
+    let starts = kinds(&events, EventKind::VerificationRetryStart);
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0].fields["attempt"], 2);
+    assert_eq!(starts[0].fields["max_retries"], 3);
+    let results = kinds(&events, EventKind::VerificationCheckResult);
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[1].fields["check_status"], "fail");
+    assert_eq!(results[3].fields["attempt"], 2);
+    let done = kinds(&events, EventKind::VerificationRetryComplete);
+    assert_eq!(done.len(), 2);
+    assert_eq!(done[1].fields["status"], "pass");
+    assert_eq!(done[0].fields["passed"], 1);
+    assert_eq!(done[0].fields["failed"], 1);
+    // The history serialises as §7 reports plus observations.
+    let v = serde_json::to_value(&out.attempts[0]).unwrap();
+    assert_eq!(v["run_number"], 1);
+    assert_eq!(v["checks"][1]["type"], "command_succeeds");
+    assert!(v["observations"].is_array());
+}
+
+#[tokio::test]
+async fn retries_exhausted_gives_partial_pass_with_n_plus_one_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 2,
+            "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
+    );
+    let (out, prompts) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, k| {
+        std::fs::write(ws.join(format!("try{k}.txt")), "x\n").unwrap();
+    })
+    .await;
+    assert_eq!(out.verification_status, VerificationStatus::PartialPass);
+    assert_eq!(out.termination_reason, "retries_exhausted");
+    assert_eq!(out.attempts.len(), 3);
+    assert_eq!(prompts.len(), 3);
+    assert!(prompts[2].starts_with("VERIFICATION RETRY 2/2"));
+    assert!(
+        prompts[2].contains("- attempt 1: 0 passed"),
+        "{}",
+        prompts[2]
+    );
+}
+
+#[tokio::test]
+async fn retry_cap_of_five_holds_for_a_task_asking_nine() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 9,
+            "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
+    );
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, k| {
+        std::fs::write(ws.join(format!("try{k}.txt")), "x\n").unwrap();
+    })
+    .await;
+    assert_eq!(out.termination_reason, "retries_exhausted");
+    assert_eq!(out.attempts.len(), 6);
+    assert_eq!(out.executions, 6);
+}
+
+#[tokio::test]
+async fn unchanged_workspace_with_same_failure_stops_for_no_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir.path())
+        .args(["init", "-q"])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 5,
+            "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
+    );
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |_, _| {}).await;
+    assert_eq!(out.verification_status, VerificationStatus::PartialPass);
+    assert_eq!(out.termination_reason, "no_progress");
+    assert_eq!(out.attempts.len(), 2);
+    assert_eq!(
+        out.attempts[1].observations,
+        vec!["workspace unchanged".to_string()]
+    );
+}
+
+#[tokio::test]
+async fn flaky_check_passes_on_rerun_without_a_corrective_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, events) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 3,
+            "verification_steps": [{"type": "command_succeeds",
+                "target": "n=$(cat counter 2>/dev/null || echo 0); echo $((n+1)) > counter; [ \"$n\" -ge 1 ]"}]}),
+    );
+    let (out, prompts) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, _| {
+        std::fs::write(ws.join("work.txt"), "w\n").unwrap();
+    })
+    .await;
+    assert_eq!(out.verification_status, VerificationStatus::Verified);
+    assert_eq!(prompts.len(), 1, "no corrective prompt");
+    let check = &out.attempts[0].report.checks[0];
+    assert_eq!(check.status, CheckStatus::Pass);
+    assert!(check.flaky);
+    assert_eq!(out.attempts[0].report.status, ReportStatus::Pass);
+    let v = serde_json::to_value(check).unwrap();
+    assert_eq!(v["flaky"], true);
+    assert!(kinds(&events, EventKind::Status)
+        .iter()
+        .any(|e| e.text.contains("flaky")));
+}
+
+#[tokio::test]
+async fn per_task_cost_cap_crossed_on_attempt_two_stops_the_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 5,
+            "metadata": {"max_cost_usd": 0.015},
+            "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
+    );
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.01, |ws, k| {
+        std::fs::write(ws.join(format!("try{k}.txt")), "x\n").unwrap();
+    })
+    .await;
+    assert_eq!(out.verification_status, VerificationStatus::PartialPass);
+    assert_eq!(out.termination_reason, "budget_exhausted");
+    assert_eq!(out.attempts.len(), 2);
+    assert!((out.cost_usd - 0.02).abs() < 1e-9);
+}
+
+#[tokio::test]
+async fn shared_daily_cap_stops_the_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_with(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 5,
+            "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
+        |c| c.verification.max_cost_usd_per_day = Some(1.0),
+    );
+    let daily = Arc::new(DailySpend::new());
+    daily.add(0.95);
+    let opts = LoopOptions {
+        daily_spend: Some(daily.clone()),
+    };
+    let (out, _) = run_llm(&ctx, &opts, 0.1, |ws, k| {
+        std::fs::write(ws.join(format!("try{k}.txt")), "x\n").unwrap();
+    })
+    .await;
+    assert_eq!(out.termination_reason, "budget_exhausted");
+    assert_eq!(out.attempts.len(), 1);
+    assert!((daily.spent_today() - 1.05).abs() < 1e-9);
+}
+
+#[tokio::test]
+async fn oscillating_failures_are_flagged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, events) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 2,
+            "verification_steps": [{"type": "command_succeeds", "target": "cat f; false"}]}),
+    );
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, k| {
+        std::fs::write(
+            ws.join("f"),
+            if k % 2 == 1 {
+                "variant A\n"
+            } else {
+                "variant B\n"
+            },
+        )
+        .unwrap();
+    })
+    .await;
+    assert_eq!(out.attempts.len(), 3);
+    assert!(out.oscillation);
+    assert!(kinds(&events, EventKind::Status)
+        .iter()
+        .any(|e| e.text.contains("oscillation")));
+}
+
+/// Processes whose command line contains `needle`.
+fn procs_with(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let zombie = std::fs::read_to_string(e.path().join("stat"))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(true);
+        if cmd.contains(needle) && !zombie {
+            found.push(format!("{name}: {cmd}"));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn hanging_check_hits_the_global_deadline_and_leaves_no_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "verification_timeout_ms": 5000,
+        "verification_steps": [
+            {"type": "command_succeeds", "target": "sleep 45.4321"},
+            {"type": "file_exists", "target": "x"}
+        ]}),
+    );
+    // A heartbeat stand-in: it must keep ticking while the check hangs.
+    let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let t = ticks.clone();
+    let ticker = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            t.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let t0 = Instant::now();
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |_, _| {}).await;
+    let took = t0.elapsed();
+    ticker.abort();
+    assert!(took < Duration::from_millis(5500), "took {took:?}");
+    let report = &out.attempts[0].report;
+    assert_eq!(report.status, ReportStatus::Timeout);
+    assert_eq!(report.checks[0].status, CheckStatus::Timeout);
+    assert_eq!(report.checks[1].status, CheckStatus::Timeout);
+    assert!(
+        ticks.load(std::sync::atomic::Ordering::Relaxed) >= 30,
+        "runtime was blocked"
+    );
+    let mut left = procs_with("sleep 45.4321");
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = procs_with("sleep 45.4321");
+    }
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[tokio::test]
+async fn shell_executor_runs_once_and_is_never_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, events) = ctx_for(
+        dir.path(),
+        json!({"description": "make out.txt",
+        "routing_decision": {"target_type": "sidecar"},
+        "metadata": {"shell_command": "echo run >> out.txt"},
+        "max_verification_retries": 3,
+        "verification_steps": [
+            {"type": "file_exists", "target": "out.txt"},
+            {"type": "file_exists", "target": "missing.txt"}
+        ]}),
+    );
+    let mut exec = Executor::for_task(&ctx).unwrap();
+    assert!(!exec.is_llm());
+    let out = retry_loop::run(&mut exec, &ctx).await;
+    assert_eq!(out.verification_status, VerificationStatus::PartialPass);
+    assert_eq!(out.termination_reason, "retries_exhausted");
+    assert_eq!(out.attempts.len(), 1);
+    assert_eq!(out.executions, 1);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("out.txt")).unwrap(),
+        "run\n"
+    );
+    assert!(kinds(&events, EventKind::VerificationRetryStart).is_empty());
+
+    // A passing shell task is verified; a failing one is execution_failed with no report.
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "ok", "routing_decision": {"target_type": "sidecar"},
+            "metadata": {"shell_command": "true"},
+            "verification_steps": [{"type": "file_exists", "target": "out.txt"}]}),
+    );
+    let mut exec = Executor::for_task(&ctx).unwrap();
+    let out = retry_loop::run(&mut exec, &ctx).await;
+    assert_eq!(out.verification_status, VerificationStatus::Verified);
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "bad", "routing_decision": {"target_type": "sidecar"},
+            "metadata": {"shell_command": "exit 4"},
+            "verification_steps": [{"type": "file_exists", "target": "out.txt"}]}),
+    );
+    let mut exec = Executor::for_task(&ctx).unwrap();
+    let out = retry_loop::run(&mut exec, &ctx).await;
+    assert_eq!(out.verification_status, VerificationStatus::ExecutionFailed);
+    assert_eq!(out.termination_reason, "execution_failed");
+    assert!(out.attempts.is_empty());
+}
+
+/// A fake Ollama: answers every `/api/chat` with `content` as the message, records bodies.
+struct FakeOllama {
+    addr: std::net::SocketAddr,
+    requests: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeOllama {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn fake_ollama(content: &str) -> FakeOllama {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let reqs = requests.clone();
+    let body =
+        json!({"model": "m", "message": {"role": "assistant", "content": content}, "done": true})
+            .to_string();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            // Read the head, then Content-Length bytes of body.
+            let body_start = loop {
+                let n = sock.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break Some(i + 4);
+                }
+            };
+            let Some(start) = body_start else { continue };
+            let head = String::from_utf8_lossy(&buf[..start]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            while buf.len() < start + len {
+                let n = sock.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let req: Value = serde_json::from_slice(&buf[start..]).unwrap_or(Value::Null);
+            reqs.lock().unwrap().push(req);
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        }
+    });
+    FakeOllama {
+        addr,
+        requests,
+        task,
+    }
+}
+
+/// One LLM attempt (writing hello.txt unless `change` is false) judged by a fake answering
+/// `content`. Returns the judge check and the requests the fake saw.
+async fn judged(
+    content: &str,
+    change: bool,
+) -> (hub_sidecar::verify::report::CheckResult, Vec<Value>) {
+    let fake = fake_ollama(content).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "Write a greeting file",
+            "success_criteria": ["hello.txt greets the reader"],
+            "routing_decision": {"selected_endpoint": fake.addr.to_string(), "selected_model": "judge-m"},
+            "verification_steps": [{"type": "llm_judge", "target": "hello.txt exists and greets"}]}),
+    );
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, move |ws, _| {
+        if change {
+            std::fs::write(ws.join("hello.txt"), "SECRET-CONTENT-XYZ hello\n").unwrap();
+        }
+    })
+    .await;
+    let check = out.attempts[0].report.checks[0].clone();
+    let reqs = fake.requests.lock().unwrap().clone();
+    (check, reqs)
+}
+
+#[tokio::test]
+async fn llm_judge_passes_on_a_confident_match_and_sees_only_observations() {
+    let (check, reqs) = judged(
+        r#"{"match": true, "confidence": 0.95, "reason": "file added"}"#,
+        true,
+    )
+    .await;
+    assert_eq!(check.status, CheckStatus::Pass, "{check:?}");
+    assert_eq!(reqs.len(), 1);
+    let r = &reqs[0];
+    assert_eq!(r["stream"], false);
+    assert_eq!(r["format"], "json");
+    assert_eq!(r["model"], "judge-m");
+    let text = r.to_string();
+    assert!(text.contains("Write a greeting file"));
+    assert!(text.contains("hello.txt greets the reader"));
+    assert!(text.contains("hello.txt exists and greets"));
+    assert!(text.contains("added: hello.txt (+1 lines)"));
+    assert!(
+        !text.contains("SECRET-CONTENT-XYZ"),
+        "the judge must never see the repo"
+    );
+}
+
+#[tokio::test]
+async fn llm_judge_fails_on_low_confidence() {
+    let (check, _) = judged(
+        r#"{"match": true, "confidence": 0.5, "reason": "maybe"}"#,
+        true,
+    )
+    .await;
+    assert_eq!(check.status, CheckStatus::Fail);
+}
+
+#[tokio::test]
+async fn llm_judge_mismatch_fails_whatever_the_reason_says() {
+    let (check, _) = judged(
+        r#"```json
+{"match": false, "confidence": 0.99, "reason": "the task was completed successfully"}
+```"#,
+        true,
+    )
+    .await;
+    assert_eq!(check.status, CheckStatus::Fail);
+}
+
+#[tokio::test]
+async fn llm_judge_invalid_json_fails() {
+    let (check, _) = judged("I think it is fine!", true).await;
+    assert_eq!(check.status, CheckStatus::Fail);
+    assert_eq!(check.output, "judge returned no valid verdict");
+}
+
+#[tokio::test]
+async fn llm_judge_unchanged_workspace_fails_without_asking() {
+    let (check, reqs) = judged(
+        r#"{"match": true, "confidence": 1.0, "reason": "x"}"#,
+        false,
+    )
+    .await;
+    assert_eq!(check.status, CheckStatus::Fail);
+    assert!(check.output.contains("workspace unchanged"));
+    assert!(reqs.is_empty(), "the fake saw a request");
+}
+
+#[tokio::test]
+async fn llm_judge_claude_backend_uses_claude_print_json() {
+    let bin = tempfile::tempdir().unwrap();
+    let args_file = bin.path().join("args.txt");
+    let script = bin.path().join("claude");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+printf '%s\n' "$@" > "$JUDGE_ARGS_FILE"
+printf '%s\n' '{"type":"result","subtype":"success","is_error":false,"result":"Verdict: {\"match\":true,\"confidence\":0.9,\"reason\":\"ok\"}","usage":{"input_tokens":10,"output_tokens":5},"total_cost_usd":0.01,"num_turns":1}'
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut ctx, _) = ctx_with(
+        dir.path(),
+        json!({"description": "Write a greeting file",
+            "verification_steps": [{"type": "llm_judge", "target": "hello.txt exists"}]}),
+        |c| c.verification.judge_backend = "claude".into(),
+    );
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    ctx.env.set("PATH", &path);
+    ctx.env.set("JUDGE_ARGS_FILE", &args_file.to_string_lossy());
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, _| {
+        std::fs::write(ws.join("hello.txt"), "hi\n").unwrap();
+    })
+    .await;
+    let check = &out.attempts[0].report.checks[0];
+    assert_eq!(check.status, CheckStatus::Pass, "{check:?}");
+    let args = std::fs::read_to_string(&args_file).unwrap();
+    let args: Vec<&str> = args.lines().collect();
+    assert_eq!(args[0], "-p");
+    assert!(
+        args.windows(2).any(|w| w == ["--output-format", "json"]),
+        "{args:?}"
+    );
+}
+
+#[tokio::test]
+async fn cancelled_execution_ends_the_loop_as_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 3,
+            "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
+    );
+    let cancel = ctx.cancel.clone();
+    let mut attempter = FnAttempter(move |a: Attempt| {
+        let cancel = cancel.clone();
+        async move {
+            if a.number == 2 {
+                cancel.cancel();
+                let mut o = ExecOutcome::failed("cancelled");
+                o.status = ExecStatus::Cancelled;
+                return o;
+            }
+            ok(0.0)
+        }
+    });
+    let out = retry_loop::run_with(&mut attempter, true, &ctx, &LoopOptions::default()).await;
+    assert_eq!(out.termination_reason, "cancelled");
+    assert_eq!(out.verification_status, VerificationStatus::ExecutionFailed);
+    assert_eq!(out.attempts.len(), 1);
+    assert_eq!(out.executions, 2);
+}
