@@ -29,6 +29,18 @@ pub struct Cli {
     pub log_level: Option<String>,
 }
 
+impl Cli {
+    /// The log level to start with: the flag, else `warn` for the interactive demo (its
+    /// output is the conversation, not the daemon's log), else `info`.
+    pub fn log_level(&self) -> &str {
+        match (&self.log_level, &self.command) {
+            (Some(l), _) => l,
+            (None, Some(Command::Demo(_))) => "warn",
+            _ => "info",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -170,14 +182,9 @@ async fn stage_signals(shutdown: Shutdown) {
 }
 
 /// Set up tracing: human text or JSON on stderr, secrets scrubbed from every line.
-pub fn init_tracing(
-    format: LogFormat,
-    level: Option<&str>,
-    secrets: Vec<String>,
-) -> RedactingWriter {
+pub fn init_tracing(format: LogFormat, level: &str, secrets: Vec<String>) -> RedactingWriter {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(level.unwrap_or("info")));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
     let writer = RedactingWriter::new(Redactor::new(secrets));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -106,6 +106,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         budget,
         out: Arc::new(handle.clone()),
         ops: ops.clone(),
+        daily_spend: Arc::new(crate::verify::retry_loop::DailySpend::new()),
     };
     let mut d = Daemon {
         cfg,

@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     // Secrets known from the environment are scrubbed from logs from the first line on;
     // the daemon's own logging never formats the token in the first place.
     let secrets = std::env::var("HUB_SIDECAR_TOKEN").into_iter().collect();
-    let logs = cli::init_tracing(cli.log_format, cli.log_level.as_deref(), secrets);
+    let logs = cli::init_tracing(cli.log_format, cli.log_level(), secrets);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -19,7 +19,7 @@ use crate::process::ChildEnv;
 use crate::progress::{FrameSender, ProgressEvent, ProgressSink, Pump};
 use crate::redact::Redactor;
 use crate::task::Task;
-use crate::verify::retry_loop::{self, LoopOutcome};
+use crate::verify::retry_loop::{self, DailySpend, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
 
 /// What the daemon gives every runner.
@@ -31,6 +31,8 @@ pub struct RunnerDeps {
     pub budget: Arc<RateBudget>,
     pub out: Arc<dyn FrameSender>,
     pub ops: Ops,
+    /// The daemon-wide spend of the day, for the daily cost cap.
+    pub daily_spend: Arc<DailySpend>,
 }
 
 /// How a task run ended.
@@ -116,7 +118,10 @@ pub async fn run_task(
                 "executor {:?} started",
                 executor.kind()
             )));
-            let lo = retry_loop::run(&mut executor, &ctx).await;
+            let opts = LoopOptions {
+                daily_spend: Some(deps.daily_spend.clone()),
+            };
+            let lo = retry_loop::run_with_options(&mut executor, &ctx, &opts).await;
             record_metrics(&deps.ops, &lo);
             if cancel.is_cancelled() || lo.last_exec.status == ExecStatus::Cancelled {
                 None

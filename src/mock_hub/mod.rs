@@ -518,6 +518,23 @@ impl MockHub {
         .await
     }
 
+    /// Inbound frames after the first `seen`, waiting until there is at least one; empty on
+    /// timeout. For displays that follow the conversation as it happens.
+    pub async fn wait_inbound_after(&self, seen: usize, timeout: Duration) -> Vec<Value> {
+        self.wait_until(timeout, |st| {
+            let new: Vec<Value> = st
+                .frames
+                .iter()
+                .filter(|r| r.inbound)
+                .skip(seen)
+                .map(|r| r.frame.clone())
+                .collect();
+            (!new.is_empty()).then_some(new)
+        })
+        .await
+        .unwrap_or_default()
+    }
+
     /// First inbound frame of type `ty`.
     pub async fn wait_for_type(&self, ty: &str, timeout: Duration) -> Option<Value> {
         self.wait_for_nth(ty, 1, timeout).await
