@@ -165,7 +165,7 @@ impl ClaudeExecutor {
         let cfg = &ctx.config.executor;
         let spec = CommandSpec::new(&self.program, &ctx.workspace, ctx.env.clone())
             .arg("-p")
-            .arg(&attempt.prompt)
+            .arg(prompt_arg(&attempt.prompt))
             .args([
                 "--output-format",
                 "stream-json",
@@ -192,6 +192,20 @@ impl ClaudeExecutor {
         })
     }
 }
+
+/// The prompt as the CLI's positional argument. A prompt starting with `-` would be parsed
+/// as an option (task text choosing CLI flags), so it gets a leading space, which the
+/// option parser treats as a plain argument and the model ignores.
+fn prompt_arg(prompt: &str) -> String {
+    if prompt.starts_with('-') {
+        format!(" {prompt}")
+    } else {
+        prompt.to_string()
+    }
+}
+
+/// Assistant text kept per run (the tail), for the output when no result line comes.
+const MAX_TEXT_BYTES: usize = 1024 * 1024;
 
 /// `routing_decision.selected_model` when it names a Claude model, else `executor.claude_model`.
 fn select_model(ctx: &ExecContext) -> String {
@@ -386,6 +400,9 @@ impl StreamState {
                         self.text.push('\n');
                     }
                     self.text.push_str(t);
+                    if self.text.len() > 2 * MAX_TEXT_BYTES {
+                        self.text = tail_bytes(&self.text, MAX_TEXT_BYTES);
+                    }
                     let ev = ProgressEvent::new(EventKind::Token, t).with_tokens(
                         self.tokens_base + self.tokens_out_seen,
                         Some(self.model_name()),

@@ -58,7 +58,8 @@ change files, run_command to check them) instead of describing the change.";
 
 /// Runs a task against one Ollama endpoint and model, keeping the conversation.
 pub struct OllamaExecutor {
-    client: reqwest::Client,
+    /// Built on first use, off the runtime (it reads the system's root certificates).
+    client: Option<reqwest::Client>,
     base_url: String,
     model: String,
     agentic: bool,
@@ -108,11 +109,8 @@ impl OllamaExecutor {
             .filter(|m| !m.is_empty())
             .unwrap_or(&ctx.config.executor.ollama_model)
             .to_string();
-        let client = reqwest::Client::builder()
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client for Ollama: {e}"))?;
         Ok(OllamaExecutor {
-            client,
+            client: None,
             base_url,
             model,
             agentic: ctx.task.metadata.agentic.unwrap_or(true),
@@ -138,6 +136,22 @@ impl OllamaExecutor {
     pub async fn execute(&mut self, ctx: &ExecContext, attempt: &Attempt) -> ExecOutcome {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + ctx.llm_timeout();
+        if self.client.is_none() {
+            let built = tokio::task::spawn_blocking(|| reqwest::Client::builder().build()).await;
+            match built {
+                Ok(Ok(c)) => self.client = Some(c),
+                Ok(Err(e)) => {
+                    return ExecOutcome::failed(format!(
+                        "cannot build the HTTP client for Ollama: {e}"
+                    ))
+                }
+                Err(e) => {
+                    return ExecOutcome::failed(format!(
+                        "building the HTTP client for Ollama panicked: {e}"
+                    ))
+                }
+            }
+        }
         let mut out = if self.agentic {
             self.run_agentic(ctx, attempt, deadline).await
         } else {
@@ -393,8 +407,11 @@ impl OllamaExecutor {
     ) -> Result<ChatReply, String> {
         let url = format!("{}/api/chat", self.base_url);
         let timeout = Duration::from_secs(ctx.config.executor.ollama_timeout_secs.max(1));
-        let mut resp = self
+        let client = self
             .client
+            .as_ref()
+            .ok_or("the HTTP client was not built")?;
+        let mut resp = client
             .post(&url)
             .timeout(timeout)
             .json(body)
@@ -403,8 +420,19 @@ impl OllamaExecutor {
             .map_err(|e| format!("request failed: {e}"))?;
         let status = resp.status();
         if !status.is_success() {
-            let text = resp.text().await.unwrap_or_default();
-            return Err(format!("HTTP {status}: {}", truncate_chars(&text, 500)));
+            // Only the start of the body is reported: read no more than that.
+            let mut body = Vec::new();
+            while body.len() < 4096 {
+                match resp.chunk().await {
+                    Ok(Some(c)) => body.extend_from_slice(&c),
+                    _ => break,
+                }
+            }
+            let text = String::from_utf8_lossy(&body);
+            return Err(format!(
+                "HTTP {status}: {}",
+                truncate_chars(text.trim(), 500)
+            ));
         }
         let streaming = body.get("stream").and_then(Value::as_bool) == Some(true);
         let mut parse = LineParser {

@@ -34,6 +34,8 @@ pub const RUN_COMMAND_MAX_SECS: u64 = 300;
 pub const MAX_TOOL_OUTPUT: usize = 16 * 1024;
 /// Files larger than this are not searched.
 const MAX_SEARCH_FILE_BYTES: u64 = 1024 * 1024;
+/// `read_file` refuses larger files (it reads them whole).
+const MAX_READ_FILE_BYTES: u64 = 8 * 1024 * 1024;
 /// `list_directory` stops after this many entries.
 const MAX_LIST_ENTRIES: usize = 500;
 
@@ -314,7 +316,8 @@ fn str_arg<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
 /// backticks, `$(` and quotes (so `bash -c "curl …"` is caught), after skipping variable
 /// assignments and wrappers (`env`, `nohup`, `time`, `exec`, `command`, `nice`, `timeout`,
 /// `xargs`, `busybox`). A path such as `/usr/bin/curl` counts by its file name. This errs on
-/// refusing: `echo "dd"` is refused too.
+/// refusing: `echo "dd"` is refused too. It stops the obvious, not a determined model
+/// (`python -c …` still reaches the network): it is a guard rail, not a security boundary.
 pub fn denied_program(command: &str) -> Option<String> {
     const WRAPPERS: &[&str] = &[
         "env", "nohup", "time", "exec", "command", "nice", "timeout", "xargs", "busybox",
@@ -365,12 +368,23 @@ fn required_path(sb: &Sandbox, args: &Value, tool: &str) -> Result<PathBuf, Stri
 fn read_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
     let path = required_path(sb, args, "read_file")?;
     let rel = sb.rel(&path);
+    let size = std::fs::metadata(&path)
+        .map_err(|e| format!("cannot read {rel}: {e}"))?
+        .len();
+    if size > MAX_READ_FILE_BYTES {
+        return Err(format!(
+            "{rel} is {size} bytes, more than read_file handles ({MAX_READ_FILE_BYTES}); use search_files or run_command (head, sed -n) on it"
+        ));
+    }
     let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {rel}: {e}"))?;
     let text = String::from_utf8_lossy(&bytes);
     let start = args.get("start_line").and_then(Value::as_u64);
     let end = args.get("end_line").and_then(Value::as_u64);
     if start.is_none() && end.is_none() {
-        return Ok(ToolOutcome::ok(text.into_owned()));
+        return Ok(ToolOutcome::ok(head_of(
+            &text,
+            "use start_line/end_line to read the rest",
+        )));
     }
     let start = start.unwrap_or(1).max(1) as usize;
     let end = end.map(|e| e as usize).unwrap_or(usize::MAX);
@@ -382,7 +396,26 @@ fn read_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
         .skip(start - 1)
         .take(end.saturating_sub(start) + 1)
         .collect();
-    Ok(ToolOutcome::ok(lines.join("\n")))
+    Ok(ToolOutcome::ok(head_of(
+        &lines.join("\n"),
+        "narrow the line range",
+    )))
+}
+
+/// The start of `text` when it is longer than a tool result may be, with a hint.
+fn head_of(text: &str, hint: &str) -> String {
+    if text.len() <= MAX_TOOL_OUTPUT - 200 {
+        return text.to_string();
+    }
+    let mut cut = MAX_TOOL_OUTPUT - 200;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(
+        "{}\n[… {} more bytes; {hint}]",
+        &text[..cut],
+        text.len() - cut
+    )
 }
 
 fn write_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {

@@ -262,6 +262,16 @@ esac
                 );
             }
         }
+
+        // A prompt that looks like a flag must not become one.
+        let flag = "--model evil --dangerously-skip-permissions";
+        let out = ClaudeExecutor::new(&ctx)
+            .unwrap()
+            .execute(&ctx, &attempt(flag))
+            .await;
+        assert_eq!(out.status, ExecStatus::Succeeded);
+        assert_eq!(s.argv()[1], format!(" {flag}"));
+        assert_eq!(s.argv()[6], "claude-sonnet-4-5");
     }
 
     #[tokio::test]
@@ -1026,6 +1036,11 @@ mod tools {
         assert_eq!(s.output, "a/b/c.rs:2: // TODO one");
         let bad = call(&t, "read_file", json!({"path": "missing.txt"})).await;
         assert!(!bad.ok && bad.output.contains("missing.txt"));
+        let big = "line\n".repeat(10_000);
+        call(&t, "write_file", json!({"path": "big.txt", "content": big})).await;
+        let r = call(&t, "read_file", json!({"path": "big.txt"})).await;
+        assert!(r.ok && r.output.starts_with("line\nline\n") && r.output.contains("more bytes"));
+        assert!(r.output.len() <= 16 * 1024);
         let unknown = call(&t, "delete_everything", json!({})).await;
         assert!(!unknown.ok && unknown.output.contains("unknown tool"));
     }
