@@ -124,10 +124,12 @@ impl OllamaExecutor {
         &self.base_url
     }
 
+    /// The model every call of this task uses.
     pub fn model(&self) -> &str {
         &self.model
     }
 
+    /// Whether attempts run the tool loop (else a plain chat reply).
     pub fn is_agentic(&self) -> bool {
         self.agentic
     }

@@ -27,8 +27,9 @@ use tokio_util::sync::CancellationToken;
 use crate::process::{self, ChildEnv, CommandSpec, Exit, Limits};
 use crate::util::{tail_bytes, truncate_chars};
 
-/// Default and maximum `run_command` timeout.
+/// `run_command` timeout when the model gives none.
 pub const RUN_COMMAND_DEFAULT_SECS: u64 = 60;
+/// Upper bound on the `timeout_secs` the model may ask for.
 pub const RUN_COMMAND_MAX_SECS: u64 = 300;
 /// Text returned to the model per tool call is cut to this (it all goes into the context).
 pub const MAX_TOOL_OUTPUT: usize = 16 * 1024;
@@ -226,6 +227,7 @@ impl Tools {
         })
     }
 
+    /// The sandbox every file tool resolves paths with.
     pub fn sandbox(&self) -> &Sandbox {
         &self.sandbox
     }

@@ -659,6 +659,20 @@ mod ollama {
     }
 
     #[tokio::test]
+    async fn a_call_over_ollama_timeout_secs_is_retried() {
+        let server = FakeOllama::start(vec![Reply::Hang, streamed(&["late"], 2, 1)]).await;
+        let ws = tempfile::tempdir().unwrap();
+        let t = task(&server, false, "standard");
+        let (out, _) = run(&server, t, ws.path(), |c| {
+            c.executor.ollama_timeout_secs = 1
+        })
+        .await;
+        assert_eq!(out.status, ExecStatus::Succeeded, "{:?}", out.error);
+        assert_eq!(out.output, "late");
+        assert_eq!(server.requests().len(), 2);
+    }
+
+    #[tokio::test]
     async fn http_500_always_fails_with_status_and_body_snippet() {
         let body = format!("model runner crashed: {}", "x".repeat(2000));
         let server =
