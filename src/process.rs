@@ -277,6 +277,23 @@ pub async fn run(
     cancel: &CancellationToken,
     progress: Option<&ProgressSink>,
 ) -> std::io::Result<RunOutput> {
+    run_with(spec, limits, cancel, progress, None).await
+}
+
+/// A callback fed each complete stdout line (without its `\n`) as it arrives.
+pub type LineCallback<'a> = &'a mut (dyn FnMut(&str) + Send);
+
+/// [`run`], also handing every stdout line to `on_stdout_line` while the child runs
+/// (streaming parsers such as Claude's `stream-json`). A last line without a newline is
+/// delivered at EOF. Lines still reach the capped capture and `progress` as with [`run`].
+pub async fn run_with(
+    spec: &CommandSpec,
+    limits: &Limits,
+    cancel: &CancellationToken,
+    progress: Option<&ProgressSink>,
+    mut on_stdout_line: Option<LineCallback<'_>>,
+) -> std::io::Result<RunOutput> {
+    let mut lines = LineSplitter::default();
     let started = Instant::now();
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
@@ -326,6 +343,9 @@ pub async fn run(
                 Ok(0) | Err(_) => out_open = false,
                 Ok(n) => {
                     out_buf.push(&ob[..n]);
+                    if let Some(cb) = on_stdout_line.as_mut() {
+                        lines.feed(&ob[..n], cb);
+                    }
                     if let Some(p) = progress {
                         p.stream(EventKind::Stdout, &String::from_utf8_lossy(&ob[..n]));
                     }
@@ -359,7 +379,12 @@ pub async fn run(
         while out_open {
             match out.read(&mut ob).await {
                 Ok(0) | Err(_) => out_open = false,
-                Ok(n) => out_buf.push(&ob[..n]),
+                Ok(n) => {
+                    out_buf.push(&ob[..n]);
+                    if let Some(cb) = on_stdout_line.as_mut() {
+                        lines.feed(&ob[..n], cb);
+                    }
+                }
             }
         }
         while err_open {
@@ -370,6 +395,9 @@ pub async fn run(
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+    if let Some(cb) = on_stdout_line.as_mut() {
+        lines.finish(cb);
+    }
 
     let exit = forced.unwrap_or_else(|| {
         use std::os::unix::process::ExitStatusExt;
@@ -386,6 +414,41 @@ pub async fn run(
         dropped_bytes: out_buf.dropped() + err_buf.dropped(),
         duration: started.elapsed(),
     })
+}
+
+/// Splits a byte stream into lines for [`run_with`]. A single line is capped at 8 MiB so a
+/// child that never prints a newline cannot grow it without bound (the excess is dropped).
+#[derive(Default)]
+struct LineSplitter {
+    partial: Vec<u8>,
+}
+
+const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
+
+impl LineSplitter {
+    fn feed(&mut self, mut bytes: &[u8], cb: &mut (dyn FnMut(&str) + Send)) {
+        while let Some(i) = bytes.iter().position(|&b| b == b'\n') {
+            self.push(&bytes[..i]);
+            let line = std::mem::take(&mut self.partial);
+            let line = String::from_utf8_lossy(&line);
+            cb(line.strip_suffix('\r').unwrap_or(&line));
+            bytes = &bytes[i + 1..];
+        }
+        self.push(bytes);
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let room = MAX_LINE_BYTES.saturating_sub(self.partial.len());
+        self.partial
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    fn finish(&mut self, cb: &mut (dyn FnMut(&str) + Send)) {
+        if !self.partial.is_empty() {
+            let line = std::mem::take(&mut self.partial);
+            cb(&String::from_utf8_lossy(&line));
+        }
+    }
 }
 
 /// SIGTERM the group, wait `grace`, then SIGKILL; returns the leader's status.
@@ -422,6 +485,25 @@ mod tests {
         let mut b = CappedBuf::new(10);
         b.push(b"0123456789ABCDEFGHIJ");
         assert_eq!(b.to_string_lossy(), "01234\n[… 10 bytes elided …]\nFGHIJ");
+    }
+
+    #[tokio::test]
+    async fn run_with_delivers_lines_as_they_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = CommandSpec::shell("printf 'a\\nbb\\r\\nccc'", dir.path(), ChildEnv::inherit());
+        let mut seen = Vec::new();
+        let mut cb = |l: &str| seen.push(l.to_string());
+        let out = run_with(
+            &spec,
+            &Limits::default(),
+            &CancellationToken::new(),
+            None,
+            Some(&mut cb),
+        )
+        .await
+        .unwrap();
+        assert!(out.exit.success());
+        assert_eq!(seen, ["a", "bb", "ccc"]);
     }
 
     #[tokio::test]

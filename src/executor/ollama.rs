@@ -1,15 +1,594 @@
-//! The ollama executor (stub until the executors issue lands).
+//! The Ollama executor: `/api/chat` as a plain streamed chat, or as an agentic tool loop
+//! over the workspace ([`super::tools`]).
+//!
+//! The executor lives for the whole task and keeps the chat `messages`, so a corrective
+//! attempt is a follow-up user message in the same conversation, not a fresh start.
+//!
+//! # Wire format (Ollama `/api/chat`)
+//!
+//! Request: `{"model", "messages": [{"role", "content", "tool_calls"?, "tool_name"?}],
+//! "stream", "tools"?}`. Response: NDJSON lines `{"model", "created_at", "message":
+//! {"role": "assistant", "content", "tool_calls"?: [{"function": {"name", "arguments":
+//! {…}}}]}, "done": false}`, the last one with `"done": true`, `prompt_eval_count` and
+//! `eval_count`. With `stream: false` the body is that last line alone, message complete.
+//! A failure mid-stream is a line `{"error": "…"}`.
+//!
+//! # Agentic loop: when it stops (`termination_reason`)
+//!
+//! - `final_answer`: an assistant message without tool calls, once at least one tool round
+//!   has happened. Before any tool round such a message is answered with a nudge to use the
+//!   tools (a model that only describes a change has not made it);
+//! - `no_tool_calls`: still no tool call after 2 nudges;
+//! - `repetition`: the same tool calls (names and arguments) as the previous round;
+//! - `stall`: 5 iterations without a successful `write_file` since the last one;
+//! - `max_iterations`: the tier's cap (trivial 5, standard 10, complex 20) of LLM calls;
+//! - `cancelled`, `timeout` (the tier's execution timeout), `error` (HTTP failures after
+//!   retries). Only the last three are not [`ExecStatus::Succeeded`]: whether the work is
+//!   good is for verification to say.
 
-use super::{Attempt, ExecContext, ExecOutcome};
+use std::time::{Duration, Instant};
 
-pub struct OllamaExecutor;
+use serde_json::{json, Value};
+
+use crate::cost;
+use crate::progress::{EventKind, ProgressEvent};
+use crate::task::Tier;
+use crate::util::truncate_chars;
+
+use super::tools::{self, Tools};
+use super::{Attempt, ExecContext, ExecOutcome, ExecStatus};
+
+/// Used when neither the routing decision nor `ollama_url` names an endpoint.
+pub const DEFAULT_URL: &str = "http://localhost:11434";
+
+/// Nudges (user messages asking for tool use) before giving up with `no_tool_calls`.
+const MAX_NUDGES: u32 = 2;
+/// Iterations without a successful write (after the first one) that count as a stall.
+const STALL_ITERATIONS: u32 = 5;
+
+const SYSTEM_PROMPT: &str = "You are a coding agent working inside a project workspace. \
+Use the tools to inspect and change it: read_file, write_file, list_directory, search_files, \
+run_command. Paths are relative to the workspace root and cannot leave it; network and \
+privilege tools are not available. Make the change the task asks for by writing files, check \
+it (for example by running the tests), then reply with a short summary of what you did and \
+no tool calls.";
+
+const NUDGE: &str = "You have not used any tool yet. Do the task with the tools (write_file to \
+change files, run_command to check them) instead of describing the change.";
+
+/// Runs a task against one Ollama endpoint and model, keeping the conversation.
+pub struct OllamaExecutor {
+    /// Built on first use, off the runtime (it reads the system's root certificates).
+    client: Option<reqwest::Client>,
+    base_url: String,
+    model: String,
+    agentic: bool,
+    /// The chat so far, across attempts.
+    messages: Vec<Value>,
+    /// Built on first agentic use (it canonicalizes the workspace, off the runtime).
+    tools: Option<Tools>,
+}
+
+/// Why a chat call did not produce a message.
+enum CallError {
+    /// HTTP or protocol failure after all retries; the text says what and where.
+    Failed(String),
+    Cancelled,
+    TimedOut,
+}
+
+/// One assistant message and its token counts.
+#[derive(Default)]
+struct ChatReply {
+    content: String,
+    tool_calls: Vec<Value>,
+    tokens_in: u64,
+    tokens_out: u64,
+}
 
 impl OllamaExecutor {
-    pub fn new(_ctx: &ExecContext) -> Result<OllamaExecutor, String> {
-        Err("the ollama executor is not built yet".into())
+    /// Endpoint: `routing_decision.selected_endpoint` (`host:port`), else `ollama_url`, else
+    /// [`DEFAULT_URL`]. Model: `routing_decision.selected_model`, else `executor.ollama_model`.
+    /// Agentic unless `metadata.agentic` is false (every task has a workspace to work in).
+    pub fn new(ctx: &ExecContext) -> Result<OllamaExecutor, String> {
+        let rd = ctx.task.routing_decision.as_ref();
+        let endpoint = rd
+            .and_then(|r| r.selected_endpoint.as_deref())
+            .or(ctx.config.ollama_url.as_deref())
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_URL);
+        let base_url = if endpoint.starts_with("http://") || endpoint.starts_with("https://") {
+            endpoint.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{}", endpoint.trim_end_matches('/'))
+        };
+        let model = rd
+            .and_then(|r| r.selected_model.as_deref())
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .unwrap_or(&ctx.config.executor.ollama_model)
+            .to_string();
+        Ok(OllamaExecutor {
+            client: None,
+            base_url,
+            model,
+            agentic: ctx.task.metadata.agentic.unwrap_or(true),
+            messages: Vec::new(),
+            tools: None,
+        })
     }
 
-    pub async fn execute(&mut self, _ctx: &ExecContext, _attempt: &Attempt) -> ExecOutcome {
-        ExecOutcome::failed("the ollama executor is not built yet")
+    /// `http://host:port` this executor talks to.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The model every call of this task uses.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Whether attempts run the tool loop (else a plain chat reply).
+    pub fn is_agentic(&self) -> bool {
+        self.agentic
+    }
+
+    /// Run one attempt: the prompt as a new user message, then a plain reply or the tool loop.
+    pub async fn execute(&mut self, ctx: &ExecContext, attempt: &Attempt) -> ExecOutcome {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + ctx.llm_timeout();
+        if self.client.is_none() {
+            let built = tokio::task::spawn_blocking(|| reqwest::Client::builder().build()).await;
+            match built {
+                Ok(Ok(c)) => self.client = Some(c),
+                Ok(Err(e)) => {
+                    return ExecOutcome::failed(format!(
+                        "cannot build the HTTP client for Ollama: {e}"
+                    ))
+                }
+                Err(e) => {
+                    return ExecOutcome::failed(format!(
+                        "building the HTTP client for Ollama panicked: {e}"
+                    ))
+                }
+            }
+        }
+        let mut out = if self.agentic {
+            self.run_agentic(ctx, attempt, deadline).await
+        } else {
+            self.run_plain(ctx, attempt, deadline).await
+        };
+        out.model_used = Some(self.model.clone());
+        out.cost_usd = 0.0;
+        out.equivalent_claude_cost_usd =
+            cost::equivalent_claude_cost(out.tokens_in, out.tokens_out);
+        out.execution_ms = started.elapsed().as_millis() as u64;
+        out
+    }
+
+    async fn run_plain(
+        &mut self,
+        ctx: &ExecContext,
+        attempt: &Attempt,
+        deadline: tokio::time::Instant,
+    ) -> ExecOutcome {
+        self.messages
+            .push(json!({"role": "user", "content": attempt.prompt}));
+        ctx.progress.emit(ProgressEvent::status(format!(
+            "asking {} ({})",
+            self.model, self.base_url
+        )));
+        let body = json!({"model": self.model, "messages": self.messages, "stream": true});
+        match self.chat(ctx, &body, deadline, 0).await {
+            Ok(r) => {
+                self.messages
+                    .push(json!({"role": "assistant", "content": r.content}));
+                let mut out = base_outcome(ExecStatus::Succeeded, r.content, None);
+                out.tokens_in = r.tokens_in;
+                out.tokens_out = r.tokens_out;
+                out
+            }
+            Err(e) => call_error_outcome(e, ctx),
+        }
+    }
+
+    async fn run_agentic(
+        &mut self,
+        ctx: &ExecContext,
+        attempt: &Attempt,
+        deadline: tokio::time::Instant,
+    ) -> ExecOutcome {
+        let tools = match &self.tools {
+            Some(t) => t.clone(),
+            None => {
+                let cfg = &ctx.config.executor;
+                match Tools::new(
+                    &ctx.workspace,
+                    ctx.env.clone(),
+                    Duration::from_millis(cfg.kill_grace_ms),
+                    cfg.output_cap_bytes,
+                )
+                .await
+                {
+                    Ok(t) => self.tools.insert(t).clone(),
+                    Err(e) => return ExecOutcome::failed(e),
+                }
+            }
+        };
+        if self.messages.is_empty() {
+            self.messages
+                .push(json!({"role": "system", "content": SYSTEM_PROMPT}));
+        }
+        self.messages
+            .push(json!({"role": "user", "content": attempt.prompt}));
+        let cap = match ctx.task.tier() {
+            Tier::Trivial => 5,
+            Tier::Standard => 10,
+            Tier::Complex => 20,
+        };
+        ctx.progress.emit(ProgressEvent::status(format!(
+            "agentic loop with {} ({}), up to {cap} iterations",
+            self.model, self.base_url
+        )));
+        let schemas = tools::schemas();
+        let (mut tokens_in, mut tokens_out) = (0u64, 0u64);
+        let (mut iterations, mut nudges, mut tool_rounds) = (0u32, 0u32, 0u32);
+        let mut last_write: Option<u32> = None;
+        let mut prev_calls: Option<String> = None;
+        let mut final_text = String::new();
+        let mut error = None;
+        let reason = 'run: loop {
+            if iterations >= cap {
+                break "max_iterations";
+            }
+            iterations += 1;
+            let body = json!({"model": self.model, "messages": self.messages,
+                              "tools": schemas, "stream": false});
+            let r = match self.chat(ctx, &body, deadline, tokens_out).await {
+                Ok(r) => r,
+                Err(CallError::Cancelled) => break "cancelled",
+                Err(CallError::TimedOut) => break "timeout",
+                Err(CallError::Failed(e)) => {
+                    error = Some(e);
+                    break "error";
+                }
+            };
+            tokens_in += r.tokens_in;
+            tokens_out += r.tokens_out;
+            if !r.content.trim().is_empty() {
+                final_text = r.content.clone();
+                ctx.progress.emit(
+                    ProgressEvent::new(EventKind::Token, r.content.clone())
+                        .with_tokens(tokens_out, Some(&self.model)),
+                );
+            }
+            let mut msg = json!({"role": "assistant", "content": r.content});
+            if !r.tool_calls.is_empty() {
+                msg["tool_calls"] = Value::Array(r.tool_calls.clone());
+            }
+            self.messages.push(msg);
+
+            if r.tool_calls.is_empty() {
+                if tool_rounds > 0 {
+                    break "final_answer";
+                }
+                if nudges >= MAX_NUDGES {
+                    break "no_tool_calls";
+                }
+                nudges += 1;
+                self.messages
+                    .push(json!({"role": "user", "content": NUDGE}));
+                continue;
+            }
+
+            let calls: Vec<(String, Value)> = r.tool_calls.iter().map(parse_call).collect();
+            let signature = serde_json::to_string(&calls).unwrap_or_default();
+            if prev_calls.as_deref() == Some(signature.as_str()) {
+                // Answer every call so the history stays well-formed for a corrective attempt.
+                for (name, _) in &calls {
+                    self.messages.push(json!({"role": "tool", "tool_name": name,
+                        "content": "not run: identical to your previous call"}));
+                }
+                break "repetition";
+            }
+            prev_calls = Some(signature);
+            tool_rounds += 1;
+            for (name, args) in &calls {
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let res = tokio::select! {
+                    _ = ctx.cancel.cancelled() => break 'run "cancelled",
+                    _ = tokio::time::sleep_until(deadline) => break 'run "timeout",
+                    res = tools.call(name, args, &ctx.cancel, remaining) => res,
+                };
+                if res.wrote {
+                    last_write = Some(iterations);
+                }
+                let args_summary = truncate_chars(&one_line(&args.to_string()), 200);
+                let result_summary = truncate_chars(&one_line(&res.output), 200);
+                tracing::debug!(task_id = %ctx.task.task_id, iteration = iterations, tool = %name, ok = res.ok, "tool call");
+                ctx.progress.emit(
+                    ProgressEvent::new(EventKind::ToolCall, format!("{name} {args_summary}"))
+                        .with("tool_name", name.as_str())
+                        .with("args_summary", args_summary)
+                        .with("result_summary", result_summary)
+                        .with("iteration", iterations)
+                        .with_tokens(tokens_out, Some(&self.model)),
+                );
+                self.messages
+                    .push(json!({"role": "tool", "tool_name": name, "content": res.output}));
+            }
+            if ctx.cancel.is_cancelled() {
+                break "cancelled";
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break "timeout";
+            }
+            if last_write.is_some_and(|w| iterations - w >= STALL_ITERATIONS) {
+                break "stall";
+            }
+        };
+        let status = match reason {
+            "cancelled" => ExecStatus::Cancelled,
+            "timeout" => ExecStatus::TimedOut,
+            "error" => ExecStatus::Failed,
+            _ => ExecStatus::Succeeded,
+        };
+        let error = match reason {
+            "cancelled" => Some("cancelled".to_string()),
+            "timeout" => Some(format!(
+                "the agentic loop timed out after {} s (executor timeout for this tier)",
+                ctx.llm_timeout().as_secs()
+            )),
+            _ => error,
+        };
+        if final_text.is_empty() {
+            final_text = format!("agentic loop ended ({reason}) after {iterations} iterations");
+        }
+        tracing::info!(task_id = %ctx.task.task_id, reason, iterations, tokens_in, tokens_out, "agentic loop done");
+        let mut out = base_outcome(status, final_text, error);
+        out.tokens_in = tokens_in;
+        out.tokens_out = tokens_out;
+        out.termination_reason = Some(reason.to_string());
+        out.iterations_used = Some(iterations);
+        out
+    }
+
+    /// One `/api/chat` call, retried `ollama_retries` times on HTTP failure; cancellation
+    /// and the attempt's deadline interrupt it at any point.
+    async fn chat(
+        &self,
+        ctx: &ExecContext,
+        body: &Value,
+        deadline: tokio::time::Instant,
+        tokens_base: u64,
+    ) -> Result<ChatReply, CallError> {
+        let tries = ctx.config.executor.ollama_retries + 1;
+        let mut last = String::new();
+        for n in 1..=tries {
+            if n > 1 {
+                let delay = Duration::from_millis(200 << (n - 2).min(5));
+                ctx.progress.emit(ProgressEvent::new(
+                    EventKind::Error,
+                    format!(
+                        "ollama call failed ({last}); retry {} in {} ms",
+                        n - 1,
+                        delay.as_millis()
+                    ),
+                ));
+                tokio::select! {
+                    _ = ctx.cancel.cancelled() => return Err(CallError::Cancelled),
+                    _ = tokio::time::sleep_until(deadline) => return Err(CallError::TimedOut),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            tokio::select! {
+                _ = ctx.cancel.cancelled() => return Err(CallError::Cancelled),
+                _ = tokio::time::sleep_until(deadline) => return Err(CallError::TimedOut),
+                r = self.chat_once(ctx, body, tokens_base) => match r {
+                    Ok(reply) => return Ok(reply),
+                    Err(e) => {
+                        tracing::warn!(task_id = %ctx.task.task_id, try_ = n, error = %e, "ollama call failed");
+                        last = e;
+                    }
+                },
+            }
+        }
+        Err(CallError::Failed(format!(
+            "ollama /api/chat at {} (model {}) failed after {tries} tries: {last}; check that Ollama is running there and has the model",
+            self.base_url, self.model
+        )))
+    }
+
+    /// One HTTP call; NDJSON lines parsed as they arrive (a non-streamed body is one line).
+    async fn chat_once(
+        &self,
+        ctx: &ExecContext,
+        body: &Value,
+        tokens_base: u64,
+    ) -> Result<ChatReply, String> {
+        let url = format!("{}/api/chat", self.base_url);
+        let timeout = Duration::from_secs(ctx.config.executor.ollama_timeout_secs.max(1));
+        let client = self
+            .client
+            .as_ref()
+            .ok_or("the HTTP client was not built")?;
+        let mut resp = client
+            .post(&url)
+            .timeout(timeout)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| format!("request failed: {e}"))?;
+        let status = resp.status();
+        if !status.is_success() {
+            // Only the start of the body is reported: read no more than that.
+            let mut body = Vec::new();
+            while body.len() < 4096 {
+                match resp.chunk().await {
+                    Ok(Some(c)) => body.extend_from_slice(&c),
+                    _ => break,
+                }
+            }
+            let text = String::from_utf8_lossy(&body);
+            return Err(format!(
+                "HTTP {status}: {}",
+                truncate_chars(text.trim(), 500)
+            ));
+        }
+        let streaming = body.get("stream").and_then(Value::as_bool) == Some(true);
+        let mut parse = LineParser {
+            reply: ChatReply::default(),
+            done: false,
+            chunks: 0,
+            on_token: |t: &str, n: u64| {
+                if streaming {
+                    ctx.progress.emit(
+                        ProgressEvent::new(EventKind::Token, t)
+                            .with_tokens(tokens_base + n, Some(&self.model)),
+                    );
+                }
+            },
+        };
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| format!("reading the response failed: {e}"))?
+        {
+            buf.extend_from_slice(&chunk);
+            while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=i).collect();
+                parse.line(&line)?;
+            }
+        }
+        parse.line(&buf)?;
+        let LineParser { reply, done, .. } = parse;
+        if !done {
+            return Err("the response ended without a `done: true` line".into());
+        }
+        Ok(reply)
+    }
+}
+
+/// Folds `/api/chat` NDJSON lines into one reply.
+struct LineParser<F: FnMut(&str, u64)> {
+    reply: ChatReply,
+    done: bool,
+    /// Content chunks so far (≈ tokens, for progress before the final counts arrive).
+    chunks: u64,
+    on_token: F,
+}
+
+impl<F: FnMut(&str, u64)> LineParser<F> {
+    fn line(&mut self, raw: &[u8]) -> Result<(), String> {
+        let line = String::from_utf8_lossy(raw);
+        let line = line.trim();
+        if line.is_empty() {
+            return Ok(());
+        }
+        let v: Value = serde_json::from_str(line).map_err(|e| {
+            format!(
+                "unparseable response line ({e}): {}",
+                truncate_chars(line, 200)
+            )
+        })?;
+        if let Some(err) = v.get("error") {
+            let msg = err
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| err.to_string());
+            return Err(format!("ollama error: {msg}"));
+        }
+        let msg = &v["message"];
+        if let Some(t) = msg.get("content").and_then(Value::as_str) {
+            if !t.is_empty() {
+                self.reply.content.push_str(t);
+                self.chunks += 1;
+                (self.on_token)(t, self.chunks);
+            }
+        }
+        if let Some(calls) = msg.get("tool_calls").and_then(Value::as_array) {
+            self.reply.tool_calls.extend(calls.iter().cloned());
+        }
+        if v.get("done").and_then(Value::as_bool) == Some(true) {
+            self.done = true;
+            let count = |k: &str| v.get(k).and_then(Value::as_u64);
+            self.reply.tokens_in = count("prompt_eval_count").unwrap_or(0);
+            self.reply.tokens_out = count("eval_count").unwrap_or(self.chunks);
+        }
+        Ok(())
+    }
+}
+
+/// `(name, arguments)` of a tool call; `arguments` may come as an object or a JSON string.
+fn parse_call(call: &Value) -> (String, Value) {
+    let f = &call["function"];
+    let name = f
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_string();
+    let args = match f.get("arguments") {
+        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| json!({})),
+        Some(v @ Value::Object(_)) => v.clone(),
+        _ => json!({}),
+    };
+    (name, args)
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn base_outcome(status: ExecStatus, output: String, error: Option<String>) -> ExecOutcome {
+    ExecOutcome {
+        status,
+        output,
+        model_used: None,
+        tokens_in: 0,
+        tokens_out: 0,
+        cost_usd: 0.0,
+        equivalent_claude_cost_usd: 0.0,
+        error,
+        execution_ms: 0,
+        termination_reason: None,
+        iterations_used: None,
+    }
+}
+
+fn call_error_outcome(e: CallError, ctx: &ExecContext) -> ExecOutcome {
+    match e {
+        CallError::Failed(msg) => base_outcome(ExecStatus::Failed, String::new(), Some(msg)),
+        CallError::Cancelled => base_outcome(
+            ExecStatus::Cancelled,
+            String::new(),
+            Some("cancelled".into()),
+        ),
+        CallError::TimedOut => base_outcome(
+            ExecStatus::TimedOut,
+            String::new(),
+            Some(format!(
+                "ollama timed out after {} s (executor timeout for this tier)",
+                ctx.llm_timeout().as_secs()
+            )),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_call_arguments_as_object_or_string() {
+        let (n, a) =
+            parse_call(&json!({"function": {"name": "read_file", "arguments": {"path": "a"}}}));
+        assert_eq!((n.as_str(), a), ("read_file", json!({"path": "a"})));
+        let (_, a) =
+            parse_call(&json!({"function": {"name": "x", "arguments": "{\"path\":\"b\"}"}}));
+        assert_eq!(a, json!({"path": "b"}));
+        let (n, a) = parse_call(&json!({}));
+        assert_eq!((n.as_str(), a), ("unknown", json!({})));
     }
 }

@@ -1,1 +1,581 @@
-//! Agentic tools and their workspace sandbox (stub until the executors issue lands).
+//! The agentic tools the Ollama loop offers the model, and the workspace sandbox they run in.
+//!
+//! Tools: `read_file`, `write_file`, `list_directory`, `search_files`, `run_command`.
+//! Their JSON schemas ([`schemas`]) are what `/api/chat` receives as `tools`.
+//!
+//! # Sandbox
+//!
+//! Every path the model names is resolved by [`Sandbox::resolve`] to a canonical path inside
+//! the canonical workspace: `..` that climbs out, absolute paths elsewhere, symlinks (of the
+//! file or of any parent) that lead out and dangling symlinks are all refused. The tools then
+//! act on the resolved path, never on the model's string. A race with a process that swaps
+//! a directory for a symlink between the check and the use is out of scope: the only other
+//! writer is the model itself, through these tools or `run_command`.
+//!
+//! `run_command` runs `sh -c` in the workspace through [`process::run`] (own process group,
+//! capped output, group kill on timeout and cancel), after a denylist of obviously dangerous
+//! programs. Tool failures are results for the model ([`ToolOutcome::ok`] false), never
+//! errors of the loop.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::process::{self, ChildEnv, CommandSpec, Exit, Limits};
+use crate::util::{tail_bytes, truncate_chars};
+
+/// `run_command` timeout when the model gives none.
+pub const RUN_COMMAND_DEFAULT_SECS: u64 = 60;
+/// Upper bound on the `timeout_secs` the model may ask for.
+pub const RUN_COMMAND_MAX_SECS: u64 = 300;
+/// Text returned to the model per tool call is cut to this (it all goes into the context).
+pub const MAX_TOOL_OUTPUT: usize = 16 * 1024;
+/// Files larger than this are not searched.
+const MAX_SEARCH_FILE_BYTES: u64 = 1024 * 1024;
+/// `read_file` refuses larger files (it reads them whole).
+const MAX_READ_FILE_BYTES: u64 = 8 * 1024 * 1024;
+/// `list_directory` stops after this many entries.
+const MAX_LIST_ENTRIES: usize = 500;
+
+/// Programs `run_command` refuses: privilege changes, disk wiping, power, network egress.
+pub const DENYLIST: &[&str] = &[
+    "sudo", "su", "doas", "mkfs", "dd", "shutdown", "reboot", "poweroff", "halt", "curl", "wget",
+    "nc", "ncat", "netcat", "ssh", "scp", "sftp", "rsync",
+];
+
+/// The `tools` array for `/api/chat` (OpenAI-style function schemas, as Ollama expects).
+pub fn schemas() -> Value {
+    let f = |name: &str, desc: &str, params: Value| json!({"type": "function", "function": {"name": name, "description": desc, "parameters": params}});
+    json!([
+        f("read_file", "Read a text file in the workspace, optionally only lines start_line..=end_line (1-based).",
+          json!({"type": "object", "required": ["path"], "properties": {
+              "path": {"type": "string", "description": "Path relative to the workspace root"},
+              "start_line": {"type": "integer"}, "end_line": {"type": "integer"}}})),
+        f("write_file", "Create or overwrite a file in the workspace with the given content (parent directories are created).",
+          json!({"type": "object", "required": ["path", "content"], "properties": {
+              "path": {"type": "string"}, "content": {"type": "string"}}})),
+        f("list_directory", "List a directory of the workspace; recursive lists the whole tree; pattern is a glob filter such as **/*.rs.",
+          json!({"type": "object", "properties": {
+              "path": {"type": "string", "description": "Defaults to the workspace root"},
+              "recursive": {"type": "boolean"}, "pattern": {"type": "string"}}})),
+        f("run_command", "Run a shell command in the workspace root and return its exit status and output. Network and privilege tools are not available.",
+          json!({"type": "object", "required": ["command"], "properties": {
+              "command": {"type": "string"},
+              "timeout_secs": {"type": "integer", "description": "Default 60, at most 300"}}})),
+        f("search_files", "Search file contents under a path with a regular expression; returns path:line: text.",
+          json!({"type": "object", "required": ["pattern"], "properties": {
+              "pattern": {"type": "string"}, "path": {"type": "string"},
+              "max_results": {"type": "integer", "description": "Default 50"}}})),
+    ])
+}
+
+/// Resolves model-supplied paths inside one workspace.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    root: PathBuf,
+}
+
+impl Sandbox {
+    /// A sandbox rooted at the canonical form of `workspace` (which must exist). Blocking.
+    pub fn new(workspace: &Path) -> std::io::Result<Sandbox> {
+        Ok(Sandbox {
+            root: std::fs::canonicalize(workspace)?,
+        })
+    }
+
+    /// The canonical workspace.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The canonical path `path` names, if it is inside the workspace. Blocking (stat calls).
+    ///
+    /// Lexical `..` is applied first (refused if it climbs above the root), then the nearest
+    /// existing ancestor is canonicalized, which resolves every symlink on the way; the
+    /// result must still be inside the root. A dangling symlink anywhere is refused, since
+    /// writing through it would create its (unchecked) target.
+    pub fn resolve(&self, path: &str) -> Result<PathBuf, String> {
+        if path.contains('\0') {
+            return Err("path contains a NUL byte".into());
+        }
+        let p = Path::new(if path.trim().is_empty() { "." } else { path });
+        let mut lexical = if p.is_absolute() {
+            PathBuf::from("/")
+        } else {
+            self.root.clone()
+        };
+        for c in p.components() {
+            match c {
+                Component::Prefix(_) | Component::RootDir | Component::CurDir => {}
+                Component::ParentDir => {
+                    if !p.is_absolute() && lexical == self.root {
+                        return Err(format!(
+                            "path `{path}` escapes the workspace; use a path inside it"
+                        ));
+                    }
+                    lexical.pop();
+                }
+                Component::Normal(n) => lexical.push(n),
+            }
+        }
+        // Walk up to the nearest existing entry; canonicalize it (following symlinks).
+        let mut existing = lexical.as_path();
+        let mut rest: Vec<&std::ffi::OsStr> = Vec::new();
+        let resolved = loop {
+            if std::fs::symlink_metadata(existing).is_ok() {
+                let canon = std::fs::canonicalize(existing).map_err(|e| {
+                    format!("path `{path}` goes through `{}`, a dangling symlink or unreadable entry ({e})", existing.display())
+                })?;
+                let mut full = canon;
+                for r in rest.iter().rev() {
+                    full.push(r);
+                }
+                break full;
+            }
+            match (existing.parent(), existing.file_name()) {
+                (Some(parent), Some(name)) => {
+                    rest.push(name);
+                    existing = parent;
+                }
+                _ => return Err(format!("path `{path}` has no existing ancestor")),
+            }
+        };
+        if resolved.starts_with(&self.root) {
+            Ok(resolved)
+        } else {
+            Err(format!(
+                "path `{path}` resolves to {} outside the workspace (absolute paths and symlinks must stay inside it); use a path inside the workspace",
+                resolved.display()
+            ))
+        }
+    }
+
+    /// `abs` relative to the root, for messages to the model.
+    fn rel(&self, abs: &Path) -> String {
+        match abs.strip_prefix(&self.root) {
+            Ok(r) if r.as_os_str().is_empty() => ".".into(),
+            Ok(r) => r.display().to_string(),
+            Err(_) => abs.display().to_string(),
+        }
+    }
+}
+
+/// What a tool call produced, as text for the model.
+#[derive(Debug, Clone)]
+pub struct ToolOutcome {
+    /// False for refused or failed calls; the text then says why.
+    pub ok: bool,
+    pub output: String,
+    /// A `write_file` that succeeded (the loop's stall detection counts these).
+    pub wrote: bool,
+}
+
+impl ToolOutcome {
+    fn ok(output: impl Into<String>) -> ToolOutcome {
+        ToolOutcome {
+            ok: true,
+            output: output.into(),
+            wrote: false,
+        }
+    }
+
+    fn err(msg: impl Into<String>) -> ToolOutcome {
+        ToolOutcome {
+            ok: false,
+            output: format!("error: {}", msg.into()),
+            wrote: false,
+        }
+    }
+}
+
+/// The tools of one task, bound to its workspace and child environment.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    sandbox: Arc<Sandbox>,
+    env: ChildEnv,
+    grace: Duration,
+    output_cap: usize,
+}
+
+impl Tools {
+    /// Tools for `workspace` (canonicalized off the runtime). `output_cap` bounds what
+    /// `run_command` captures; `grace` is its SIGTERM → SIGKILL delay.
+    pub async fn new(
+        workspace: &Path,
+        env: ChildEnv,
+        grace: Duration,
+        output_cap: usize,
+    ) -> Result<Tools, String> {
+        let ws = workspace.to_path_buf();
+        let sandbox = tokio::task::spawn_blocking(move || Sandbox::new(&ws))
+            .await
+            .map_err(|e| format!("sandbox setup panicked: {e}"))?
+            .map_err(|e| {
+                format!(
+                    "workspace {} is not usable for the agentic tools: {e}",
+                    workspace.display()
+                )
+            })?;
+        Ok(Tools {
+            sandbox: Arc::new(sandbox),
+            env,
+            grace,
+            output_cap,
+        })
+    }
+
+    /// The sandbox every file tool resolves paths with.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// Run tool `name` with `args` (a JSON object). `max_timeout` bounds `run_command`
+    /// (the task's remaining time); `cancel` stops it.
+    pub async fn call(
+        &self,
+        name: &str,
+        args: &Value,
+        cancel: &CancellationToken,
+        max_timeout: Duration,
+    ) -> ToolOutcome {
+        let mut out = match name {
+            "run_command" => self.run_command(args, cancel, max_timeout).await,
+            "read_file" | "write_file" | "list_directory" | "search_files" => {
+                let sandbox = self.sandbox.clone();
+                let (name, args) = (name.to_string(), args.clone());
+                // File tools are plain std::fs work: keep it off the async workers.
+                tokio::task::spawn_blocking(move || file_tool(&sandbox, &name, &args))
+                    .await
+                    .unwrap_or_else(|e| ToolOutcome::err(format!("tool panicked: {e}")))
+            }
+            other => ToolOutcome::err(format!(
+                "unknown tool `{other}`; available: read_file, write_file, list_directory, run_command, search_files"
+            )),
+        };
+        if out.output.len() > MAX_TOOL_OUTPUT {
+            out.output = tail_bytes(&out.output, MAX_TOOL_OUTPUT);
+        }
+        out
+    }
+
+    async fn run_command(
+        &self,
+        args: &Value,
+        cancel: &CancellationToken,
+        max_timeout: Duration,
+    ) -> ToolOutcome {
+        let Some(command) = str_arg(args, "command").filter(|c| !c.trim().is_empty()) else {
+            return ToolOutcome::err("run_command needs a non-empty `command` string");
+        };
+        if let Some(word) = denied_program(command) {
+            return ToolOutcome::err(format!(
+                "`{word}` is not allowed in run_command (denylisted: privilege, disk, power and network tools); the command was not run"
+            ));
+        }
+        let secs = args
+            .get("timeout_secs")
+            .and_then(Value::as_u64)
+            .unwrap_or(RUN_COMMAND_DEFAULT_SECS)
+            .clamp(1, RUN_COMMAND_MAX_SECS);
+        let timeout = Duration::from_secs(secs).min(max_timeout);
+        let spec = CommandSpec::shell(command, self.sandbox.root(), self.env.clone());
+        let limits = Limits {
+            timeout: Some(timeout),
+            grace: self.grace,
+            output_cap: self.output_cap.min(256 * 1024),
+        };
+        match process::run(&spec, &limits, cancel, None).await {
+            Err(e) => ToolOutcome::err(format!("could not start `sh`: {e}")),
+            Ok(out) => {
+                let body = out.combined();
+                match out.exit {
+                    Exit::TimedOut => ToolOutcome::err(format!(
+                        "command timed out after {} s and was killed; output so far:\n{body}",
+                        timeout.as_secs_f32()
+                    )),
+                    Exit::Cancelled => ToolOutcome::err("command cancelled"),
+                    exit => ToolOutcome {
+                        ok: exit.success(),
+                        output: format!("{}\n{body}", exit.describe()),
+                        wrote: false,
+                    },
+                }
+            }
+        }
+    }
+}
+
+fn str_arg<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
+    args.get(key).and_then(Value::as_str)
+}
+
+/// The first denylisted program named in `command`, if any.
+///
+/// Looks at the first word of every segment, where segments are split at `| ; & ( ) \n`,
+/// backticks, `$(` and quotes (so `bash -c "curl …"` is caught), after skipping variable
+/// assignments and wrappers (`env`, `nohup`, `time`, `exec`, `command`, `nice`, `timeout`,
+/// `xargs`, `busybox`). A path such as `/usr/bin/curl` counts by its file name. This errs on
+/// refusing: `echo "dd"` is refused too. It stops the obvious, not a determined model
+/// (`python -c …` still reaches the network): it is a guard rail, not a security boundary.
+pub fn denied_program(command: &str) -> Option<String> {
+    const WRAPPERS: &[&str] = &[
+        "env", "nohup", "time", "exec", "command", "nice", "timeout", "xargs", "busybox",
+        "builtin", "then", "do", "else", "if", "while", "until", "!", "{",
+    ];
+    let segments = command.split(|c: char| {
+        matches!(
+            c,
+            '|' | ';' | '&' | '(' | ')' | '\n' | '`' | '"' | '\'' | '$'
+        )
+    });
+    for seg in segments {
+        for word in seg.split_whitespace() {
+            let is_assignment = word.contains('=') && !word.starts_with('=');
+            let base = word.rsplit('/').next().unwrap_or(word);
+            if DENYLIST.contains(&base) {
+                return Some(base.to_string());
+            }
+            // A number or flag after a wrapper (`timeout 5`, `nice -n 5`) is still prefix.
+            let is_wrapper_arg = word.starts_with('-') || word.chars().all(|c| c.is_ascii_digit());
+            if !(is_assignment || WRAPPERS.contains(&base) || is_wrapper_arg) {
+                break;
+            }
+        }
+    }
+    None
+}
+
+/// `read_file`, `write_file`, `list_directory`, `search_files`: blocking, run in spawn_blocking.
+fn file_tool(sb: &Sandbox, name: &str, args: &Value) -> ToolOutcome {
+    let res = match name {
+        "read_file" => read_file(sb, args),
+        "write_file" => write_file(sb, args),
+        "list_directory" => list_directory(sb, args),
+        _ => search_files(sb, args),
+    };
+    match res {
+        Ok(out) => out,
+        Err(e) => ToolOutcome::err(e),
+    }
+}
+
+fn required_path(sb: &Sandbox, args: &Value, tool: &str) -> Result<PathBuf, String> {
+    let p = str_arg(args, "path").ok_or_else(|| format!("{tool} needs a `path` string"))?;
+    sb.resolve(p)
+}
+
+fn read_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
+    let path = required_path(sb, args, "read_file")?;
+    let rel = sb.rel(&path);
+    let size = std::fs::metadata(&path)
+        .map_err(|e| format!("cannot read {rel}: {e}"))?
+        .len();
+    if size > MAX_READ_FILE_BYTES {
+        return Err(format!(
+            "{rel} is {size} bytes, more than read_file handles ({MAX_READ_FILE_BYTES}); use search_files or run_command (head, sed -n) on it"
+        ));
+    }
+    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {rel}: {e}"))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let start = args.get("start_line").and_then(Value::as_u64);
+    let end = args.get("end_line").and_then(Value::as_u64);
+    if start.is_none() && end.is_none() {
+        return Ok(ToolOutcome::ok(head_of(
+            &text,
+            "use start_line/end_line to read the rest",
+        )));
+    }
+    let start = start.unwrap_or(1).max(1) as usize;
+    let end = end.map(|e| e as usize).unwrap_or(usize::MAX);
+    if end < start {
+        return Err(format!("end_line {end} is before start_line {start}"));
+    }
+    let lines: Vec<&str> = text
+        .lines()
+        .skip(start - 1)
+        .take(end.saturating_sub(start) + 1)
+        .collect();
+    Ok(ToolOutcome::ok(head_of(
+        &lines.join("\n"),
+        "narrow the line range",
+    )))
+}
+
+/// The start of `text` when it is longer than a tool result may be, with a hint.
+fn head_of(text: &str, hint: &str) -> String {
+    if text.len() <= MAX_TOOL_OUTPUT - 200 {
+        return text.to_string();
+    }
+    let mut cut = MAX_TOOL_OUTPUT - 200;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(
+        "{}\n[… {} more bytes; {hint}]",
+        &text[..cut],
+        text.len() - cut
+    )
+}
+
+fn write_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
+    let path = required_path(sb, args, "write_file")?;
+    let content = str_arg(args, "content").ok_or("write_file needs a `content` string")?;
+    let rel = sb.rel(&path);
+    if path == sb.root() || path.is_dir() {
+        return Err(format!("{rel} is a directory; give a file path"));
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create the directories of {rel}: {e}"))?;
+    }
+    std::fs::write(&path, content).map_err(|e| format!("cannot write {rel}: {e}"))?;
+    Ok(ToolOutcome {
+        ok: true,
+        output: format!("wrote {} bytes to {rel}", content.len()),
+        wrote: true,
+    })
+}
+
+/// Depth-first walk without following symlinks, skipping `.git`; calls `f(abs, is_dir)`
+/// until it returns false.
+fn walk(dir: &Path, recursive: bool, f: &mut dyn FnMut(&Path, bool) -> bool) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return true;
+    };
+    let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let p = e.path();
+        let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        if is_dir && e.file_name() == ".git" {
+            continue;
+        }
+        if !f(&p, is_dir) {
+            return false;
+        }
+        if is_dir && recursive && !walk(&p, recursive, f) {
+            return false;
+        }
+    }
+    true
+}
+
+fn list_directory(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
+    let path = sb.resolve(str_arg(args, "path").unwrap_or("."))?;
+    if !path.is_dir() {
+        return Err(format!("{} is not a directory", sb.rel(&path)));
+    }
+    let recursive = args
+        .get("recursive")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let matcher = match str_arg(args, "pattern").filter(|p| !p.is_empty()) {
+        Some(p) => Some(
+            globset::Glob::new(p)
+                .map_err(|e| format!("bad glob pattern `{p}`: {e}"))?
+                .compile_matcher(),
+        ),
+        None => None,
+    };
+    let mut lines = Vec::new();
+    let mut truncated = false;
+    walk(&path, recursive, &mut |p, is_dir| {
+        let rel = p.strip_prefix(&path).unwrap_or(p);
+        let matches = matcher.as_ref().map_or(true, |m| {
+            m.is_match(rel) || p.file_name().is_some_and(|n| m.is_match(n))
+        });
+        if matches {
+            if lines.len() >= MAX_LIST_ENTRIES {
+                truncated = true;
+                return false;
+            }
+            let shown = sb.rel(p);
+            lines.push(if is_dir { format!("{shown}/") } else { shown });
+        }
+        true
+    });
+    if truncated {
+        lines.push(format!("[… stopped after {MAX_LIST_ENTRIES} entries]"));
+    }
+    if lines.is_empty() {
+        lines.push("(no entries)".into());
+    }
+    Ok(ToolOutcome::ok(lines.join("\n")))
+}
+
+fn search_files(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
+    let pattern = str_arg(args, "pattern").ok_or("search_files needs a `pattern` string")?;
+    let re = regex::Regex::new(pattern).map_err(|e| format!("bad regex `{pattern}`: {e}"))?;
+    let path = sb.resolve(str_arg(args, "path").unwrap_or("."))?;
+    let max = args
+        .get("max_results")
+        .and_then(Value::as_u64)
+        .unwrap_or(50)
+        .clamp(1, 500) as usize;
+    let mut hits = Vec::new();
+    let mut search = |p: &Path| {
+        let small = std::fs::metadata(p).is_ok_and(|m| m.len() <= MAX_SEARCH_FILE_BYTES);
+        let Some(text) = small.then(|| std::fs::read(p).ok()).flatten() else {
+            return true;
+        };
+        if text.contains(&0) {
+            return true; // binary
+        }
+        for (i, line) in String::from_utf8_lossy(&text).lines().enumerate() {
+            if re.is_match(line) {
+                hits.push(format!(
+                    "{}:{}: {}",
+                    sb.rel(p),
+                    i + 1,
+                    truncate_chars(line.trim(), 200)
+                ));
+                if hits.len() >= max {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    if path.is_file() {
+        search(&path);
+    } else {
+        walk(&path, true, &mut |p, is_dir| is_dir || search(p));
+    }
+    if hits.is_empty() {
+        return Ok(ToolOutcome::ok("no matches"));
+    }
+    Ok(ToolOutcome::ok(hits.join("\n")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn denylist_matches_first_words_of_segments() {
+        for bad in [
+            "sudo rm -rf /",
+            "ls | nc host 1",
+            "echo hi && curl http://x",
+            "FOO=1 wget x",
+            "/usr/bin/ssh host",
+            "bash -c \"scp a b\"",
+            "timeout 5 dd if=/dev/zero of=x",
+            "echo $(curl x)",
+            "env -i su",
+        ] {
+            assert!(denied_program(bad).is_some(), "{bad} should be refused");
+        }
+        for ok in [
+            "cargo test",
+            "ls -la | grep dd",
+            "echo sudoku",
+            "git status; make",
+        ] {
+            assert_eq!(denied_program(ok), None, "{ok} should run");
+        }
+    }
+}

@@ -3,5 +3,6 @@
 //! one link step.
 
 mod daemon;
+mod executors;
 mod util;
 mod verify;
