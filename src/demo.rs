@@ -158,26 +158,15 @@ fn print_frame(from_sidecar: bool, f: &Value) {
         ),
         "task_progress" => {
             let e = &f["execution_event"];
-            let kind = e["event_type"].as_str().unwrap_or("");
-            let extra = match kind {
-                "verification_check_result" => format!(
-                    " {} → {}",
-                    e["check_type"].as_str().unwrap_or(""),
-                    e["check_status"].as_str().unwrap_or("")
-                ),
-                "verification_retry_start" => format!(" attempt {}", e["attempt"]),
-                "verification_retry_complete" => format!(
-                    " attempt {}: {}",
-                    e["attempt"],
-                    e["status"].as_str().unwrap_or("")
-                ),
-                "tool_call" => format!(" {}", e["tool_name"].as_str().unwrap_or("")),
-                _ => String::new(),
-            };
-            format!(
-                "[{kind}]{extra} {}",
-                short(e["text"].as_str().unwrap_or(""), 70)
-            )
+            if let Some(merged) = e["merged_events"].as_array() {
+                // One frame carried several events (coalesced under the hub's budget).
+                println!("  {arrow} {ty:<16} {} events in one frame:", merged.len());
+                for m in merged {
+                    println!("  {:<18} {}", "", event_line(m));
+                }
+                return;
+            }
+            event_line(e)
         }
         "task_complete" => format!(
             "{} ({})",
@@ -199,6 +188,30 @@ fn print_frame(from_sidecar: bool, f: &Value) {
         _ => short(&f.to_string(), 80),
     };
     println!("  {arrow} {ty:<16} {detail}");
+}
+
+/// One progress event: its type, the fields that matter for it, its text.
+fn event_line(e: &Value) -> String {
+    let kind = e["event_type"].as_str().unwrap_or("");
+    let extra = match kind {
+        "verification_check_result" => format!(
+            " {} → {}",
+            e["check_type"].as_str().unwrap_or(""),
+            e["check_status"].as_str().unwrap_or("")
+        ),
+        "verification_retry_start" => format!(" attempt {}", e["attempt"]),
+        "verification_retry_complete" => format!(
+            " attempt {}: {}",
+            e["attempt"],
+            e["status"].as_str().unwrap_or("")
+        ),
+        "tool_call" => format!(" {}", e["tool_name"].as_str().unwrap_or("")),
+        _ => String::new(),
+    };
+    format!(
+        "[{kind}]{extra} {}",
+        short(e["text"].as_str().unwrap_or(""), 70)
+    )
 }
 
 /// The final report, readable.

@@ -296,11 +296,19 @@ impl Pump {
             min_interval,
             heartbeat,
         } = self;
+        let send = |mut event: Value| {
+            redactor.scrub_value(&mut event);
+            out.send_progress(Outbound::TaskProgress {
+                task_id: task_id.clone(),
+                progress: None,
+                execution_event: Some(event),
+            });
+        };
         let mut last_sent = tokio::time::Instant::now();
-        loop {
+        'run: loop {
             let beat = tokio::time::sleep_until(last_sent + heartbeat);
             tokio::select! {
-                _ = cancel.cancelled() => return,
+                _ = cancel.cancelled() => break 'run,
                 _ = sink.changed() => {}
                 _ = beat => {
                     sink.emit(ProgressEvent::status("still working"));
@@ -308,26 +316,28 @@ impl Pump {
             }
             // Let events accumulate: one frame per interval at most.
             tokio::select! {
-                _ = cancel.cancelled() => return,
+                _ = cancel.cancelled() => break 'run,
                 _ = tokio::time::sleep_until(last_sent + min_interval) => {}
             }
             loop {
                 match budget.try_progress() {
                     Ok(()) => break,
                     Err(wait) => tokio::select! {
-                        _ = cancel.cancelled() => return,
+                        _ = cancel.cancelled() => break 'run,
                         _ = tokio::time::sleep(wait) => {}
                     },
                 }
             }
-            if let Some(mut event) = sink.take_event() {
-                redactor.scrub_value(&mut event);
-                out.send_progress(Outbound::TaskProgress {
-                    task_id: task_id.clone(),
-                    progress: None,
-                    execution_event: Some(event),
-                });
+            if let Some(event) = sink.take_event() {
+                send(event);
                 last_sent = tokio::time::Instant::now();
+            }
+        }
+        // The task ended: what is still pending (often the verdict's events) goes out once,
+        // ahead of the terminal frame, if the budget above the reserve allows.
+        if let Some(event) = sink.take_event() {
+            if budget.try_progress().is_ok() {
+                send(event);
             }
         }
     }
