@@ -48,9 +48,12 @@ impl Backoff {
         floor + Duration::from_millis(self.rng.u64(0..=span))
     }
 
-    /// Jump straight to the cap (auth errors: retrying fast cannot help).
-    pub fn to_max(&mut self) {
+    /// The delay after an auth error: retrying fast cannot help, so wait between half the
+    /// maximum and the maximum (still jittered, so a fleet with a revoked token spreads out).
+    pub fn auth_delay(&mut self) -> Duration {
         self.attempt = 32;
+        let half = self.max / 2;
+        half + Duration::from_millis(self.rng.u64(0..=half.as_millis() as u64))
     }
 
     /// After `identified`.
@@ -90,7 +93,13 @@ mod tests {
         assert!(at_cap.iter().any(|d| *d < Duration::from_secs(45)));
         b.reset();
         assert_eq!(b.ceiling(), Duration::from_secs(1));
-        b.to_max();
+        for _ in 0..50 {
+            let d = b.auth_delay();
+            assert!(
+                d >= Duration::from_secs(30) && d <= Duration::from_secs(60),
+                "{d:?}"
+            );
+        }
         assert_eq!(b.ceiling(), Duration::from_secs(60));
     }
 

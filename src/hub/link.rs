@@ -211,8 +211,7 @@ pub async fn run(
                 d
             }
             End::Auth(err) => {
-                backoff.to_max();
-                let d = backoff.next_delay();
+                let d = backoff.auth_delay();
                 tracing::error!(error = %err, wait_secs = d.as_secs(), agent_id = %cfg.agent_id, "the hub rejected this agent's token; fix `token`/`agent_id` in the config. Retrying at the maximum backoff");
                 d
             }
