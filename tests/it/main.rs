@@ -4,5 +4,6 @@
 
 mod daemon;
 mod executors;
+mod fakes;
 mod util;
 mod verify;

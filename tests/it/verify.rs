@@ -15,7 +15,6 @@ use hub_sidecar::verify::report::{CheckStatus, ReportStatus};
 use hub_sidecar::verify::retry_loop::{self, DailySpend, FnAttempter, LoopOptions, LoopOutcome};
 use hub_sidecar::verify::VerificationStatus;
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Events = Arc<Mutex<Vec<ProgressEvent>>>;
 
@@ -443,83 +442,13 @@ async fn shell_executor_runs_once_and_is_never_retried() {
     assert!(out.attempts.is_empty());
 }
 
-/// A fake Ollama: answers every `/api/chat` with `content` as the message, records bodies.
-struct FakeOllama {
-    addr: std::net::SocketAddr,
-    requests: Arc<Mutex<Vec<Value>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeOllama {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn fake_ollama(content: &str) -> FakeOllama {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let requests: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let reqs = requests.clone();
-    let body =
-        json!({"model": "m", "message": {"role": "assistant", "content": content}, "done": true})
-            .to_string();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
-                return;
-            };
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            // Read the head, then Content-Length bytes of body.
-            let body_start = loop {
-                let n = sock.read(&mut chunk).await.unwrap_or(0);
-                if n == 0 {
-                    break None;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break Some(i + 4);
-                }
-            };
-            let Some(start) = body_start else { continue };
-            let head = String::from_utf8_lossy(&buf[..start]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            while buf.len() < start + len {
-                let n = sock.read(&mut chunk).await.unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            let req: Value = serde_json::from_slice(&buf[start..]).unwrap_or(Value::Null);
-            reqs.lock().unwrap().push(req);
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        }
-    });
-    FakeOllama {
-        addr,
-        requests,
-        task,
-    }
-}
-
 /// One LLM attempt (writing hello.txt unless `change` is false) judged by a fake answering
 /// `content`. Returns the judge check and the requests the fake saw.
 async fn judged(
     content: &str,
     change: bool,
 ) -> (hub_sidecar::verify::report::CheckResult, Vec<Value>) {
-    let fake = fake_ollama(content).await;
+    let fake = crate::fakes::FakeOllama::answering(content, 4).await;
     let dir = tempfile::tempdir().unwrap();
     let (ctx, _) = ctx_for(
         dir.path(),
@@ -535,7 +464,7 @@ async fn judged(
     })
     .await;
     let check = out.attempts[0].report.checks[0].clone();
-    let reqs = fake.requests.lock().unwrap().clone();
+    let reqs = fake.requests();
     (check, reqs)
 }
 
