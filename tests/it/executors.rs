@@ -385,55 +385,8 @@ esac
 
 mod ollama {
     use super::*;
-    use crate::fakes::{FakeOllama, Reply};
+    use crate::fakes::{answer, streamed, tool_calls, FakeOllama, Reply, MODEL};
     use hub_sidecar::executor::ollama::OllamaExecutor;
-
-    const MODEL: &str = "qwen3:8b";
-
-    fn chunk(content: &str) -> Value {
-        json!({"model": MODEL, "created_at": "2025-06-01T10:00:00.000Z",
-               "message": {"role": "assistant", "content": content}, "done": false})
-    }
-
-    fn done_line(message: Value, prompt_eval_count: u64, eval_count: u64) -> Value {
-        json!({"model": MODEL, "created_at": "2025-06-01T10:00:01.000Z", "message": message,
-               "done": true, "done_reason": "stop", "total_duration": 5_000_000_000u64,
-               "load_duration": 1_000_000u64, "prompt_eval_count": prompt_eval_count,
-               "prompt_eval_duration": 100_000_000u64, "eval_count": eval_count,
-               "eval_duration": 900_000_000u64})
-    }
-
-    /// A streamed reply: one line per piece, then the `done` line with the counts.
-    fn streamed(pieces: &[&str], tokens_in: u64, tokens_out: u64) -> Reply {
-        let mut lines: Vec<Value> = pieces.iter().map(|p| chunk(p)).collect();
-        lines.push(done_line(
-            json!({"role": "assistant", "content": ""}),
-            tokens_in,
-            tokens_out,
-        ));
-        Reply::Ndjson(lines)
-    }
-
-    /// A non-streamed reply that calls tools (`stream: false`: one complete line).
-    fn tool_calls(calls: &[(&str, Value)]) -> Reply {
-        let calls: Vec<Value> = calls
-            .iter()
-            .map(|(name, args)| json!({"function": {"name": name, "arguments": args}}))
-            .collect();
-        Reply::Ndjson(vec![done_line(
-            json!({"role": "assistant", "content": "", "tool_calls": calls}),
-            100,
-            10,
-        )])
-    }
-
-    fn answer(text: &str) -> Reply {
-        Reply::Ndjson(vec![done_line(
-            json!({"role": "assistant", "content": text}),
-            50,
-            5,
-        )])
-    }
 
     fn task(server: &FakeOllama, agentic: bool, tier: &str) -> Value {
         json!({"task_id": "t-ollama", "description": "do it", "metadata": {"agentic": agentic},

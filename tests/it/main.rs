@@ -3,6 +3,7 @@
 //! one link step.
 
 mod daemon;
+mod e2e;
 mod executors;
 mod fakes;
 mod util;

@@ -1,0 +1,237 @@
+//! End to end through the daemon and the mock hub: each executor, the corrective loop, the
+//! heartbeat during a long check, and progress under the hub's real budget.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
+use serde_json::{json, Value};
+
+use crate::fakes::{answer, tool_calls, FakeOllama};
+use crate::util::*;
+
+/// The demo's stand-in `claude` (a test double speaking the real stream-json format that
+/// gets the task wrong once), wrapped so every prompt it receives is appended to `log`.
+fn recording_stand_in(dir: &Path, log: &Path) -> std::path::PathBuf {
+    let real = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/stand-in-claude/claude");
+    let path = dir.join("claude");
+    let script = format!(
+        "#!/bin/sh\n# Test double: records the prompt, then runs the stand-in claude.\nprev=\"\"\nfor a in \"$@\"; do\n  if [ \"$prev\" = \"-p\" ]; then printf '%s\\n=====\\n' \"$a\" >> '{}'; fi\n  prev=\"$a\"\ndone\nexec '{}' \"$@\"\n",
+        log.display(),
+        real.display()
+    );
+    std::fs::write(&path, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn claude_task_fails_a_check_then_the_corrective_prompt_fixes_it() {
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let log = dir.path().join("prompts.log");
+    let mut c = cfg(&hub, dir.path());
+    c.repo_dir = Some(ws.clone());
+    c.executor.claude_path = Some(recording_stand_in(dir.path(), &log));
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(hub_sidecar::demo::sample_task());
+    let done = hub
+        .wait_for_type("task_complete", T)
+        .await
+        .expect("task_complete");
+    let r = &done["result"];
+    assert_eq!(r["verification_status"], "verified");
+    assert_eq!(r["verification_attempts"], 2);
+    assert_eq!(r["model_used"], "claude-sonnet-4-5");
+    assert_eq!(
+        done["tokens_used"],
+        2 * (850 + 40),
+        "tokens summed over attempts"
+    );
+    assert!((r["estimated_cost_usd"].as_f64().unwrap() - 0.0062).abs() < 1e-9);
+    let history = done["verification_history"].as_array().unwrap();
+    let runs: Vec<&Value> = history.iter().map(|h| &h["run_number"]).collect();
+    assert_eq!(runs, [&json!(1), &json!(2)]);
+    assert_eq!(history[0]["status"], "fail");
+    assert_eq!(history[1]["status"], "pass");
+    assert_eq!(done["verification_report"], history[1]);
+
+    let prompts = std::fs::read_to_string(&log).unwrap();
+    let prompts: Vec<&str> = prompts
+        .split("\n=====\n")
+        .filter(|p| !p.is_empty())
+        .collect();
+    assert_eq!(prompts.len(), 2, "one prompt per attempt");
+    assert!(prompts[0].contains("greeting.txt") && !prompts[0].contains("VERIFICATION RETRY"));
+    let fix = prompts[1];
+    assert!(fix.contains("VERIFICATION RETRY 1/2"), "{fix}");
+    let failed = &fix[fix.find("FAILED CHECKS").expect("failed section")..];
+    assert!(
+        failed.contains("grep -qx 'Hello, hub!' greeting.txt"),
+        "{fix}"
+    );
+    let passed = &fix[fix.find("PASSED CHECKS").expect("passed section")..];
+    assert!(passed.contains("file_exists"), "{fix}");
+    assert!(
+        fix.contains("greeting.txt (+1 lines)"),
+        "observations missing: {fix}"
+    );
+    assert!(fix.contains("ORIGINAL TASK"));
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn ollama_agentic_task_writes_through_the_sandbox_and_is_verified() {
+    let ollama = FakeOllama::start(vec![
+        tool_calls(&[(
+            "write_file",
+            json!({"path": "notes/done.txt", "content": "done\n"}),
+        )]),
+        answer("Wrote notes/done.txt."),
+    ])
+    .await;
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.repo_dir = Some(ws.clone());
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(json!({
+        "task_id": "ollama-e2e", "description": "Write notes/done.txt saying done.", "generation": 1,
+        "routing_decision": {"target_type": "ollama", "effective_tier": "standard",
+                             "selected_endpoint": ollama.endpoint(), "selected_model": "qwen3:8b"},
+        "verification_steps": [{"type": "file_exists", "target": "notes/done.txt"}]
+    }));
+    let done = hub
+        .wait_for_type("task_complete", T)
+        .await
+        .expect("task_complete");
+    let r = &done["result"];
+    assert_eq!(r["verification_status"], "verified", "{done}");
+    assert_eq!(r["model_used"], "qwen3:8b");
+    assert_eq!(r["termination_reason"], "verified");
+    assert_eq!(r["iterations_used"], 2);
+    assert_eq!(r["estimated_cost_usd"], 0.0);
+    assert!(r["equivalent_claude_cost_usd"].as_f64().unwrap() > 0.0);
+    assert_eq!(done["tokens_used"], 100 + 10 + 50 + 5);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("notes/done.txt")).unwrap(),
+        "done\n"
+    );
+    // The tool call was reported as progress.
+    assert!(hub
+        .received_of("task_progress")
+        .iter()
+        .any(|f| f.to_string().contains("write_file")));
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_45_s_check_times_out_at_the_deadline_and_pings_keep_flowing() {
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    let sleep = format!("45.{:03}", fastrand::u32(1..999));
+    let mut task = sample_shell_task("long-check", "true");
+    task["verification_steps"] =
+        json!([{"type": "command_succeeds", "target": format!("sleep {sleep}")}]);
+    task["verification_timeout_ms"] = json!(5000);
+    let t0 = Instant::now();
+    hub.assign(task);
+    let done = hub
+        .wait_for_type("task_complete", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(6500), "verdict after {took:?}");
+    assert_eq!(done["verification_report"]["status"], "timeout");
+    assert_eq!(done["result"]["verification_status"], "partial_pass");
+    assert!(
+        procs_with_arg(&sleep).is_empty(),
+        "the check's sleep survived"
+    );
+    // The link kept pinging (every 1 s here) while the check ran: the hub saw no silence.
+    let pings: Vec<Instant> = hub
+        .frames()
+        .iter()
+        .filter(|f| f.inbound && f.frame["type"] == "ping" && f.at >= t0 && f.at <= t0 + took)
+        .map(|f| f.at)
+        .collect();
+    assert!(
+        pings.len() >= 4,
+        "only {} pings during a {took:?} check",
+        pings.len()
+    );
+    let max_gap = pings.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(max_gap < Duration::from_secs(3), "ping gap {max_gap:?}");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_200k_line_flood_stays_under_the_hub_budget_and_keeps_head_and_tail() {
+    // The hub's limiter at its real defaults (60 normal frames a minute).
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.progress = Default::default();
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(sample_shell_task("flood", "seq 1 200000"));
+    let done = hub
+        .wait_for_type("task_complete", T)
+        .await
+        .expect("task_complete delivered");
+    let out = done["result"]["output"].as_str().unwrap();
+    assert!(out.starts_with("1\n2\n3\n"), "head lost: {}", &out[..40]);
+    assert!(out.trim_end().ends_with("199999\n200000"), "tail lost");
+    assert!(
+        out.contains("bytes elided"),
+        "the middle is elided with a marker"
+    );
+    assert_eq!(hub.rate_limited_count(), 0, "the hub had to rate-limit us");
+    assert!(wait_until(|| hub.acked_terminal("flood") == 1, T).await);
+    let progress = hub.received_of("task_progress");
+    assert!(
+        progress.len() <= 5,
+        "{} progress frames for a sub-second task",
+        progress.len()
+    );
+    for p in &progress {
+        assert!(p["execution_event"]["text"].as_str().unwrap().len() <= 8 * 1024 + 64);
+    }
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_quiet_task_still_sends_heartbeat_progress() {
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.progress.heartbeat_secs = 1;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(sample_shell_task("quiet", "sleep 3.5"));
+    hub.wait_for_type("task_complete", T).await.unwrap();
+    let beats = hub
+        .received_of("task_progress")
+        .iter()
+        .filter(|f| f.to_string().contains("still working"))
+        .count();
+    assert!(
+        beats >= 2,
+        "only {beats} heartbeat frames in 3.5 s of silence"
+    );
+    d.stop().await;
+    assert_no_violations(&hub);
+}
