@@ -482,3 +482,51 @@ async fn the_token_never_appears_in_logs() {
     );
     assert_no_violations(&hub);
 }
+
+#[tokio::test]
+async fn an_oversized_frame_is_refused_and_the_link_recovers() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.max_frame_bytes = 64 * 1024;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let mut big = sample_shell_task("too-big", "echo never");
+    big["description"] = json!("x".repeat(256 * 1024));
+    hub.assign(big);
+    // The frame is refused (connection reset by the size limit), the daemon reconnects and
+    // works; the oversized task was never accepted.
+    hub.wait_for_nth("identify", 2, T)
+        .await
+        .expect("reconnected");
+    hub.assign(sample_shell_task("fits", "echo fine"));
+    let done = hub.wait_for_type("task_complete", T).await.unwrap();
+    assert_eq!(done["task_id"], "fits");
+    assert!(hub
+        .received_of("task_accepted")
+        .iter()
+        .all(|f| f["task_id"] != "too-big"));
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn resource_reports_flow_after_identify() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.resource_report_interval_secs = 1;
+    let d = spawn(c);
+    let r = hub
+        .wait_for_type("resource_report", T)
+        .await
+        .expect("a resource_report");
+    assert!(r["ram_total_bytes"].as_u64().unwrap() > 0);
+    assert!(r["ram_used_bytes"].as_u64().unwrap() <= r["ram_total_bytes"].as_u64().unwrap());
+    assert!(r["cpu_percent"].is_number());
+    hub.wait_for_nth("resource_report", 2, T)
+        .await
+        .expect("periodic");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
