@@ -86,21 +86,26 @@ pub struct ExecOutcome {
 }
 
 impl ExecOutcome {
-    /// An outcome that never ran (bad routing, missing tool), with an error that says why.
-    pub fn failed(error: impl Into<String>) -> ExecOutcome {
+    /// An outcome with no model, tokens or cost (the executor fills in what it has).
+    pub fn new(status: ExecStatus, output: String, error: Option<String>) -> ExecOutcome {
         ExecOutcome {
-            status: ExecStatus::Failed,
-            output: String::new(),
+            status,
+            output,
             model_used: None,
             tokens_in: 0,
             tokens_out: 0,
             cost_usd: 0.0,
             equivalent_claude_cost_usd: 0.0,
-            error: Some(error.into()),
+            error,
             execution_ms: 0,
             termination_reason: None,
             iterations_used: None,
         }
+    }
+
+    /// An outcome that never ran (bad routing, missing tool), with an error that says why.
+    pub fn failed(error: impl Into<String>) -> ExecOutcome {
+        ExecOutcome::new(ExecStatus::Failed, String::new(), Some(error.into()))
     }
 }
 

@@ -184,7 +184,7 @@ impl OllamaExecutor {
             Ok(r) => {
                 self.messages
                     .push(json!({"role": "assistant", "content": r.content}));
-                let mut out = base_outcome(ExecStatus::Succeeded, r.content, None);
+                let mut out = ExecOutcome::new(ExecStatus::Succeeded, r.content, None);
                 out.tokens_in = r.tokens_in;
                 out.tokens_out = r.tokens_out;
                 out
@@ -346,7 +346,7 @@ impl OllamaExecutor {
             final_text = format!("agentic loop ended ({reason}) after {iterations} iterations");
         }
         tracing::info!(task_id = %ctx.task.task_id, reason, iterations, tokens_in, tokens_out, "agentic loop done");
-        let mut out = base_outcome(status, final_text, error);
+        let mut out = ExecOutcome::new(status, final_text, error);
         out.tokens_in = tokens_in;
         out.tokens_out = tokens_out;
         out.termination_reason = Some(reason.to_string());
@@ -541,31 +541,15 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn base_outcome(status: ExecStatus, output: String, error: Option<String>) -> ExecOutcome {
-    ExecOutcome {
-        status,
-        output,
-        model_used: None,
-        tokens_in: 0,
-        tokens_out: 0,
-        cost_usd: 0.0,
-        equivalent_claude_cost_usd: 0.0,
-        error,
-        execution_ms: 0,
-        termination_reason: None,
-        iterations_used: None,
-    }
-}
-
 fn call_error_outcome(e: CallError, ctx: &ExecContext) -> ExecOutcome {
     match e {
-        CallError::Failed(msg) => base_outcome(ExecStatus::Failed, String::new(), Some(msg)),
-        CallError::Cancelled => base_outcome(
+        CallError::Failed(msg) => ExecOutcome::new(ExecStatus::Failed, String::new(), Some(msg)),
+        CallError::Cancelled => ExecOutcome::new(
             ExecStatus::Cancelled,
             String::new(),
             Some("cancelled".into()),
         ),
-        CallError::TimedOut => base_outcome(
+        CallError::TimedOut => ExecOutcome::new(
             ExecStatus::TimedOut,
             String::new(),
             Some(format!(

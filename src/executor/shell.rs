@@ -64,17 +64,8 @@ impl ShellExecutor {
             ),
         };
         ExecOutcome {
-            status,
-            output: out.combined(),
-            model_used: None,
-            tokens_in: 0,
-            tokens_out: 0,
-            cost_usd: 0.0,
-            equivalent_claude_cost_usd: 0.0,
-            error,
             execution_ms: started.elapsed().as_millis() as u64,
-            termination_reason: None,
-            iterations_used: None,
+            ..ExecOutcome::new(status, out.combined(), error)
         }
     }
 }

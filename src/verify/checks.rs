@@ -438,6 +438,7 @@ mod tests {
     use crate::config::Config;
     use crate::process::ChildEnv;
     use crate::progress::ProgressSink;
+    use crate::verify::test_support::git;
     use std::sync::Arc;
 
     pub(crate) fn ctx_for(ws: &Path, task: serde_json::Value) -> ExecContext {
@@ -451,21 +452,6 @@ mod tests {
             progress: ProgressSink::new(8192),
             cancel: tokio_util::sync::CancellationToken::new(),
         }
-    }
-
-    fn git(ws: &Path, args: &[&str]) {
-        let ok = std::process::Command::new("git")
-            .arg("-C")
-            .arg(ws)
-            .args(args)
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@t")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@t")
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "git {args:?}");
     }
 
     #[test]

@@ -28,3 +28,25 @@ pub enum VerificationStatus {
     PartialPass,
     ExecutionFailed,
 }
+
+/// Helpers for this module's unit tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::Path;
+
+    /// Run git in `ws` with a fixed identity, synchronously (tests only), asserting success.
+    pub fn git(ws: &Path, args: &[&str]) {
+        let ok = std::process::Command::new("git")
+            .arg("-C")
+            .arg(ws)
+            .args(args)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@t")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@t")
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+}

@@ -338,21 +338,6 @@ fn parse_numstat(s: &str) -> Vec<(String, String, String)> {
 mod tests {
     use super::*;
 
-    fn git_sync(ws: &Path, args: &[&str]) {
-        let ok = std::process::Command::new("git")
-            .arg("-C")
-            .arg(ws)
-            .args(args)
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@t")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@t")
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    }
-
     #[tokio::test]
     async fn walk_reports_added_modified_deleted_and_ignores_build_dirs() {
         let dir = tempfile::tempdir().unwrap();
@@ -390,10 +375,10 @@ mod tests {
     async fn git_reports_changes_and_head_moves() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
-        git_sync(ws, &["init", "-q"]);
+        crate::verify::test_support::git(ws, &["init", "-q"]);
         std::fs::write(ws.join("a.txt"), "1\n2\n").unwrap();
-        git_sync(ws, &["add", "."]);
-        git_sync(ws, &["commit", "-qm", "init"]);
+        crate::verify::test_support::git(ws, &["add", "."]);
+        crate::verify::test_support::git(ws, &["commit", "-qm", "init"]);
         let env = ChildEnv::inherit();
         let c = CancellationToken::new();
         let before = snapshot(ws, &env, &c).await;
@@ -413,8 +398,8 @@ mod tests {
             ]
         );
         let before = snapshot(ws, &env, &c).await;
-        git_sync(ws, &["add", "."]);
-        git_sync(ws, &["commit", "-qm", "more"]);
+        crate::verify::test_support::git(ws, &["add", "."]);
+        crate::verify::test_support::git(ws, &["commit", "-qm", "more"]);
         let obs = observe(&before, ws, &env, &c).await;
         assert!(obs[0].starts_with("HEAD moved to "), "{obs:?}");
         assert!(

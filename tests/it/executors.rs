@@ -3,19 +3,17 @@
 //! server answering `/api/chat` with NDJSON streams and tool calls.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::util::{kinds, Events};
 use hub_sidecar::config::Config;
 use hub_sidecar::executor::{Attempt, ExecContext, ExecStatus};
 use hub_sidecar::process::ChildEnv;
-use hub_sidecar::progress::{EventKind, ProgressEvent, ProgressSink};
+use hub_sidecar::progress::{EventKind, ProgressSink};
 use hub_sidecar::task::Task;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
-
-/// Progress events seen by a test, in order.
-type Events = Arc<Mutex<Vec<ProgressEvent>>>;
 
 /// An execution context for `task` in `workspace`, recording every progress event.
 fn context(
@@ -47,16 +45,6 @@ fn attempt(prompt: &str) -> Attempt {
         number: 1,
         prompt: prompt.to_string(),
     }
-}
-
-fn kinds(events: &Events, kind: EventKind) -> Vec<ProgressEvent> {
-    events
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|e| e.kind == kind)
-        .cloned()
-        .collect()
 }
 
 /// The pid in `marker` is gone (or a zombie) within 1 s.

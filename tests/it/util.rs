@@ -10,6 +10,7 @@ use hub_sidecar::config::Config;
 use hub_sidecar::daemon::{self, ExitReason, Shutdown};
 use hub_sidecar::mock_hub::MockHub;
 use hub_sidecar::ops::Ops;
+use hub_sidecar::progress::{EventKind, ProgressEvent};
 use tokio::task::JoinHandle;
 
 /// Generous bound for anything that should happen "soon" on a loaded 2-core CI box.
@@ -191,4 +192,18 @@ impl Bin {
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// Progress events recorded by a `ProgressSink::with_observer` in module-level tests.
+pub type Events = std::sync::Arc<std::sync::Mutex<Vec<ProgressEvent>>>;
+
+/// The recorded events of one kind.
+pub fn kinds(events: &Events, kind: EventKind) -> Vec<ProgressEvent> {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.kind == kind)
+        .cloned()
+        .collect()
 }

@@ -6,17 +6,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::util::{kinds, Events};
 use hub_sidecar::config::Config;
 use hub_sidecar::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus, Executor};
 use hub_sidecar::process::ChildEnv;
-use hub_sidecar::progress::{EventKind, ProgressEvent, ProgressSink};
+use hub_sidecar::progress::{EventKind, ProgressSink};
 use hub_sidecar::task::Task;
 use hub_sidecar::verify::report::{CheckStatus, ReportStatus};
 use hub_sidecar::verify::retry_loop::{self, DailySpend, FnAttempter, LoopOptions, LoopOutcome};
 use hub_sidecar::verify::VerificationStatus;
 use serde_json::{json, Value};
-
-type Events = Arc<Mutex<Vec<ProgressEvent>>>;
 
 /// A context over `ws` for `task` (task_id filled in), recording every progress event.
 fn ctx_with(ws: &Path, mut task: Value, tweak: impl FnOnce(&mut Config)) -> (ExecContext, Events) {
@@ -76,16 +75,6 @@ async fn run_llm(
     let out = retry_loop::run_with(&mut attempter, true, ctx, opts).await;
     let prompts = prompts.lock().unwrap().clone();
     (out, prompts)
-}
-
-fn kinds(events: &Events, kind: EventKind) -> Vec<ProgressEvent> {
-    events
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|e| e.kind == kind)
-        .cloned()
-        .collect()
 }
 
 #[tokio::test]
