@@ -58,6 +58,10 @@ pub enum ExitReason {
 
 /// How long a drain waits for the outbox to empty after the task finished.
 const OUTBOX_FLUSH: Duration = Duration::from_secs(10);
+/// How long `task_recovering` may go unanswered before the task is dropped. The hub
+/// re-queues a task on any disconnect anyway; waiting forever would refuse every new
+/// assignment as `sidecar_busy`.
+const RECOVERY_ANSWER: Duration = Duration::from_secs(60);
 
 /// Run the daemon until shutdown. `ops` receives metrics and health.
 pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
@@ -124,6 +128,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         drain_deadline: None,
         flush_deadline: None,
         restart_requested: false,
+        recovery_deadline: None,
     };
     let reason = d.run(&shutdown).await;
     d.ops.stopping();
@@ -160,6 +165,8 @@ struct Daemon {
     /// Set once a drain has nothing left to run: how long the outbox may take.
     flush_deadline: Option<Instant>,
     restart_requested: bool,
+    /// When an unanswered `task_recovering` gives up.
+    recovery_deadline: Option<Instant>,
 }
 
 async fn join_running(r: &mut Option<Running>) -> Result<TaskOutcome, tokio::task::JoinError> {
@@ -212,6 +219,14 @@ impl Daemon {
                 _ = sleep_until_opt(self.outbox_retry_at) => {
                     self.outbox_retry_at = None;
                     self.pump_outbox();
+                }
+                _ = sleep_until_opt(self.recovery_deadline) => {
+                    self.recovery_deadline = None;
+                    if let Some(a) = self.state.active.as_ref().filter(|a| a.phase == Phase::Recovering) {
+                        let task_id = a.task.task_id.clone();
+                        tracing::warn!(task_id = %task_id, "no answer to task_recovering in time; dropping the task (the hub re-queues it)");
+                        self.drop_task(&task_id).await;
+                    }
                 }
                 _ = sleep_until_opt(self.flush_deadline) => {
                     tracing::warn!(pending = self.state.outbox.len(), "outbox not flushed in time; results stay on disk and are re-sent on the next start");
@@ -284,6 +299,7 @@ impl Daemon {
                         task_id: task.task_id.clone(),
                         generation: task.generation,
                     });
+                    self.recovery_deadline = Some(Instant::now() + RECOVERY_ANSWER);
                 }
                 _ if self.running.is_some() => {
                     self.link.send(Outbound::StateReport {
@@ -442,6 +458,7 @@ impl Daemon {
             active.task.generation = g;
         }
         active.phase = Phase::Running;
+        self.recovery_deadline = None;
         let task = active.task.clone();
         tracing::info!(task_id = %task_id, generation = task.generation, "hub says continue: running the task again");
         self.save().await;
