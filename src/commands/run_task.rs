@@ -47,35 +47,26 @@ impl FrameSender for Discard {
     fn send_progress(&self, _frame: Outbound) {}
 }
 
-/// A config for offline work: the file's settings when given (hub keys optional), else the
-/// defaults. State goes to `state_dir` (a temporary directory), never the daemon's.
+/// A config for offline work: file (when given), `HUB_SIDECAR_*` environment and defaults;
+/// the hub keys are optional. State goes to `state_dir` (a temporary directory), never the daemon's.
 pub fn offline_config(file: Option<&Path>, state_dir: &Path) -> anyhow::Result<Config> {
-    let mut cfg = match file {
-        Some(path) => {
-            let layers = Layers {
-                file: Some(path.to_path_buf()),
-                env: std::env::vars().collect(),
-                // The hub is not used offline: fill the required keys the file may lack.
-                flags: Vec::new(),
-            };
-            match Config::load(&layers) {
-                Ok(c) => c,
-                Err(first) => {
-                    let mut layers = layers;
-                    layers.flags = vec![
-                        ("agent_id".into(), "offline".into()),
-                        ("token".into(), "offline-unused".into()),
-                        ("hub_url".into(), "ws://127.0.0.1:9/ws".into()),
-                    ];
-                    Config::load(&layers).map_err(|_| first)?
-                }
-            }
+    let mut layers = Layers {
+        file: file.map(Path::to_path_buf),
+        env: std::env::vars().collect(),
+        flags: Vec::new(),
+    };
+    let mut cfg = match Config::load(&layers) {
+        Ok(c) => c,
+        Err(first) => {
+            // The hub is not used offline: fill in the hub keys the file or environment lack
+            // and report the original error if that was not the problem.
+            layers.flags = vec![
+                ("agent_id".into(), "offline".into()),
+                ("token".into(), "offline-unused".into()),
+                ("hub_url".into(), "ws://127.0.0.1:9/ws".into()),
+            ];
+            Config::load(&layers).map_err(|_| first)?
         }
-        None => Config {
-            agent_id: "offline".into(),
-            hub_url: "ws://127.0.0.1:9/ws".into(),
-            ..Config::default()
-        },
     };
     cfg.state_dir = state_dir.to_path_buf();
     cfg.state_file = None;
