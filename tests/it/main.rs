@@ -3,5 +3,6 @@
 //! one link step.
 
 mod daemon;
+mod ops;
 mod util;
 mod verify;
