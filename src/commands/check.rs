@@ -79,6 +79,8 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    // Unknown keys, a config file others can read: logged as warnings on stderr.
+    crate::config::warn_about(&cfg);
     let items = probe_all(&cfg).await;
     let redactor = Redactor::from_config(&cfg);
     let items: Vec<Item> = items

@@ -637,7 +637,9 @@ async fn run_task_with_a_failing_task_exits_non_zero_and_prints_the_result() {
     let mut t = sample_shell_task("fails", "echo out; exit 3");
     t["verification_steps"] = json!([{"type": "file_exists", "target": "nope"}]);
     std::fs::write(&task, t.to_string()).unwrap();
-    let (code, out, err) = run_bin(&["run-task", task.to_str().unwrap()], &[]).await;
+    // No --workspace: a temporary one is made (under TMPDIR, here the test's directory).
+    let tmp = dir.path().to_str().unwrap();
+    let (code, out, err) = run_bin(&["run-task", task.to_str().unwrap()], &[("TMPDIR", tmp)]).await;
     assert_eq!(code, Some(1), "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["type"], "task_failed", "{out}");
