@@ -35,12 +35,18 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// The log level to start with: the flag, else `warn` for the interactive demo (its
-    /// output is the conversation, not the daemon's log), else `info`.
+    /// The log level to start with: the flag, else `warn` for the interactive commands
+    /// (their output is the table, the progress line or the conversation, not the daemon's
+    /// log), else `info`.
     pub fn log_level(&self) -> &str {
         match (&self.log_level, &self.command) {
             (Some(l), _) => l,
-            (None, Some(Command::Demo(_))) => "warn",
+            (
+                None,
+                Some(
+                    Command::Demo(_) | Command::Check(_) | Command::RunTask(_) | Command::Verify(_),
+                ),
+            ) => "warn",
             _ => "info",
         }
     }
