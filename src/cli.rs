@@ -224,10 +224,37 @@ async fn stage_signals(shutdown: Shutdown) {
                 shutdown.abort.cancel();
             }
             _ => {
-                // State is already on disk; nothing is lost by leaving now.
+                // State is already on disk; nothing is lost by leaving now. The running
+                // task's processes go with us: exiting must not leave orphans behind.
                 tracing::warn!("third stop signal: exiting immediately");
+                kill_child_groups();
                 std::process::exit(130);
             }
+        }
+    }
+}
+
+/// SIGKILL the process groups led by this process's children (every task and check
+/// command is a group leader, see [`crate::process`]). Reads `/proc`; used only on the way
+/// out, where blocking for a moment does not matter.
+fn kill_child_groups() {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // After "pid (comm)": state, ppid, pgrp, …
+        let mut fields = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let ppid = fields.nth(1).and_then(|p| p.parse::<u32>().ok());
+        let pgrp = fields.next().and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(me) && pgrp == Some(pid) {
+            crate::process::signal_group(pid, libc::SIGKILL);
         }
     }
 }

@@ -199,13 +199,14 @@ async fn third_signal_exits_at_once() {
     bin.signal("TERM");
     let code = bin.wait(T).await;
     let took = t0.elapsed();
-    // The task (still in its kill grace) is left to the service manager
-    // (KillMode=mixed); outside systemd the test cleans it up.
+    // The task ignores SIGTERM and was still in its kill grace: it goes with the daemon.
+    let gone = wait_until(|| procs_with_arg(&sleep).is_empty(), T).await;
     for pid in procs_with_arg(&sleep) {
         let _ = std::process::Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .status();
     }
+    assert!(gone, "the task's processes outlived an immediate exit");
     assert_eq!(code, Some(130), "third signal exit code");
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert!(bin.logs().contains("third stop signal"));
