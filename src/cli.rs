@@ -9,10 +9,15 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::commands::check::CheckArgs;
+use crate::commands::run_task::RunTaskArgs;
+use crate::commands::verify::VerifyArgs;
 use crate::config::{self, Config, Layers};
 use crate::daemon::{self, ExitReason, Shutdown};
 use crate::ops::Ops;
 use crate::redact::{RedactingWriter, Redactor};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// A worker daemon for an AgentCom hub: takes tasks over one WebSocket, runs them with a
 /// shell, Claude Code or Ollama executor, verifies them, and reports every result.
@@ -30,27 +35,54 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// The log level to start with: the flag, else `warn` for the interactive demo (its
-    /// output is the conversation, not the daemon's log), else `info`.
+    /// The log level to start with: the flag, else `warn` for the interactive commands
+    /// (their output is the table, the progress line or the conversation, not the daemon's
+    /// log), else `info`.
     pub fn log_level(&self) -> &str {
         match (&self.log_level, &self.command) {
             (Some(l), _) => l,
-            (None, Some(Command::Demo(_))) => "warn",
+            (
+                None,
+                Some(
+                    Command::Demo(_) | Command::Check(_) | Command::RunTask(_) | Command::Verify(_),
+                ),
+            ) => "warn",
             _ => "info",
         }
     }
 }
 
+/// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
 }
 
+/// The subcommands. Without one, `run` is assumed.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the daemon (the default).
+    /// Run the daemon (the default): connect to the hub, take tasks, report results.
+    ///
+    /// Stop with SIGTERM/SIGINT: the first drains (no new tasks, the running one finishes and
+    /// its result is delivered), the second cancels the task and keeps it for recovery, the
+    /// third exits at once.
     Run(RunArgs),
+    /// Validate the config and probe the hub, claude, Ollama, git and the directories.
+    ///
+    /// Connects and identifies with the configured token (like a short reconnect of this
+    /// agent). Exits non-zero when a required item (config, hub, state dir) fails. The token
+    /// is never printed.
+    Check(CheckArgs),
+    /// Run one task offline (no hub): executor, checks, corrective retries; print the result.
+    ///
+    /// The result is the task_complete/task_failed frame the hub would receive. Exit 0 iff
+    /// verified.
+    RunTask(RunTaskArgs),
+    /// Run only a task's verification steps against a workspace and print the report JSON.
+    ///
+    /// Exit 0 iff the report is pass, skip or auto_pass.
+    Verify(VerifyArgs),
     /// Run the real daemon against an embedded mock hub with a sample task, and print the result.
     Demo(DemoArgs),
 }
@@ -106,12 +138,14 @@ impl ConfigArgs {
     }
 }
 
+/// `run` flags.
 #[derive(Debug, Clone, Default, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
 }
 
+/// `demo` flags.
 #[derive(Debug, Clone, Default, Args)]
 pub struct DemoArgs {
     /// Keep the demo's temporary directory and print where it is.
@@ -126,6 +160,9 @@ pub struct DemoArgs {
 pub async fn run(cli: Cli, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
     match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
         Command::Run(args) => run_daemon(args, logs).await,
+        Command::Check(args) => crate::commands::check::run(args).await,
+        Command::RunTask(args) => crate::commands::run_task::run(args).await,
+        Command::Verify(args) => crate::commands::verify::run(args).await,
         Command::Demo(args) => crate::demo::run(args).await,
     }
 }
@@ -138,9 +175,23 @@ async fn run_daemon(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<Exit
     let shutdown = Shutdown::new();
     tokio::spawn(stage_signals(shutdown.clone()));
     let ops = Ops::new();
-    let reason = daemon::run(cfg, shutdown, ops)
-        .await
-        .context("the daemon stopped with an error")?;
+    // Side services live exactly as long as the daemon: cancelled and awaited on every exit.
+    let services = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    if let Some(addr) = cfg.metrics_addr {
+        crate::ops::http::start(addr, ops.clone(), services.clone(), &tracker).await?;
+    }
+    // Fed only while the last pong is younger than two ping intervals.
+    tracker.spawn(crate::ops::systemd::watchdog(
+        ops.clone(),
+        cfg.ping_interval() * 2,
+        services.clone(),
+    ));
+    let result = daemon::run(cfg, shutdown, ops).await;
+    services.cancel();
+    tracker.close();
+    tracker.wait().await;
+    let reason = result.context("the daemon stopped with an error")?;
     tracing::info!(reason = ?reason, "hub-sidecar stopped");
     Ok(match reason {
         ExitReason::Drained | ExitReason::Aborted | ExitReason::RestartRequested => {
@@ -173,10 +224,37 @@ async fn stage_signals(shutdown: Shutdown) {
                 shutdown.abort.cancel();
             }
             _ => {
-                // State is already on disk; nothing is lost by leaving now.
+                // State is already on disk; nothing is lost by leaving now. The running
+                // task's processes go with us: exiting must not leave orphans behind.
                 tracing::warn!("third stop signal: exiting immediately");
+                kill_child_groups();
                 std::process::exit(130);
             }
+        }
+    }
+}
+
+/// SIGKILL the process groups led by this process's children (every task and check
+/// command is a group leader, see [`crate::process`]). Reads `/proc`; used only on the way
+/// out, where blocking for a moment does not matter.
+fn kill_child_groups() {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // After "pid (comm)": state, ppid, pgrp, …
+        let mut fields = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let ppid = fields.nth(1).and_then(|p| p.parse::<u32>().ok());
+        let pgrp = fields.next().and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(me) && pgrp == Some(pid) {
+            crate::process::signal_group(pid, libc::SIGKILL);
         }
     }
 }

@@ -405,12 +405,13 @@ impl Daemon {
                 return;
             }
         }
+        // Shutting down wins over busy: the hub should not expect this agent back soon.
+        if self.draining || self.restart_requested {
+            return self.refuse(&task, "sidecar_shutting_down").await;
+        }
         if self.state.active.is_some() {
             tracing::warn!(task_id = %task_id, "busy with another task: refusing");
             return self.refuse(&task, "sidecar_busy").await;
-        }
-        if self.draining || self.restart_requested {
-            return self.refuse(&task, "sidecar_shutting_down").await;
         }
         self.state.active = Some(ActiveTask {
             task: task.clone(),

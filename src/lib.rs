@@ -22,8 +22,11 @@
 //! - [`ops`]: systemd notify, health and metrics.
 //! - [`mock_hub`]: an in-process hub that validates frames like the real one (tests, demo).
 //! - [`demo`]: the `demo` subcommand.
+//! - [`commands`]: the `check`, `run-task` and `verify` subcommands.
+//! - [`term`]: the live progress line for terminal work.
 
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod cost;
 pub mod daemon;
@@ -38,5 +41,6 @@ pub mod redact;
 pub mod runner;
 pub mod state;
 pub mod task;
+pub mod term;
 pub mod util;
 pub mod verify;

@@ -245,9 +245,9 @@ impl CappedBuf {
     }
 }
 
-/// Send `sig` to the whole process group `pgid`.
+/// Send `sig` to the whole process group `pgid` (0 is ignored: never our own group).
 #[allow(unsafe_code)]
-fn signal_group(pgid: u32, sig: libc::c_int) {
+pub fn signal_group(pgid: u32, sig: libc::c_int) {
     if pgid == 0 {
         return;
     }

@@ -235,6 +235,30 @@ pub async fn run(
     }
 }
 
+/// One connect + `identify` round trip, then a clean close (1000): what `hub-sidecar check`
+/// reports as "hub reachable, token accepted". The error says which step failed.
+pub async fn probe(cfg: &Config) -> Result<(), String> {
+    let connector = tls_connector(cfg).map_err(|e| format!("{e:#}"))?;
+    let ws = connect(cfg, connector).await?;
+    match identify(cfg, ws, &CancellationToken::new()).await {
+        Ok(mut ws) => {
+            let close = CloseFrame {
+                code: CloseCode::Normal,
+                reason: "hub-sidecar check".into(),
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(2), ws.close(Some(close))).await;
+            Ok(())
+        }
+        Err(End::Auth(e)) => Err(format!(
+            "the hub refused the token for agent {}: {e}",
+            cfg.agent_id
+        )),
+        Err(End::Cooldown(_, reason)) => Err(format!("the hub asked to wait: {reason}")),
+        Err(End::Lost(e)) => Err(e),
+        Err(End::Shutdown) => Err("cancelled".into()),
+    }
+}
+
 fn is_loopback_url(url: &str) -> bool {
     let rest = url.split("://").nth(1).unwrap_or("");
     let host = rest.split(['/', '?']).next().unwrap_or("");

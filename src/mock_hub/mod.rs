@@ -68,6 +68,8 @@ pub struct MockHubOptions {
     /// Close a socket that sent nothing for this long with code 1002 (the hub's web server
     /// idle timeout). `None` disables it.
     pub idle_timeout: Option<Duration>,
+    /// Loopback port to listen on; 0 (the default, and what tests use) picks a free one.
+    pub port: u16,
 }
 
 impl Default for MockHubOptions {
@@ -82,6 +84,7 @@ impl Default for MockHubOptions {
             heavy_capacity: 10,
             heavy_per_minute: 10,
             idle_timeout: Some(Duration::from_secs(60)),
+            port: 0,
         }
     }
 }
@@ -96,8 +99,8 @@ pub struct Recorded {
     /// `true` when the sidecar sent it.
     pub inbound: bool,
     /// The decoded frame; non-JSON text is stored as `Value::String`, binary as a
-    /// `"<binary N bytes>"` string, a close frame the hub sent as
-    /// `{"type":"<close>","code":N,"reason":S}`.
+    /// `"<binary N bytes>"` string, a close frame (either direction) as
+    /// `{"type":"<close>","code":N,"reason":S}` (1005 when the frame had no code).
     pub frame: Value,
 }
 
@@ -255,9 +258,9 @@ pub struct MockHub {
 }
 
 impl MockHub {
-    /// Starts a hub on `127.0.0.1:0`.
+    /// Starts a hub on `127.0.0.1:opts.port` (0: a free port).
     pub async fn start(opts: MockHubOptions) -> std::io::Result<MockHub> {
-        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], opts.port)))?;
         let addr = listener.local_addr()?;
         let root = CancellationToken::new();
         let inner = Arc::new(Inner {
@@ -759,7 +762,12 @@ impl Inner {
                     sleep.as_mut().reset(tokio::time::Instant::now() + idle.unwrap_or(far));
                     match m {
                         None | Some(Err(_)) => break false,
-                        Some(Ok(Message::Close(_))) => {
+                        Some(Ok(Message::Close(cf))) => {
+                            // Recorded so tests can check the sidecar closes cleanly (1000).
+                            let (code, reason) = cf
+                                .map(|c| (u16::from(c.code), c.reason.to_string()))
+                                .unwrap_or((1005, String::new()));
+                            self.record(id, true, json!({"type": "<close>", "code": code, "reason": reason}));
                             // Flush tungstenite's queued close reply: a clean handshake.
                             let _ = sink.flush().await;
                             break false;

@@ -7,7 +7,9 @@
 //!
 //! - [`metrics`]: the Prometheus registry.
 //! - [`systemd`]: sd_notify readiness, status and watchdog.
+//! - [`http`]: `/healthz` and `/metrics` on `metrics_addr`.
 
+pub mod http;
 pub mod metrics;
 pub mod systemd;
 

@@ -6,5 +6,6 @@ mod daemon;
 mod e2e;
 mod executors;
 mod fakes;
+mod ops;
 mod util;
 mod verify;

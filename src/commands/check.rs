@@ -1,0 +1,311 @@
+//! `hub-sidecar check`: validate the configuration, then probe everything it points at and
+//! print one line per item.
+//!
+//! Required items (config, hub, state dir) decide the exit code; the others (claude, Ollama,
+//! git, workspace) are reported so an operator sees what this box can run. Every detail is
+//! scrubbed with the config's redactor: the token is never printed.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cli::ConfigArgs;
+use crate::config::Config;
+use crate::redact::Redactor;
+
+/// `check` flags.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+/// How long any one probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One line of the table.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// Short name: `config`, `hub`, `claude`, …
+    pub name: &'static str,
+    /// A failure of this item makes `check` exit non-zero.
+    pub required: bool,
+    /// `Some(true)` ok, `Some(false)` failed, `None` not applicable (skipped).
+    pub ok: Option<bool>,
+    /// What was found, or what failed and what to do.
+    pub detail: String,
+}
+
+impl Item {
+    fn new(name: &'static str, required: bool, res: Result<String, String>) -> Item {
+        let (ok, detail) = match res {
+            Ok(d) => (Some(true), d),
+            Err(d) => (Some(false), d),
+        };
+        Item {
+            name,
+            required,
+            ok,
+            detail,
+        }
+    }
+
+    fn skipped(name: &'static str, why: &str) -> Item {
+        Item {
+            name,
+            required: false,
+            ok: None,
+            detail: why.to_string(),
+        }
+    }
+}
+
+/// Run every probe and print the table.
+pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let origin = args
+        .config
+        .config
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "no --config file: environment and flags only".into());
+    println!("hub-sidecar check ({origin})");
+    let cfg = match args.config.load() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            print_items(&[Item::new("config", true, Err(e.to_string()))]);
+            println!("\nFAILED: config");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    // Unknown keys, a config file others can read: logged as warnings on stderr.
+    crate::config::warn_about(&cfg);
+    let items = probe_all(&cfg).await;
+    let redactor = Redactor::from_config(&cfg);
+    let items: Vec<Item> = items
+        .into_iter()
+        .map(|mut i| {
+            i.detail = redactor.scrub(&i.detail);
+            i
+        })
+        .collect();
+    print_items(&items);
+    let failed_required: Vec<&str> = items
+        .iter()
+        .filter(|i| i.required && i.ok == Some(false))
+        .map(|i| i.name)
+        .collect();
+    let failed_optional = items
+        .iter()
+        .filter(|i| !i.required && i.ok == Some(false))
+        .count();
+    if failed_required.is_empty() {
+        println!(
+            "\nok: required items pass{}",
+            if failed_optional > 0 {
+                format!(
+                    " ({failed_optional} optional item(s) failed: tasks needing them will fail)"
+                )
+            } else {
+                String::new()
+            }
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("\nFAILED: {}", failed_required.join(", "));
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// Every probe for a valid config, in display order. Probes run concurrently.
+pub async fn probe_all(cfg: &Config) -> Vec<Item> {
+    let config = Item::new(
+        "config",
+        true,
+        Ok(format!(
+            "agent {}, hub {}{}",
+            cfg.agent_id,
+            cfg.hub_url,
+            cfg.origin
+                .as_ref()
+                .map(|p| format!(", file {}", p.display()))
+                .unwrap_or_default()
+        )),
+    );
+    let workspace = cfg
+        .repo_dir
+        .clone()
+        .unwrap_or_else(|| cfg.state_dir.join("work"));
+    let (hub, claude, ollama, git, state, work) = tokio::join!(
+        probe_hub(cfg),
+        probe_claude(cfg),
+        probe_ollama(cfg),
+        probe_version("git", Path::new("git")),
+        probe_writable(&cfg.state_dir),
+        probe_writable(&workspace),
+    );
+    vec![
+        config,
+        Item::new("hub", true, hub),
+        Item::new(
+            "state dir",
+            true,
+            state.map(|()| format!("{} writable", cfg.state_dir.display())),
+        ),
+        Item::new(
+            "workspace",
+            false,
+            work.map(|()| format!("{} writable", workspace.display())),
+        ),
+        Item::new("git", false, git),
+        claude,
+        ollama,
+    ]
+}
+
+async fn probe_hub(cfg: &Config) -> Result<String, String> {
+    match tokio::time::timeout(PROBE_TIMEOUT, crate::hub::link::probe(cfg)).await {
+        Ok(Ok(())) => Ok(format!(
+            "{} reachable, token accepted (identified as {})",
+            cfg.hub_url, cfg.agent_id
+        )),
+        Ok(Err(e)) => Err(format!("{e}; check hub_url, agent_id and token")),
+        Err(_) => Err(format!(
+            "no answer from {} within {PROBE_TIMEOUT:?}",
+            cfg.hub_url
+        )),
+    }
+}
+
+async fn probe_claude(cfg: &Config) -> Item {
+    let path = match &cfg.executor.claude_path {
+        Some(p) => p.clone(),
+        None => match tokio::task::spawn_blocking(|| which::which("claude")).await {
+            Ok(Ok(p)) => p,
+            _ => {
+                return Item::new(
+                    "claude",
+                    false,
+                    Err("`claude` not found on PATH: install Claude Code or set executor.claude_path (needed for claude tasks only)".into()),
+                )
+            }
+        },
+    };
+    Item::new("claude", false, probe_version("claude", &path).await)
+}
+
+/// `PROGRAM --version`, first line, with a timeout; the child dies with the probe.
+async fn probe_version(name: &str, program: &Path) -> Result<String, String> {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.arg("--version")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    match tokio::time::timeout(Duration::from_secs(10), cmd.output()).await {
+        Err(_) => Err(format!(
+            "`{} --version` did not answer in 10 s",
+            program.display()
+        )),
+        Ok(Err(e)) => Err(format!("cannot run {name} ({}): {e}", program.display())),
+        Ok(Ok(out)) if !out.status.success() => Err(format!(
+            "`{} --version` failed ({}): {}",
+            program.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Ok(Ok(out)) => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            Ok(format!(
+                "{} ({})",
+                text.lines().next().unwrap_or("").trim(),
+                program.display()
+            ))
+        }
+    }
+}
+
+async fn probe_ollama(cfg: &Config) -> Item {
+    let Some(url) = &cfg.ollama_url else {
+        return Item::skipped(
+            "ollama",
+            "ollama_url not set (tasks naming an endpoint still work)",
+        );
+    };
+    let tags = format!("{}/api/tags", url.trim_end_matches('/'));
+    let res = async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("HTTP client: {e}"))?;
+        let resp = client
+            .get(&tags)
+            .send()
+            .await
+            .map_err(|e| format!("GET {tags} failed: {e}; is Ollama running?"))?;
+        if !resp.status().is_success() {
+            return Err(format!("GET {tags}: HTTP {}", resp.status()));
+        }
+        let v: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| format!("GET {tags}: not Ollama's JSON: {e}"))?;
+        let models: Vec<&str> = v["models"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["name"].as_str())
+            .collect();
+        let wanted = &cfg.executor.ollama_model;
+        let note = if models.iter().any(|m| m == wanted) {
+            String::new()
+        } else {
+            format!("; default model {wanted} not pulled (ollama pull {wanted})")
+        };
+        Ok(format!(
+            "{url} reachable, models: {}{note}",
+            if models.is_empty() {
+                "none".to_string()
+            } else {
+                models.join(", ")
+            }
+        ))
+    }
+    .await;
+    Item::new("ollama", false, res)
+}
+
+/// Create `dir` if needed and write and remove a file in it.
+async fn probe_writable(dir: &Path) -> Result<(), String> {
+    let dir = dir.to_path_buf();
+    let res = tokio::task::spawn_blocking(move || -> Result<(), String> {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        tempfile::NamedTempFile::new_in(&dir)
+            .map(drop)
+            .map_err(|e| {
+                format!(
+                    "cannot write in {}: {e}; fix ownership/permissions for the daemon's user",
+                    dir.display()
+                )
+            })
+    })
+    .await;
+    res.unwrap_or_else(|e| Err(format!("probe crashed: {e}")))
+}
+
+/// The table: mark, name, detail, `(optional)` where it does not decide the result.
+pub fn print_items(items: &[Item]) {
+    for i in items {
+        let mark = match i.ok {
+            Some(true) => "✓",
+            Some(false) => "✗",
+            None => "-",
+        };
+        let opt = if i.required || i.ok != Some(false) {
+            ""
+        } else {
+            "  (optional)"
+        };
+        println!("  {mark} {:<10} {}{opt}", i.name, i.detail);
+    }
+}

@@ -1,0 +1,171 @@
+//! `hub-sidecar run-task TASK.json`: run one task offline, without a hub.
+//!
+//! The same path as the daemon ([`crate::runner::run_task`]: executor, verification loop,
+//! result frame, redaction) with progress shown in the terminal instead of sent to a hub.
+//! The result — the `task_complete` / `task_failed` frame the hub would get — goes to stdout
+//! or `--out`. Exit 0 iff the task was verified.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Layers};
+use crate::hub::budget::RateBudget;
+use crate::hub::proto::Outbound;
+use crate::ops::Ops;
+use crate::process::ChildEnv;
+use crate::progress::FrameSender;
+use crate::redact::Redactor;
+use crate::runner::{self, RunnerDeps, TaskOutcome};
+use crate::verify::retry_loop::DailySpend;
+
+/// `run-task` flags.
+#[derive(Debug, Clone, Args)]
+pub struct RunTaskArgs {
+    /// The task file: a task object or a task_assign frame (see examples/tasks/).
+    pub task: PathBuf,
+    /// Run in this directory (default: a new temporary directory, kept and printed).
+    #[arg(long, short = 'w')]
+    pub workspace: Option<PathBuf>,
+    /// Write the result frame here instead of stdout.
+    #[arg(long, short = 'o')]
+    pub out: Option<PathBuf>,
+    /// Config for executor, verification and env settings (defaults otherwise; the hub keys
+    /// are not needed).
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+}
+
+/// Progress frames have nowhere to go offline: the terminal shows progress instead.
+struct Discard;
+
+impl FrameSender for Discard {
+    fn send_progress(&self, _frame: Outbound) {}
+}
+
+/// A config for offline work: file (when given), `HUB_SIDECAR_*` environment and defaults;
+/// the hub keys are optional. State goes to `state_dir` (a temporary directory), never the daemon's.
+pub fn offline_config(file: Option<&Path>, state_dir: &Path) -> anyhow::Result<Config> {
+    let mut layers = Layers {
+        file: file.map(Path::to_path_buf),
+        env: std::env::vars().collect(),
+        flags: Vec::new(),
+    };
+    let mut cfg = match Config::load(&layers) {
+        Ok(c) => c,
+        Err(first) => {
+            // The hub is not used offline: fill in the hub keys the file or environment lack
+            // and report the original error if that was not the problem.
+            layers.flags = vec![
+                ("agent_id".into(), "offline".into()),
+                ("token".into(), "offline-unused".into()),
+                ("hub_url".into(), "ws://127.0.0.1:9/ws".into()),
+            ];
+            Config::load(&layers).map_err(|_| first)?
+        }
+    };
+    cfg.state_dir = state_dir.to_path_buf();
+    cfg.state_file = None;
+    Ok(cfg)
+}
+
+/// A fresh temporary directory (created off the runtime threads).
+pub async fn temp_dir(prefix: &'static str) -> anyhow::Result<tempfile::TempDir> {
+    tokio::task::spawn_blocking(move || tempfile::Builder::new().prefix(prefix).tempdir())
+        .await?
+        .context("creating a temporary directory")
+}
+
+/// Run the task and print its result frame.
+pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
+    let task = super::read_task(&args.task).await?;
+    let state = temp_dir("hub-sidecar-state-").await?;
+    let mut cfg = offline_config(args.config.as_deref(), state.path())?;
+    let workspace = match &args.workspace {
+        Some(w) => {
+            tokio::fs::create_dir_all(w)
+                .await
+                .with_context(|| format!("creating the workspace {}", w.display()))?;
+            w.clone()
+        }
+        None => temp_dir("hub-sidecar-run-task-").await?.keep(),
+    };
+    eprintln!("task {} in workspace {}", task.task_id, workspace.display());
+    cfg.repo_dir = Some(workspace);
+    let max_attempts = u64::from(if task.max_verification_retries > 0 {
+        task.retry_budget()
+    } else {
+        cfg.verification.default_max_retries
+    }) + 1;
+    let cfg = Arc::new(cfg);
+    let redactor = Arc::new(Redactor::from_config(&cfg));
+    let deps = RunnerDeps {
+        env: ChildEnv::from_config(&cfg),
+        redactor: redactor.clone(),
+        budget: Arc::new(RateBudget::from_config(&cfg.progress)),
+        out: Arc::new(Discard),
+        ops: Ops::new(),
+        daily_spend: Arc::new(DailySpend::new()),
+        config: cfg.clone(),
+    };
+    let line = crate::term::ProgressLine::start(max_attempts);
+    let sink = line.sink(cfg.progress.max_text_bytes);
+    let cancel = CancellationToken::new();
+    let run = runner::run_task(Arc::new(task), deps, sink, cancel.clone());
+    tokio::pin!(run);
+    let outcome = tokio::select! {
+        o = &mut run => o,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("\ninterrupted: cancelling the task (its processes are killed)");
+            cancel.cancel();
+            run.await
+        }
+    };
+    line.finish().await;
+    tokio::task::spawn_blocking(move || drop(state)).await?;
+    let frame = match outcome {
+        TaskOutcome::Cancelled => {
+            eprintln!("task cancelled: no result");
+            return Ok(ExitCode::from(130));
+        }
+        TaskOutcome::Terminal(frame) => frame,
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&frame.to_text()).context("re-reading the result frame")?;
+    let verified =
+        value["type"] == "task_complete" && value["result"]["verification_status"] == "verified";
+    let text = serde_json::to_string_pretty(&value)? + "\n";
+    match &args.out {
+        Some(path) => {
+            tokio::fs::write(path, &text)
+                .await
+                .with_context(|| format!("writing the result to {}", path.display()))?;
+            eprintln!("result written to {}", path.display());
+        }
+        None => print!("{text}"),
+    }
+    eprintln!("{}", summary(&value));
+    Ok(if verified {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One line for the terminal: what the result is.
+fn summary(v: &serde_json::Value) -> String {
+    if v["type"] == "task_failed" {
+        return format!("task_failed: {}", v["reason"].as_str().unwrap_or(""));
+    }
+    let r = &v["result"];
+    format!(
+        "{} after {} attempt(s) ({})",
+        r["verification_status"].as_str().unwrap_or("?"),
+        r["verification_attempts"],
+        r["termination_reason"].as_str().unwrap_or("?")
+    )
+}

@@ -1,0 +1,73 @@
+//! `hub-sidecar verify TASK.json --workspace DIR`: run only the task's verification steps
+//! against a workspace and print the report as JSON. Exit 0 iff the report is `pass`,
+//! `skip` or `auto_pass`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use crate::executor::ExecContext;
+use crate::process::ChildEnv;
+use crate::redact::Redactor;
+use crate::verify::checks;
+
+/// `verify` flags.
+#[derive(Debug, Clone, Args)]
+pub struct VerifyArgs {
+    /// The task file (a task object or a task_assign frame) whose verification_steps run.
+    pub task: PathBuf,
+    /// The directory the checks run in.
+    #[arg(long, short = 'w')]
+    pub workspace: PathBuf,
+    /// Optional config for [verification] and [env] settings (defaults otherwise).
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+}
+
+/// Run the checks once and print the report.
+pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let task = super::read_task(&args.task).await?;
+    let state = super::run_task::temp_dir("hub-sidecar-state-").await?;
+    let cfg = super::run_task::offline_config(args.config.as_deref(), state.path())?;
+    let workspace = tokio::fs::canonicalize(&args.workspace)
+        .await
+        .with_context(|| {
+            format!(
+                "the workspace {} does not exist; pass an existing directory with --workspace",
+                args.workspace.display()
+            )
+        })?;
+    let line = crate::term::ProgressLine::start(1);
+    let ctx = ExecContext {
+        task: Arc::new(task),
+        workspace,
+        env: ChildEnv::from_config(&cfg),
+        progress: line.sink(cfg.progress.max_text_bytes),
+        config: Arc::new(cfg),
+        cancel: CancellationToken::new(),
+    };
+    let checks = checks::run_checks(&ctx, 1, &[]);
+    tokio::pin!(checks);
+    let report = tokio::select! {
+        r = &mut checks => r,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("interrupted: stopping the checks");
+            ctx.cancel.cancel();
+            checks.await
+        }
+    };
+    line.finish().await;
+    tokio::task::spawn_blocking(move || drop(state)).await?;
+    let mut json = serde_json::to_value(&report).context("serializing the report")?;
+    Redactor::from_config(&ctx.config).scrub_value(&mut json);
+    println!("{}", serde_json::to_string_pretty(&json)?);
+    Ok(if report.status.is_success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,221 @@
+//! The live progress display for long work in a terminal (`run-task`).
+//!
+//! Owns one render task. Progress events reach it through [`ProgressLine::observer`] (a
+//! [`ProgressSink`] observer: it only updates shared state and never writes, so emitting
+//! progress never waits on the terminal). On a TTY the render task rewrites one line with
+//! `\r` a few times a second — phase, attempt k/N, elapsed time, last output line; elsewhere
+//! (CI logs, pipes) it prints one plain line per structured event.
+
+use std::io::{IsTerminal, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::progress::{EventKind, ProgressEvent, ProgressSink};
+
+/// What the line shows.
+#[derive(Debug, Clone)]
+struct LineState {
+    phase: String,
+    attempt: u64,
+    attempts_max: u64,
+    last_output: String,
+}
+
+/// Handle to the display; [`ProgressLine::finish`] clears the line and ends the render task.
+pub struct ProgressLine {
+    state: Arc<Mutex<LineState>>,
+    plain_tx: Option<mpsc::UnboundedSender<String>>,
+    stop: tokio_util::sync::CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl ProgressLine {
+    /// Start the display on stderr. `attempts_max` is the initial N of "attempt k/N".
+    pub fn start(attempts_max: u64) -> ProgressLine {
+        let tty = std::io::stderr().is_terminal();
+        let state = Arc::new(Mutex::new(LineState {
+            phase: "starting".into(),
+            attempt: 1,
+            attempts_max: attempts_max.max(1),
+            last_output: String::new(),
+        }));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (plain_tx, mut plain_rx) = mpsc::unbounded_channel::<String>();
+        let started = Instant::now();
+        let render_state = state.clone();
+        let render_stop = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tokio::select! {
+                    _ = render_stop.cancelled() => break,
+                    line = plain_rx.recv(), if !tty => match line {
+                        Some(line) => eprintln!("{line}"),
+                        None => break,
+                    },
+                    _ = tick.tick(), if tty => {
+                        let s = render_state.lock().expect("progress line lock").clone();
+                        let line = render(&s, started.elapsed(), terminal_width());
+                        eprint!("\r\x1b[2K{line}");
+                        let _ = std::io::stderr().flush();
+                    }
+                }
+            }
+            if tty {
+                eprint!("\r\x1b[2K");
+            } else {
+                while let Ok(line) = plain_rx.try_recv() {
+                    eprintln!("{line}");
+                }
+            }
+        });
+        ProgressLine {
+            state,
+            plain_tx: (!tty).then_some(plain_tx),
+            stop,
+            task,
+        }
+    }
+
+    /// A [`ProgressSink`] that feeds this display.
+    pub fn sink(&self, max_text: usize) -> ProgressSink {
+        let state = self.state.clone();
+        let plain = self.plain_tx.clone();
+        ProgressSink::with_observer(max_text, move |ev| {
+            if let Some(line) = update(&mut state.lock().expect("progress line lock"), ev) {
+                if let Some(tx) = &plain {
+                    let _ = tx.send(line);
+                }
+            }
+        })
+    }
+
+    /// Clear the line (TTY) or flush the pending plain lines, and stop rendering.
+    pub async fn finish(self) {
+        drop(self.plain_tx);
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Apply one event; the plain line to print for it, if it is worth a line of its own.
+fn update(s: &mut LineState, ev: &ProgressEvent) -> Option<String> {
+    let attempt = ev.fields.get("attempt").and_then(|v| v.as_u64());
+    if let Some(k) = attempt {
+        s.attempt = k;
+    }
+    if let Some(max) = ev.fields.get("max_retries").and_then(|v| v.as_u64()) {
+        s.attempts_max = max + 1;
+    }
+    s.attempts_max = s.attempts_max.max(s.attempt);
+    match ev.kind {
+        k if k.is_stream() => {
+            if let Some(line) = ev.text.lines().rev().find(|l| !l.trim().is_empty()) {
+                s.last_output = line.trim().to_string();
+            }
+            None
+        }
+        EventKind::VerificationCheckResult => {
+            s.phase = "verifying".into();
+            let ty = ev.fields.get("check_type").and_then(|v| v.as_str());
+            let st = ev.fields.get("check_status").and_then(|v| v.as_str());
+            Some(format!(
+                "  check {} → {}",
+                ty.unwrap_or("?"),
+                st.unwrap_or("?")
+            ))
+        }
+        _ => {
+            s.phase = first_line(&ev.text).to_string();
+            Some(format!(
+                "[attempt {}/{}] {}",
+                s.attempt, s.attempts_max, s.phase
+            ))
+        }
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("")
+}
+
+/// The one-line rendering, cut to `width` characters.
+fn render(s: &LineState, elapsed: Duration, width: usize) -> String {
+    let secs = elapsed.as_secs();
+    let mut line = format!(
+        "⏳ {:>2}:{:02}  attempt {}/{}  {}",
+        secs / 60,
+        secs % 60,
+        s.attempt,
+        s.attempts_max,
+        s.phase
+    );
+    if !s.last_output.is_empty() {
+        line.push_str("  │ ");
+        line.push_str(&s.last_output);
+    }
+    crate::util::truncate_chars(&line, width.saturating_sub(1).max(20))
+}
+
+/// `$COLUMNS`, else 100: no ioctl needed for a progress line.
+fn terminal_width() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> LineState {
+        LineState {
+            phase: "starting".into(),
+            attempt: 1,
+            attempts_max: 1,
+            last_output: String::new(),
+        }
+    }
+
+    #[test]
+    fn tracks_attempts_phase_and_last_output() {
+        let mut s = state();
+        update(
+            &mut s,
+            &ProgressEvent::new(EventKind::Stdout, "building\ncompiling foo\n\n"),
+        );
+        assert_eq!(s.last_output, "compiling foo");
+        let line = update(
+            &mut s,
+            &ProgressEvent::new(EventKind::VerificationRetryStart, "verification retry 1/2")
+                .with("attempt", 2)
+                .with("max_retries", 2),
+        )
+        .unwrap();
+        assert_eq!(line, "[attempt 2/3] verification retry 1/2");
+        let r = render(&s, Duration::from_secs(75), 200);
+        assert!(r.contains(" 1:15"), "{r}");
+        assert!(r.contains("attempt 2/3"), "{r}");
+        assert!(r.ends_with("compiling foo"), "{r}");
+        assert!(render(&s, Duration::ZERO, 30).chars().count() <= 30);
+    }
+
+    #[test]
+    fn stream_text_is_not_a_plain_line_but_checks_are() {
+        let mut s = state();
+        assert!(update(&mut s, &ProgressEvent::new(EventKind::Stdout, "x")).is_none());
+        let l = update(
+            &mut s,
+            &ProgressEvent::new(EventKind::VerificationCheckResult, "ok")
+                .with("check_type", "file_exists")
+                .with("check_status", "pass"),
+        )
+        .unwrap();
+        assert_eq!(l, "  check file_exists → pass");
+    }
+}
