@@ -154,6 +154,9 @@ fn record_metrics(ops: &Ops, lo: &LoopOutcome) {
         m.task_finished(outcome);
     }
     m.verification_attempts.observe(lo.attempts.len() as f64);
+    for check in lo.attempts.iter().flat_map(|a| &a.report.checks) {
+        m.check_seconds.observe(check.duration_ms as f64 / 1000.0);
+    }
     m.execution_seconds.observe(lo.execution_ms as f64 / 1000.0);
     m.tokens.inc_by(lo.tokens_in + lo.tokens_out);
     m.cost_usd.inc_by(lo.cost_usd);

@@ -402,10 +402,9 @@ async fn healthz_turns_200_after_identify_and_metrics_count_a_verified_task() {
         true
     );
 
-    hub.assign(sample_shell_task(
-        "metered",
-        "echo tok-METRICS-91c4e2; echo done",
-    ));
+    let mut metered = sample_shell_task("metered", "echo tok-METRICS-91c4e2; echo done");
+    metered["verification_steps"] = json!([{"type": "command_succeeds", "target": "true"}]);
+    hub.assign(metered);
     hub.wait_for_type("task_complete", T).await.unwrap();
     assert!(wait_until(|| hub.acked_terminal("metered") == 1, T).await);
     let (code, head, text) = http_get(addr, "/metrics").await;
@@ -425,6 +424,11 @@ async fn healthz_turns_200_after_identify_and_metrics_count_a_verified_task() {
         "{text}"
     );
     assert!(text.contains("hub_sidecar_hub_connected 1"), "{text}");
+    assert!(text.contains("hub_sidecar_check_seconds_count 1"), "{text}");
+    assert!(
+        text.contains("hub_sidecar_verification_attempts_count 1"),
+        "{text}"
+    );
     // Every sample line is `name{labels} value`: parses as exposition text.
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let value = line.rsplit(' ').next().unwrap();
