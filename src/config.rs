@@ -183,6 +183,8 @@ pub struct ExecutorConfig {
     pub ollama_timeout_secs: u64,
     /// Shell default timeout when `metadata.timeout_ms` is absent.
     pub shell_timeout_ms: u64,
+    /// Re-runs of a shell command that exited non-zero (not on timeout or cancel).
+    pub shell_retries: u32,
     /// Execution timeout for trivial tasks (LLM executors).
     pub trivial_timeout_secs: u64,
     /// Execution timeout for standard and complex tasks (LLM executors).
@@ -206,6 +208,7 @@ impl Default for ExecutorConfig {
             ollama_model: "qwen3:8b".into(),
             ollama_timeout_secs: 120,
             shell_timeout_ms: 60_000,
+            shell_retries: 1,
             trivial_timeout_secs: 600,
             standard_timeout_secs: 1_800,
             kill_grace_ms: 5_000,

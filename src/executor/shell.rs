@@ -22,8 +22,27 @@ impl ShellExecutor {
         }
     }
 
+    /// Run the command; a non-zero exit is retried `shell_retries` times (default once, as
+    /// the Node sidecar does). Timeouts and cancellation are never retried.
     pub async fn execute(&mut self, ctx: &ExecContext, _attempt: &Attempt) -> ExecOutcome {
         let started = Instant::now();
+        let mut tries = 0;
+        loop {
+            let mut out = self.run_once(ctx).await;
+            if out.status == ExecStatus::Failed && tries < ctx.config.executor.shell_retries {
+                tries += 1;
+                ctx.progress.emit(ProgressEvent::status(format!(
+                    "shell command failed; retrying ({tries}/{})",
+                    ctx.config.executor.shell_retries
+                )));
+                continue;
+            }
+            out.execution_ms = started.elapsed().as_millis() as u64;
+            return out;
+        }
+    }
+
+    async fn run_once(&self, ctx: &ExecContext) -> ExecOutcome {
         let cfg = &ctx.config.executor;
         let limits = Limits {
             timeout: Some(Duration::from_millis(
@@ -63,9 +82,6 @@ impl ShellExecutor {
                 )),
             ),
         };
-        ExecOutcome {
-            execution_ms: started.elapsed().as_millis() as u64,
-            ..ExecOutcome::new(status, out.combined(), error)
-        }
+        ExecOutcome::new(status, out.combined(), error)
     }
 }

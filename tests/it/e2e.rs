@@ -235,3 +235,43 @@ async fn a_quiet_task_still_sends_heartbeat_progress() {
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+#[tokio::test]
+async fn a_failing_shell_command_is_retried_once_then_reported_with_exit_code_and_stderr() {
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    let runs = dir.path().join("runs");
+    let flaky = format!(
+        "echo x >> {0}; [ $(wc -l < {0}) -ge 2 ] || {{ echo first-try-fails >&2; exit 1; }}; echo ok",
+        runs.display()
+    );
+    hub.assign(sample_shell_task("flaky-cmd", &flaky));
+    let done = hub
+        .wait_for_type("task_complete", T)
+        .await
+        .expect("second run succeeds");
+    assert_eq!(done["result"]["verification_status"], "verified");
+    assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 2);
+
+    let always = dir.path().join("always");
+    let failing = format!(
+        "echo x >> {}; echo boom-on-stderr >&2; exit 3",
+        always.display()
+    );
+    hub.assign(sample_shell_task("broken-cmd", &failing));
+    let failed = hub.wait_for_type("task_failed", T).await.unwrap();
+    let reason = failed["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("exit code 3") && reason.contains("boom-on-stderr"),
+        "{reason}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&always).unwrap().lines().count(),
+        2,
+        "one run and exactly one retry"
+    );
+    d.stop().await;
+    assert_no_violations(&hub);
+}
