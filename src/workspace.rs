@@ -487,7 +487,7 @@ pub fn slugify(s: &str, max: usize) -> String {
     cut.trim_matches('-').to_string()
 }
 
-/// `<agent>/<slug-of-description>-<short task id>`: readable, unique per task, and a valid
+/// `<agent>/<slug-of-description's-first-line>-<short task id>`: readable, unique per task, and a valid
 /// ref whatever the description holds.
 pub fn branch_name(agent_id: &str, task: &Task) -> String {
     let agent = match slugify(agent_id, 40) {
@@ -509,7 +509,8 @@ pub fn branch_name(agent_id: &str, task: &Task) -> String {
     } else {
         suffix
     };
-    match slugify(&task.description, 50) {
+    let first = task.description.lines().find(|l| !l.trim().is_empty());
+    match slugify(first.unwrap_or(""), 50) {
         d if d.is_empty() => format!("{agent}/{suffix}"),
         d => format!("{agent}/{d}-{suffix}"),
     }

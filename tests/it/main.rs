@@ -4,5 +4,6 @@
 
 mod daemon;
 mod executors;
+mod git;
 mod util;
 mod verify;
