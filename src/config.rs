@@ -668,6 +668,31 @@ mod tests {
     }
 
     #[test]
+    fn example_config_loads_and_documents_the_git_section() {
+        let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/hub-sidecar.example.toml");
+        let c = Config::load(&layers(Some(f.clone()), &[], &[])).unwrap();
+        assert!(c.unknown.is_empty(), "{:?}", c.unknown.keys());
+        let text = std::fs::read_to_string(f).unwrap();
+        for key in [
+            "enabled",
+            "author_name",
+            "author_email",
+            "push_drafts",
+            "reviewer",
+            "clone_timeout_secs",
+            "command_timeout_secs",
+            "gh_path",
+            "hub_api_url",
+        ] {
+            assert!(
+                text.contains(&format!("{key} =")),
+                "[git] {key} undocumented"
+            );
+        }
+        assert_eq!(c.hub_api_url(), "https://hub.example.internal:4000");
+    }
+
+    #[test]
     fn debug_hides_token() {
         let c = Config::for_hub("ws://x/ws", Path::new("/tmp"));
         assert!(!format!("{c:?}").contains("test-token"));

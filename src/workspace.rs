@@ -402,18 +402,22 @@ pub struct WorkspaceLock {
 impl WorkspaceLock {
     /// Take the lock, or take over one whose pid is no longer alive (a crashed run).
     pub async fn acquire(path: &Path) -> Result<WorkspaceLock, String> {
-        use tokio::io::AsyncWriteExt;
+        // Written in full to a private file, then hard-linked into place: the link either
+        // fails (held) or appears with the pid inside, so nobody ever reads a half-made lock.
+        let me = std::process::id();
+        let tmp = path.with_extension(format!("lock.{me}.tmp"));
+        tokio::fs::write(&tmp, format!("{me}\n"))
+            .await
+            .map_err(|e| format!("cannot write lock {}: {e}", tmp.display()))?;
+        let res = Self::link(&tmp, path).await;
+        let _ = tokio::fs::remove_file(&tmp).await;
+        res
+    }
+
+    async fn link(tmp: &Path, path: &Path) -> Result<WorkspaceLock, String> {
         for _ in 0..3 {
-            match tokio::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .await
-            {
-                Ok(mut f) => {
-                    f.write_all(format!("{}\n", std::process::id()).as_bytes())
-                        .await
-                        .map_err(|e| format!("cannot write lock {}: {e}", path.display()))?;
+            match tokio::fs::hard_link(tmp, path).await {
+                Ok(()) => {
                     return Ok(WorkspaceLock {
                         path: path.to_path_buf(),
                     });
@@ -427,7 +431,7 @@ impl WorkspaceLock {
                                 path.display()
                             ));
                         }
-                        // Dead pid, or an empty file from a crash between create and write.
+                        // Dead pid, or garbage: nobody holds it.
                         _ => {
                             tracing::warn!(lock = %path.display(), owner = %text.trim(), "taking over a stale workspace lock");
                             let _ = tokio::fs::remove_file(path).await;
@@ -590,8 +594,24 @@ pub async fn start_branch(
         tracing::warn!(task_id = %task.task_id, workspace = %path.display(), "dirty workspace stashed before branching");
     }
     let name = branch_name(&cfg.agent_id, task);
+    // Start from origin's base, not from HEAD: in a `repo_dir` HEAD may still be the previous
+    // task's branch, whose commit must not ride along in this task's push.
+    let remote_base = format!("refs/remotes/origin/{base}");
+    let start = if git
+        .git(
+            path,
+            &["rev-parse", "--verify", "--quiet", &remote_base],
+            false,
+        )
+        .await
+        .is_ok()
+    {
+        remote_base
+    } else {
+        "HEAD".to_string()
+    };
     // -B: a branch of that name left by an earlier run of the same task is recreated here.
-    git.git(path, &["checkout", "--quiet", "-B", &name], false)
+    git.git(path, &["checkout", "--quiet", "-B", &name, &start], false)
         .await?;
     let base_sha = git
         .git(path, &["rev-parse", "HEAD"], false)

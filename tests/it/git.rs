@@ -505,13 +505,9 @@ async fn nothing_to_commit_pushes_nothing_and_says_so() {
     assert_no_violations(&hub);
 }
 
-#[tokio::test]
-async fn partial_pass_pushes_nothing() {
-    let hub = hub().await;
-    let remote = Remote::new();
-    let gh = Gh::new(false);
-    // A stand-in `claude` (test double speaking the real stream-json format) that edits a
-    // file but never creates the one the check wants.
+/// A stand-in `claude` (test double speaking the real stream-json format) that edits a file
+/// but never creates `wanted.txt`, the file the check asks for.
+fn stand_in_claude() -> (tempfile::TempDir, PathBuf) {
     let bin = tempfile::tempdir().unwrap();
     let claude = bin.path().join("claude");
     write_exe(
@@ -524,22 +520,63 @@ echo '{"type":"assistant","message":{"id":"m1","type":"message","role":"assistan
 echo '{"type":"result","subtype":"success","is_error":false,"duration_ms":5,"num_turns":1,"result":"Edited.","session_id":"s-9","total_cost_usd":0.001,"usage":{"input_tokens":5,"output_tokens":3}}'
 "#,
     );
+    (bin, claude)
+}
+
+/// A Claude task on `repo` whose one check (`wanted.txt` exists) the stand-in never passes.
+fn claude_task(id: &str, repo: &str) -> Value {
+    json!({
+        "task_id": id,
+        "description": "Create wanted.txt",
+        "repo": repo,
+        "routing_decision": {"effective_tier": "complex", "target_type": "claude",
+            "selected_endpoint": null, "selected_model": null, "fallback_used": false,
+            "fallback_reason": null, "classification_reason": "test", "estimated_cost_tier": "high"},
+        "verification_steps": [{"type": "file_exists", "target": "wanted.txt"}],
+        "max_verification_retries": 0
+    })
+}
+
+#[tokio::test]
+async fn partial_pass_with_push_drafts_opens_a_draft_pr() {
+    let hub = hub().await;
+    let remote = Remote::new();
+    let gh = Gh::new(false);
+    let (_bin, claude) = stand_in_claude();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = base_cfg(&hub, dir.path());
+    c.git.gh_path = Some(gh.path());
+    c.git.push_drafts = true;
+    c.executor.claude_path = Some(claude);
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(claude_task("draft-1", &remote.url()));
+    let done = terminal(&hub, "draft-1").await;
+    let r = &done["result"];
+    assert_eq!(r["verification_status"], "partial_pass", "{done}");
+    assert_eq!(r["pushed"], true, "{r}");
+    let branch = r["branch"].as_str().unwrap();
+    assert!(remote.branches().iter().any(|b| b == branch));
+    let argv = gh.argv().expect("gh called");
+    assert!(argv.iter().any(|a| a == "--draft"), "{argv:?}");
+    assert!(gh.body().contains("| 1 | fail | 0 | 1 |"), "{}", gh.body());
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn partial_pass_pushes_nothing() {
+    let hub = hub().await;
+    let remote = Remote::new();
+    let gh = Gh::new(false);
+    let (_bin, claude) = stand_in_claude();
     let dir = tempfile::tempdir().unwrap();
     let mut c = base_cfg(&hub, dir.path());
     c.git.gh_path = Some(gh.path());
     c.executor.claude_path = Some(claude);
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(json!({
-        "task_id": "pp-1",
-        "description": "Create wanted.txt",
-        "repo": remote.url(),
-        "routing_decision": {"effective_tier": "complex", "target_type": "claude",
-            "selected_endpoint": null, "selected_model": null, "fallback_used": false,
-            "fallback_reason": null, "classification_reason": "test", "estimated_cost_tier": "high"},
-        "verification_steps": [{"type": "file_exists", "target": "wanted.txt"}],
-        "max_verification_retries": 0
-    }));
+    hub.assign(claude_task("pp-1", &remote.url()));
     let done = terminal(&hub, "pp-1").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     let r = &done["result"];
