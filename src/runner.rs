@@ -86,24 +86,7 @@ pub async fn run_task(
         Some(url) => deps.redactor.with_extra(workspace::url_secrets(url)),
         None => (*deps.redactor).clone(),
     });
-    let git = GitRunner::new(&cfg, &deps.env, cancel.clone());
-    let ws = match workspace::prepare(&cfg, &task, &git).await {
-        Ok(ws) => ws,
-        Err(reason) => {
-            deps.ops.metrics().task_finished("execution_failed");
-            return failed(&task, &redactor, &reason, &cancel);
-        }
-    };
-    let branch = match workspace::start_branch(&cfg, &task, &ws, &git).await {
-        Ok(b) => b,
-        Err(e) => {
-            deps.ops.metrics().task_finished("execution_failed");
-            let reason = format!("creating the task branch: {e}");
-            ws.release().await;
-            return failed(&task, &redactor, &reason, &cancel);
-        }
-    };
-    let workspace = ws.path.clone();
+    // The pump starts first: its heartbeat keeps the task fresh at the hub during a long clone.
     let pump_cancel = cancel.child_token();
     let pump = Pump {
         sink: progress.clone(),
@@ -115,6 +98,17 @@ pub async fn run_task(
         heartbeat: Duration::from_secs(cfg.progress.heartbeat_secs),
     };
     let pump = tokio::spawn(pump.run(pump_cancel.clone()));
+    let git = GitRunner::new(&cfg, &deps.env, cancel.clone());
+    let (ws, branch) = match prepare_workspace(&cfg, &task, &git, &progress).await {
+        Ok(prepared) => prepared,
+        Err(reason) => {
+            deps.ops.metrics().task_finished("execution_failed");
+            pump_cancel.cancel();
+            let _ = pump.await;
+            return failed(&task, &redactor, &reason, &cancel);
+        }
+    };
+    let workspace = ws.path.clone();
     let ctx = ExecContext {
         task: task.clone(),
         workspace,
@@ -165,6 +159,34 @@ pub async fn run_task(
         Some(mut frame) => {
             redact_frame(&redactor, &mut frame);
             TaskOutcome::Terminal(frame)
+        }
+    }
+}
+
+/// The task's workspace and, when the git workflow applies, its task branch.
+async fn prepare_workspace(
+    cfg: &Config,
+    task: &Task,
+    git: &GitRunner,
+    progress: &ProgressSink,
+) -> Result<(workspace::Workspace, Option<workspace::TaskBranch>), String> {
+    if task.repo.is_some() {
+        progress.emit(ProgressEvent::status("preparing the repository workspace"));
+    }
+    let ws = workspace::prepare(cfg, task, git).await?;
+    match workspace::start_branch(cfg, task, &ws, git).await {
+        Ok(branch) => {
+            if let Some(b) = &branch {
+                progress.emit(ProgressEvent::status(format!(
+                    "git: task branch {} from {}",
+                    b.name, b.base
+                )));
+            }
+            Ok((ws, branch))
+        }
+        Err(e) => {
+            ws.release().await;
+            Err(format!("creating the task branch: {e}"))
         }
     }
 }
