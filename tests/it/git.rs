@@ -672,3 +672,82 @@ async fn shell_metacharacters_in_the_description_stay_inert() {
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+#[tokio::test]
+async fn a_reassigned_task_recreates_its_branch_and_force_pushes_with_lease() {
+    let hub = hub().await;
+    let remote = Remote::new();
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(base_cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(shell_task(
+        "again-1",
+        "echo one > one.txt",
+        &remote.url(),
+        "Redo me",
+    ));
+    let first = terminal(&hub, "again-1").await;
+    assert_eq!(first["result"]["pushed"], true, "{first}");
+    assert!(wait_until(|| hub.acked_terminal("again-1") == 1, T).await);
+    // The hub re-queues the task: same id, next generation, different work.
+    let mut t = shell_task("again-1", "echo two > two.txt", &remote.url(), "Redo me");
+    t["generation"] = json!(2);
+    hub.assign(t);
+    let second = hub
+        .wait_for(
+            |f| f["type"] == "task_complete" && f["task_id"] == "again-1" && f["generation"] == 2,
+            T,
+        )
+        .await
+        .expect("second run's result");
+    let r = &second["result"];
+    assert_eq!(r["pushed"], true, "{r}");
+    assert_eq!(r["branch"], first["result"]["branch"]);
+    let branch = r["branch"].as_str().unwrap();
+    let log = remote.git(&["log", "--format=%H", &format!("trunk..{branch}")]);
+    assert_eq!(
+        log.trim(),
+        r["commit"].as_str().unwrap(),
+        "only the new commit"
+    );
+    let files = remote.git(&["show", "--name-only", "--format=", branch]);
+    assert_eq!(files.trim(), "two.txt");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_dirty_repo_dir_is_stashed_never_mixed_into_the_task_commit() {
+    let hub = hub().await;
+    let remote = Remote::new();
+    let dir = tempfile::tempdir().unwrap();
+    // An operator's checkout with uncommitted work, used as repo_dir.
+    let work = dir.path().join("checkout");
+    git(dir.path(), &["clone", "-q", &remote.url(), "checkout"]);
+    std::fs::write(work.join("README"), "operator's edit\n").unwrap();
+    std::fs::write(work.join("notes.txt"), "mine\n").unwrap();
+    let mut c = base_cfg(&hub, dir.path());
+    c.repo_dir = Some(work.clone());
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let mut t = sample_shell_task("dirty-1", "echo task > task.txt");
+    t["description"] = json!("Task on a dirty tree");
+    hub.assign(t);
+    let done = terminal(&hub, "dirty-1").await;
+    let r = &done["result"];
+    assert_eq!(r["pushed"], true, "{done}");
+    let branch = r["branch"].as_str().unwrap();
+    let files = remote.git(&["show", "--name-only", "--format=", branch]);
+    assert_eq!(
+        files.trim(),
+        "task.txt",
+        "operator's work leaked into the commit"
+    );
+    let stash = git(&work, &["stash", "list"]);
+    assert!(
+        stash.contains("uncommitted work found before task dirty-1"),
+        "{stash}"
+    );
+    d.stop().await;
+    assert_no_violations(&hub);
+}
