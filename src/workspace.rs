@@ -77,6 +77,11 @@ impl GitRunner {
         if !env.vars().iter().any(|(k, _)| k == "GIT_SSH_COMMAND") {
             env.set("GIT_SSH_COMMAND", "ssh -o BatchMode=yes");
         }
+        // A repo URL comes from the hub: only plain transports, never `ext::` (which runs a
+        // command) or other helpers. An operator's own GIT_ALLOW_PROTOCOL wins.
+        if !env.vars().iter().any(|(k, _)| k == "GIT_ALLOW_PROTOCOL") {
+            env.set("GIT_ALLOW_PROTOCOL", "file:git:ssh:http:https");
+        }
         GitRunner {
             env,
             cancel,
@@ -290,6 +295,20 @@ async fn prepare_managed(
     url: &str,
     git: &GitRunner,
 ) -> Result<Workspace, String> {
+    // Task data never becomes an option: git would read `-…` as one.
+    if url.starts_with('-') {
+        return Err(format!(
+            "task repo `{}` is not a repository URL",
+            strip_userinfo(url)
+        ));
+    }
+    if task
+        .branch
+        .as_deref()
+        .is_some_and(|b| b.trim().starts_with('-'))
+    {
+        return Err("task branch must not start with `-`".into());
+    }
     let root = cfg.state_dir.join("workspaces");
     tokio::fs::create_dir_all(&root)
         .await
@@ -715,48 +734,29 @@ async fn commit_push_pr(
     let path = &ws.path;
     r.insert("pushed".into(), json!(false));
     git.git(path, &["add", "-A"], false).await?;
-    if git
+    let dirty = !git
         .git(path, &["status", "--porcelain"], false)
         .await?
         .trim()
-        .is_empty()
-    {
+        .is_empty();
+    if dirty {
+        commit(cfg, task, path, git).await?;
+    }
+    // An LLM executor may have committed by itself: its commits are the task's work too.
+    let sha = git
+        .git(path, &["rev-parse", "HEAD"], false)
+        .await?
+        .trim()
+        .to_string();
+    if sha == tb.base_sha {
         r.insert(
             "git_note".into(),
             json!("nothing to commit: the task left the tree unchanged; nothing pushed"),
         );
         return Ok(());
     }
-    let title = commit_title(task);
-    let trailer = format!("Task-Id: {}", task.task_id);
-    let name = format!("user.name={}", cfg.git.author_name);
-    let email = format!("user.email={}", cfg.git.author_email);
-    git.git(
-        path,
-        &[
-            "-c",
-            &name,
-            "-c",
-            &email,
-            "-c",
-            "commit.gpgsign=false",
-            "commit",
-            "--quiet",
-            "--no-verify",
-            "-m",
-            &title,
-            "-m",
-            &trailer,
-        ],
-        false,
-    )
-    .await?;
-    let sha = git
-        .git(path, &["rev-parse", "HEAD"], false)
-        .await?
-        .trim()
-        .to_string();
     r.insert("commit".into(), json!(sha));
+    let title = commit_title(task);
     let range = format!("{}..HEAD", tb.base_sha);
     let stats = parse_numstat(&git.git(path, &["diff", "--numstat", &range], false).await?);
     r.insert("diff_stats".into(), json!(stats));
@@ -832,6 +832,35 @@ async fn commit_push_pr(
         .unwrap_or_else(|| out.trim());
     r.insert("pr_url".into(), json!(url));
     Ok(())
+}
+
+/// `git commit` of the staged tree: description title, `Task-Id` trailer, configured author.
+async fn commit(cfg: &Config, task: &Task, path: &Path, git: &GitRunner) -> Result<(), GitError> {
+    let title = commit_title(task);
+    let trailer = format!("Task-Id: {}", task.task_id);
+    let name = format!("user.name={}", cfg.git.author_name);
+    let email = format!("user.email={}", cfg.git.author_email);
+    git.git(
+        path,
+        &[
+            "-c",
+            &name,
+            "-c",
+            &email,
+            "-c",
+            "commit.gpgsign=false",
+            "commit",
+            "--quiet",
+            "--no-verify",
+            "-m",
+            &title,
+            "-m",
+            &trailer,
+        ],
+        false,
+    )
+    .await
+    .map(|_| ())
 }
 
 /// `git.gh_path`, else `gh` on the child PATH.

@@ -751,3 +751,65 @@ async fn a_dirty_repo_dir_is_stashed_never_mixed_into_the_task_commit() {
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+#[tokio::test]
+async fn commits_made_by_the_executor_itself_are_pushed() {
+    let hub = hub().await;
+    let remote = Remote::new();
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(base_cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(shell_task(
+        "self-1",
+        "echo s > s.txt && git add s.txt && git -c user.name=exec -c user.email=e@x commit -qm 'executor commit'",
+        &remote.url(),
+        "Commit by yourself",
+    ));
+    let done = terminal(&hub, "self-1").await;
+    let r = &done["result"];
+    assert_eq!(r["pushed"], true, "{done}");
+    let branch = r["branch"].as_str().unwrap();
+    let log = remote.git(&["log", "--format=%s", &format!("trunk..{branch}")]);
+    assert_eq!(log.trim(), "executor commit");
+    assert_eq!(r["diff_stats"]["files_changed"], 1);
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn command_running_transports_and_option_like_urls_are_refused() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let pwned = dir.path().join("pwned");
+    let d = spawn(base_cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    let ext = format!("ext::sh -c touch% {}", pwned.display());
+    hub.assign(shell_task("ext-1", "true", &ext, "ext transport"));
+    let done = terminal(&hub, "ext-1").await;
+    assert_eq!(done["type"], "task_failed", "{done}");
+    assert!(
+        done["reason"]
+            .as_str()
+            .unwrap()
+            .contains("git clone failed"),
+        "{done}"
+    );
+    assert!(!pwned.exists(), "the ext:: transport ran a command");
+    hub.assign(shell_task(
+        "opt-1",
+        "true",
+        "--upload-pack=touch /tmp/x",
+        "option",
+    ));
+    let done = terminal(&hub, "opt-1").await;
+    assert_eq!(done["type"], "task_failed", "{done}");
+    assert!(
+        done["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not a repository URL"),
+        "{done}"
+    );
+    d.stop().await;
+    assert_no_violations(&hub);
+}
