@@ -50,6 +50,7 @@ const CLASSIFY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct GitError {
     /// E.g. `git clone`, `git push`.
     pub step: String,
+    /// What git said (tail of stderr) and how it exited.
     pub detail: String,
 }
 
@@ -185,6 +186,7 @@ pub enum WorkspaceKind {
 /// A prepared workspace. Holds the workspace lock until dropped.
 #[derive(Debug)]
 pub struct Workspace {
+    /// The executor's cwd and tool sandbox root.
     pub path: PathBuf,
     pub kind: WorkspaceKind,
     _lock: Option<WorkspaceLock>,
@@ -489,6 +491,7 @@ fn pid_alive(pid: u32) -> bool {
 /// The task branch being worked on.
 #[derive(Debug, Clone)]
 pub struct TaskBranch {
+    /// `<agent>/<slug>-<id>`, see [`branch_name`].
     pub name: String,
     /// Branch the PR targets.
     pub base: String,
@@ -569,10 +572,18 @@ pub async fn start_branch(
         return Ok(None);
     }
     let path = &ws.path;
-    let is_repo = git
-        .git(path, &["rev-parse", "--is-inside-work-tree"], false)
+    // Only the top of a work tree: a `repo_dir` that merely sits inside some repository must
+    // not branch, commit and push that whole repository.
+    let is_repo = match git
+        .git(path, &["rev-parse", "--show-toplevel"], false)
         .await
-        .is_ok_and(|o| o.trim() == "true");
+    {
+        Ok(top) => {
+            let top = tokio::fs::canonicalize(top.trim()).await.ok();
+            top.is_some() && top == tokio::fs::canonicalize(path).await.ok()
+        }
+        Err(_) => false,
+    };
     if !is_repo
         || git
             .git(path, &["remote", "get-url", "origin"], false)
@@ -651,6 +662,7 @@ pub struct DiffStats {
     pub lines_added: u64,
     pub lines_deleted: u64,
     pub files_changed: u64,
+    /// Changed files that look like tests (`tests/`, `*_test.*`, `*.spec.*`, …).
     pub tests_touched: u64,
 }
 

@@ -813,3 +813,24 @@ async fn command_running_transports_and_option_like_urls_are_refused() {
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+#[tokio::test]
+async fn a_repo_dir_inside_a_repository_gets_no_git_workflow() {
+    let hub = hub().await;
+    let remote = Remote::new();
+    let dir = tempfile::tempdir().unwrap();
+    git(dir.path(), &["clone", "-q", &remote.url(), "checkout"]);
+    let sub = dir.path().join("checkout/sub");
+    std::fs::create_dir(&sub).unwrap();
+    let mut c = base_cfg(&hub, dir.path());
+    c.repo_dir = Some(sub);
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(sample_shell_task("sub-1", "echo s > s.txt"));
+    let done = terminal(&hub, "sub-1").await;
+    assert_eq!(done["result"]["verification_status"], "verified", "{done}");
+    assert!(done["result"].get("branch").is_none(), "{done}");
+    assert_eq!(remote.branches(), vec!["trunk"]);
+    d.stop().await;
+    assert_no_violations(&hub);
+}
