@@ -834,3 +834,70 @@ async fn a_repo_dir_inside_a_repository_gets_no_git_workflow() {
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+#[tokio::test]
+async fn a_live_lock_fails_the_task_and_a_dead_one_is_taken_over() {
+    let hub = hub().await;
+    let remote = Remote::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = base_cfg(&hub, dir.path());
+    c.git.enabled = false;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let root = dir.path().join("workspaces");
+    std::fs::create_dir_all(&root).unwrap();
+    let lock = root.join(format!(
+        "{}.lock",
+        hub_sidecar::workspace::slug_of_url(&remote.url())
+    ));
+    // Held by a live process (this one): the task must not share the clone.
+    std::fs::write(&lock, format!("{}\n", std::process::id())).unwrap();
+    hub.assign(shell_task("lock-1", "true", &remote.url(), "locked"));
+    let done = terminal(&hub, "lock-1").await;
+    assert_eq!(done["type"], "task_failed", "{done}");
+    assert!(
+        done["reason"]
+            .as_str()
+            .unwrap()
+            .contains("in use by process"),
+        "{done}"
+    );
+    // Left by a crashed run (a pid beyond pid_max cannot be alive): taken over.
+    std::fs::write(&lock, "2147483000\n").unwrap();
+    hub.assign(shell_task("lock-2", "true", &remote.url(), "stale"));
+    let done = terminal(&hub, "lock-2").await;
+    assert_eq!(done["type"], "task_complete", "{done}");
+    assert!(!lock.exists(), "released after the task");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_task_without_repo_or_repo_dir_gets_a_temp_dir_removed_afterwards() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(base_cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(sample_shell_task("tmp-1", "pwd; echo x > x.txt"));
+    let done = terminal(&hub, "tmp-1").await;
+    assert_eq!(done["type"], "task_complete", "{done}");
+    let cwd = done["result"]["output"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        cwd.starts_with(&dir.path().canonicalize().unwrap().display().to_string())
+            || cwd.starts_with(&dir.path().display().to_string()),
+        "{cwd}"
+    );
+    assert!(done["result"].get("branch").is_none());
+    assert!(
+        !Path::new(&cwd).exists(),
+        "temp workspace {cwd} left behind"
+    );
+    d.stop().await;
+    assert_no_violations(&hub);
+}
