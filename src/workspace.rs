@@ -318,25 +318,38 @@ async fn prepare_managed(
     let slug = slug_of_url(url);
     let path = root.join(&slug);
     let lock = WorkspaceLock::acquire(&root.join(format!("{slug}.lock"))).await?;
-    let fail = |e: GitError| format!("preparing workspace for {}: {e}", strip_userinfo(url));
+    let shown = strip_userinfo(url);
+    let fail = |e: GitError| {
+        format!(
+            "preparing workspace for {shown}: {e} (workspace {}; delete it to force a fresh clone)",
+            path.display()
+        )
+    };
 
     let cloned = if tokio::fs::metadata(path.join(".git")).await.is_ok() {
         false
     } else {
-        // A directory without .git is what a crashed clone leaves behind: start over.
-        if tokio::fs::metadata(&path).await.is_ok() {
-            tokio::fs::remove_dir_all(&path)
-                .await
-                .map_err(|e| format!("cannot remove broken workspace {}: {e}", path.display()))?;
+        // Clone beside the final place and rename when complete: a daemon killed mid-clone
+        // leaves only a `.partial` directory, never a half-clone that looks usable.
+        let partial = root.join(format!("{slug}.partial"));
+        for stale in [&path, &partial] {
+            if tokio::fs::metadata(stale).await.is_ok() {
+                tokio::fs::remove_dir_all(stale).await.map_err(|e| {
+                    format!("cannot remove stale workspace {}: {e}", stale.display())
+                })?;
+            }
         }
-        let dest = path.to_string_lossy().into_owned();
+        let dest = partial.to_string_lossy().into_owned();
         if let Err(e) = git
             .git(&root, &["clone", "--quiet", "--", url, &dest], true)
             .await
         {
-            let _ = tokio::fs::remove_dir_all(&path).await;
-            return Err(fail(e));
+            let _ = tokio::fs::remove_dir_all(&partial).await;
+            return Err(format!("preparing workspace for {shown}: {e}"));
         }
+        tokio::fs::rename(&partial, &path)
+            .await
+            .map_err(|e| format!("cannot move the new clone into {}: {e}", path.display()))?;
         true
     };
     if !cloned {
@@ -363,8 +376,7 @@ async fn prepare_managed(
         .is_err()
     {
         return Err(format!(
-            "preparing workspace for {}: branch `{base}` does not exist on origin; check the task's branch",
-            strip_userinfo(url)
+            "preparing workspace for {shown}: branch `{base}` does not exist on origin; check the task's branch"
         ));
     }
     for args in [
