@@ -901,3 +901,55 @@ async fn a_task_without_repo_or_repo_dir_gets_a_temp_dir_removed_afterwards() {
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+#[tokio::test]
+async fn a_task_branch_is_the_base_of_workspace_and_pull_request() {
+    let hub = hub().await;
+    let remote = Remote::new();
+    let seed = remote.dir.path().join("seed");
+    git(&seed, &["checkout", "-q", "-b", "release"]);
+    std::fs::write(seed.join("RELEASE"), "1.0\n").unwrap();
+    git(&seed, &["add", "-A"]);
+    git(&seed, &["commit", "-q", "-m", "release"]);
+    git(&seed, &["push", "-q", "origin", "release"]);
+    let gh = Gh::new(false);
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = base_cfg(&hub, dir.path());
+    c.git.gh_path = Some(gh.path());
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let mut t = shell_task(
+        "rel-1",
+        "cat RELEASE; echo fix > fix.txt",
+        &remote.url(),
+        "Fix release",
+    );
+    t["branch"] = json!("release");
+    hub.assign(t);
+    let done = terminal(&hub, "rel-1").await;
+    assert_eq!(done["type"], "task_complete", "{done}");
+    assert!(
+        done["result"]["output"].as_str().unwrap().contains("1.0"),
+        "{done}"
+    );
+    let argv = gh.argv().unwrap();
+    assert!(argv.iter().any(|a| a == "--base=release"), "{argv:?}");
+    let branch = done["result"]["branch"].as_str().unwrap();
+    let log = remote.git(&["log", "--format=%s", &format!("release..{branch}")]);
+    assert_eq!(log.trim(), "Fix release");
+    // A branch the remote does not have fails clearly.
+    let mut t = shell_task("rel-2", "true", &remote.url(), "No such branch");
+    t["branch"] = json!("nope");
+    hub.assign(t);
+    let done = terminal(&hub, "rel-2").await;
+    assert_eq!(done["type"], "task_failed", "{done}");
+    assert!(
+        done["reason"]
+            .as_str()
+            .unwrap()
+            .contains("branch `nope` does not exist on origin"),
+        "{done}"
+    );
+    d.stop().await;
+    assert_no_violations(&hub);
+}
