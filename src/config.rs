@@ -84,6 +84,7 @@ pub struct Config {
     pub executor: ExecutorConfig,
     pub verification: VerificationConfig,
     pub env: EnvConfig,
+    pub git: GitConfig,
     /// Keys this build does not know (e.g. the Node sidecar's `wake_command`): warned, ignored.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
@@ -130,6 +131,7 @@ impl Default for Config {
             executor: ExecutorConfig::default(),
             verification: VerificationConfig::default(),
             env: EnvConfig::default(),
+            git: GitConfig::default(),
             unknown: BTreeMap::new(),
             origin: None,
         }
@@ -273,6 +275,47 @@ impl Default for EnvConfig {
         EnvConfig {
             allow: Vec::new(),
             deny: vec!["AWS_SECRET_ACCESS_KEY".into(), "GITHUB_TOKEN".into()],
+        }
+    }
+}
+
+/// `[git]`: managed workspaces and the branch → commit → push → pull request workflow.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct GitConfig {
+    /// Branch, commit, push and open a PR when the workspace is a git repo with a remote.
+    pub enabled: bool,
+    /// Commit author name (passed as `-c user.name=`, so no global git config is needed).
+    pub author_name: String,
+    /// Commit author email.
+    pub author_email: String,
+    /// Push `partial_pass` work too, as a draft pull request.
+    pub push_drafts: bool,
+    /// GitHub user or team asked to review every pull request (`gh pr create --reviewer`).
+    pub reviewer: Option<String>,
+    /// Bound on network git calls: clone, fetch, push (seconds).
+    pub clone_timeout_secs: u64,
+    /// Bound on local git calls and `gh` (seconds).
+    pub command_timeout_secs: u64,
+    /// Path to `gh`; found on the child PATH when unset. No `gh`: no pull request.
+    pub gh_path: Option<PathBuf>,
+    /// Hub HTTP API for risk classification; default derived from `hub_url`
+    /// (`ws` → `http`, `wss` → `https`, path dropped).
+    pub hub_api_url: Option<String>,
+}
+
+impl Default for GitConfig {
+    fn default() -> Self {
+        GitConfig {
+            enabled: true,
+            author_name: "hub-sidecar".into(),
+            author_email: "hub-sidecar@localhost".into(),
+            push_drafts: false,
+            reviewer: None,
+            clone_timeout_secs: 300,
+            command_timeout_secs: 120,
+            gh_path: None,
+            hub_api_url: None,
         }
     }
 }
@@ -422,6 +465,21 @@ impl Config {
 
     pub fn pong_timeout(&self) -> Duration {
         Duration::from_secs(self.pong_timeout_secs)
+    }
+
+    /// The hub's HTTP API base (no trailing slash): `git.hub_api_url`, else `hub_url` with
+    /// `ws` → `http`, `wss` → `https` and the path dropped.
+    pub fn hub_api_url(&self) -> String {
+        if let Some(u) = self.git.hub_api_url.as_deref().filter(|u| !u.is_empty()) {
+            return u.trim_end_matches('/').to_string();
+        }
+        let (scheme, rest) = match self.hub_url.split_once("://") {
+            Some(("wss", rest)) => ("https", rest),
+            Some((_, rest)) => ("http", rest),
+            None => ("http", self.hub_url.as_str()),
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+        format!("{scheme}://{authority}")
     }
 
     /// Every secret value to scrub from output: the token and `secrets`.
@@ -598,6 +656,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("ws://"), "{e}");
+    }
+
+    #[test]
+    fn hub_api_url_is_derived_from_hub_url_unless_set() {
+        let mut c = Config::for_hub("wss://hub.example:4000/ws?x=1", Path::new("/tmp"));
+        assert_eq!(c.hub_api_url(), "https://hub.example:4000");
+        c.hub_url = "ws://127.0.0.1:4000/ws".into();
+        assert_eq!(c.hub_api_url(), "http://127.0.0.1:4000");
+        c.git.hub_api_url = Some("http://api:9/".into());
+        assert_eq!(c.hub_api_url(), "http://api:9");
+        assert!(c.git.enabled && !c.git.push_drafts);
+        assert_eq!(c.git.clone_timeout_secs, 300);
+    }
+
+    #[test]
+    fn example_config_loads_and_documents_the_git_section() {
+        let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/hub-sidecar.example.toml");
+        let c = Config::load(&layers(Some(f.clone()), &[], &[])).unwrap();
+        assert!(c.unknown.is_empty(), "{:?}", c.unknown.keys());
+        let text = std::fs::read_to_string(f).unwrap();
+        for key in [
+            "enabled",
+            "author_name",
+            "author_email",
+            "push_drafts",
+            "reviewer",
+            "clone_timeout_secs",
+            "command_timeout_secs",
+            "gh_path",
+            "hub_api_url",
+        ] {
+            assert!(
+                text.contains(&format!("{key} =")),
+                "[git] {key} undocumented"
+            );
+        }
+        assert_eq!(c.hub_api_url(), "https://hub.example.internal:4000");
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! - [`task`]: the task model parsed from `task_assign`, executor choice.
 //! - [`state`]: the crash-safe state file: active task and the outbox of terminal frames.
 //! - [`daemon`]: the lifecycle actor tying link, state and runner together.
-//! - [`runner`]: runs one task: executor + verification loop → result frame.
+//! - [`runner`]: runs one task: workspace, executor + verification loop, git → result frame.
+//! - [`workspace`]: managed clones, workspace locks, task branches, commit/push/PR, risk.
 //! - [`executor`]: the executors, one file each, behind one seam.
 //! - [`verify`]: checks, reports, workspace observations, the judge and the retry loop.
 //! - [`progress`]: progress events and their coalescing under the hub's budget.
@@ -44,3 +45,4 @@ pub mod task;
 pub mod term;
 pub mod util;
 pub mod verify;
+pub mod workspace;

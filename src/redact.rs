@@ -3,7 +3,9 @@
 //! Task output often echoes environment values, so every progress event, result and report
 //! passes through [`Redactor`] before it is sent, and log lines go through it too. Each
 //! secret (≥ 6 bytes; shorter ones would redact ordinary words) is matched verbatim and in
-//! its base64 and URL-encoded forms.
+//! its base64 and URL-encoded forms. Credentials embedded in URLs
+//! (`https://user:pass@host`, e.g. a task's `repo`) are scrubbed by shape, whatever they are:
+//! the userinfo becomes `[REDACTED]`.
 
 use base64::Engine;
 use serde_json::Value;
@@ -41,11 +43,23 @@ impl Redactor {
         Redactor::new(cfg.secret_values())
     }
 
+    /// This redactor plus more secrets (e.g. the password of one task's repository URL).
+    pub fn with_extra(&self, extra: impl IntoIterator<Item = String>) -> Redactor {
+        let mut r = Redactor::new(extra);
+        for n in &self.needles {
+            if !r.needles.contains(n) {
+                r.needles.push(n.clone());
+            }
+        }
+        r.needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
+        r
+    }
+
     pub fn is_empty(&self) -> bool {
         self.needles.is_empty()
     }
 
-    /// `s` with every secret replaced.
+    /// `s` with every secret and every URL userinfo replaced.
     pub fn scrub(&self, s: &str) -> String {
         let mut out = s.to_string();
         for n in &self.needles {
@@ -53,16 +67,17 @@ impl Redactor {
                 out = out.replace(n.as_str(), MARK);
             }
         }
-        out
+        scrub_url_userinfo(&out)
+    }
+
+    fn needs_scrub(&self, s: &str) -> bool {
+        self.needles.iter().any(|n| s.contains(n.as_str())) || may_hold_userinfo(s)
     }
 
     /// Scrub every string inside a JSON value, in place.
     pub fn scrub_value(&self, v: &mut Value) {
-        if self.needles.is_empty() {
-            return;
-        }
         match v {
-            Value::String(s) if self.needles.iter().any(|n| s.contains(n.as_str())) => {
+            Value::String(s) if self.needs_scrub(s) => {
                 *s = self.scrub(s);
             }
             Value::Array(a) => a.iter_mut().for_each(|x| self.scrub_value(x)),
@@ -70,6 +85,32 @@ impl Redactor {
             _ => {}
         }
     }
+}
+
+/// Cheap pre-check before running the URL regex: a scheme separator and an `@` after it.
+fn may_hold_userinfo(s: &str) -> bool {
+    s.find("://").is_some_and(|i| s[i..].contains('@'))
+}
+
+/// `scheme://user:pass@host` → `scheme://[REDACTED]@host` (also a bare `user@` token form).
+pub fn scrub_url_userinfo(s: &str) -> String {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    if !may_hold_userinfo(s) {
+        return s.to_string();
+    }
+    let re = RE.get_or_init(|| {
+        // Userinfo ends at the last `@` before the host: no `/`, whitespace or quote in it.
+        regex::Regex::new(r#"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@'"<>\[\]]+@"#)
+            .expect("static regex")
+    });
+    re.replace_all(s, |c: &regex::Captures<'_>| {
+        if &c[0][c[1].len()..] == "[REDACTED]@" {
+            c[0].to_string()
+        } else {
+            format!("{}{MARK}@", &c[1])
+        }
+    })
+    .into_owned()
 }
 
 fn url_encode(s: &str) -> String {
@@ -100,6 +141,23 @@ mod tests {
         let mut v = json!({"x": ["s3cr3t/tok+en"], "n": 1});
         r.scrub_value(&mut v);
         assert_eq!(v, json!({"x": ["[REDACTED]"], "n": 1}));
+    }
+
+    #[test]
+    fn scrubs_url_userinfo_by_shape() {
+        let r = Redactor::default();
+        assert_eq!(
+            r.scrub("fatal: unable to access 'http://user:s3cretpass@127.0.0.1:1/x.git/': refused"),
+            "fatal: unable to access 'http://[REDACTED]@127.0.0.1:1/x.git/': refused"
+        );
+        assert_eq!(
+            r.scrub("https://ghp_tok@github.com/a/b and mail a@b.c"),
+            "https://[REDACTED]@github.com/a/b and mail a@b.c"
+        );
+        let mut v = json!({"repo": "https://u:p%40ss@h/r.git"});
+        r.scrub_value(&mut v);
+        assert_eq!(v, json!({"repo": "https://[REDACTED]@h/r.git"}));
+        assert_eq!(r.scrub("https://[REDACTED]@h"), "https://[REDACTED]@h");
     }
 }
 

@@ -1,7 +1,9 @@
-//! Runs one task to its terminal frame: workspace, executor, verification loop, result.
+//! Runs one task to its terminal frame: workspace, task branch, executor, verification
+//! loop, commit/push/PR, result.
 //!
 //! The runner owns nothing durable: it returns the frame and the daemon puts it in the
-//! outbox. Everything it sends is redacted first.
+//! outbox. Everything it sends is redacted first, with the task's own secrets (a password in
+//! its `repo` URL) added to the daemon's.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use crate::redact::Redactor;
 use crate::task::Task;
 use crate::verify::retry_loop::{self, DailySpend, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
+use crate::workspace::{self, GitRunner};
 
 /// What the daemon gives every runner.
 #[derive(Clone)]
@@ -47,7 +50,8 @@ pub enum TaskOutcome {
 /// Result output kept in `task_complete.result.output` (head and tail).
 const RESULT_OUTPUT_CAP: usize = 64 * 1024;
 
-/// The workspace for a task without a repository: `repo_dir`, else a per-task directory.
+/// The workspace for a task without a repository: `repo_dir`, else a per-task directory
+/// (which [`workspace::prepare`] treats as temporary).
 pub fn workspace_for(cfg: &Config, task: &Task) -> PathBuf {
     match &cfg.repo_dir {
         Some(d) => d.clone(),
@@ -77,25 +81,34 @@ pub async fn run_task(
     cancel: CancellationToken,
 ) -> TaskOutcome {
     let cfg = deps.config.clone();
-    let workspace = workspace_for(&cfg, &task);
-    if let Err(e) = tokio::fs::create_dir_all(&workspace).await {
-        return TaskOutcome::Terminal(Outbound::task_failed(
-            &task.task_id,
-            task.generation,
-            &format!("cannot create workspace {}: {e}", workspace.display()),
-        ));
-    }
+    // A password in the task's repo URL is this task's secret: scrubbed from all it sends.
+    let redactor = Arc::new(match task.repo.as_deref() {
+        Some(url) => deps.redactor.with_extra(workspace::url_secrets(url)),
+        None => (*deps.redactor).clone(),
+    });
+    // The pump starts first: its heartbeat keeps the task fresh at the hub during a long clone.
     let pump_cancel = cancel.child_token();
     let pump = Pump {
         sink: progress.clone(),
         task_id: task.task_id.clone(),
         budget: deps.budget.clone(),
         out: deps.out.clone(),
-        redactor: deps.redactor.clone(),
+        redactor: redactor.clone(),
         min_interval: Duration::from_millis(cfg.progress.min_interval_ms),
         heartbeat: Duration::from_secs(cfg.progress.heartbeat_secs),
     };
     let pump = tokio::spawn(pump.run(pump_cancel.clone()));
+    let git = GitRunner::new(&cfg, &deps.env, cancel.clone());
+    let (ws, branch) = match prepare_workspace(&cfg, &task, &git, &progress).await {
+        Ok(prepared) => prepared,
+        Err(reason) => {
+            deps.ops.metrics().task_finished("execution_failed");
+            pump_cancel.cancel();
+            let _ = pump.await;
+            return failed(&task, &redactor, &reason, &cancel);
+        }
+    };
+    let workspace = ws.path.clone();
     let ctx = ExecContext {
         task: task.clone(),
         workspace,
@@ -126,19 +139,67 @@ pub async fn run_task(
             if cancel.is_cancelled() || lo.last_exec.status == ExecStatus::Cancelled {
                 None
             } else {
-                Some(frame_for(&task, &lo))
+                let mut frame = frame_for(&task, &lo);
+                if let (Some(tb), Outbound::TaskComplete { result, .. }) = (&branch, &mut frame) {
+                    let extra = workspace::finish(&cfg, &task, &lo, &ws, tb, &git).await;
+                    if let Some(obj) = result.as_object_mut() {
+                        obj.extend(extra);
+                    }
+                }
+                Some(frame)
             }
         }
     };
     pump_cancel.cancel();
     let _ = pump.await;
+    // The frame is self-contained, so a temp workspace can go before it is sent.
+    ws.release().await;
     match outcome {
         None => TaskOutcome::Cancelled,
         Some(mut frame) => {
-            redact_frame(&deps.redactor, &mut frame);
+            redact_frame(&redactor, &mut frame);
             TaskOutcome::Terminal(frame)
         }
     }
+}
+
+/// The task's workspace and, when the git workflow applies, its task branch.
+async fn prepare_workspace(
+    cfg: &Config,
+    task: &Task,
+    git: &GitRunner,
+    progress: &ProgressSink,
+) -> Result<(workspace::Workspace, Option<workspace::TaskBranch>), String> {
+    if task.repo.is_some() {
+        progress.emit(ProgressEvent::status("preparing the repository workspace"));
+    }
+    let ws = workspace::prepare(cfg, task, git).await?;
+    match workspace::start_branch(cfg, task, &ws, git).await {
+        Ok(branch) => {
+            if let Some(b) = &branch {
+                progress.emit(ProgressEvent::status(format!(
+                    "git: task branch {} from {}",
+                    b.name, b.base
+                )));
+            }
+            Ok((ws, branch))
+        }
+        Err(e) => {
+            ws.release().await;
+            Err(format!("creating the task branch: {e}"))
+        }
+    }
+}
+
+/// `task_failed` for a task that failed before execution (workspace, branch), redacted;
+/// nothing when the failure was a cancellation.
+fn failed(task: &Task, r: &Redactor, reason: &str, cancel: &CancellationToken) -> TaskOutcome {
+    if cancel.is_cancelled() {
+        return TaskOutcome::Cancelled;
+    }
+    let mut frame = Outbound::task_failed(&task.task_id, task.generation, reason);
+    redact_frame(r, &mut frame);
+    TaskOutcome::Terminal(frame)
 }
 
 fn record_metrics(ops: &Ops, lo: &LoopOutcome) {

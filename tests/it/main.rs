@@ -6,6 +6,7 @@ mod daemon;
 mod e2e;
 mod executors;
 mod fakes;
+mod git;
 mod ops;
 mod util;
 mod verify;
