@@ -859,15 +859,25 @@ impl Inner {
     }
 
     /// Handles one text frame: returns the frames to send and what to do with the socket.
+    ///
+    /// The frame is recorded (and waiters woken) only *after* it was handled, so a test that
+    /// saw `identify` arrive can push to the now-identified socket, and one that saw
+    /// `task_complete` arrive sees the task table already updated.
     fn handle_text(&self, conn: &mut Conn, text: &str) -> (Vec<Outbound>, End) {
         let id = conn.id;
         let Ok(frame) = serde_json::from_str::<Value>(text) else {
             let raw = Value::String(text.to_string());
-            self.record(id, true, raw.clone());
-            self.violation(id, raw, vec!["invalid_json".into()]);
+            self.violation(id, raw.clone(), vec!["invalid_json".into()]);
+            self.record(id, true, raw);
             return (vec![error("invalid_json")], End::Keep);
         };
-        self.record(id, true, frame.clone());
+        let handled = self.handle_json(conn, frame.clone());
+        self.record(id, true, frame);
+        handled
+    }
+
+    fn handle_json(&self, conn: &mut Conn, frame: Value) -> (Vec<Outbound>, End) {
+        let id = conn.id;
         if !frame.is_object() {
             self.violation(
                 id,
