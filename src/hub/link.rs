@@ -236,7 +236,8 @@ pub async fn run(
     }
 }
 
-fn is_loopback_url(url: &str) -> bool {
+/// Whether `url`'s host is a loopback address (or `localhost`): plain `ws://` is fine there.
+pub fn is_loopback_url(url: &str) -> bool {
     let rest = url.split("://").nth(1).unwrap_or("");
     let host = rest.split(['/', '?']).next().unwrap_or("");
     let host = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);

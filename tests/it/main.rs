@@ -3,5 +3,6 @@
 //! one link step.
 
 mod daemon;
+mod faults;
 mod util;
 mod verify;
