@@ -242,7 +242,10 @@ pub async fn run(
 pub fn is_loopback_url(url: &str) -> bool {
     let rest = url.split("://").nth(1).unwrap_or("");
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host = authority.rsplit_once('@').map(|(_, h)| h).unwrap_or(authority);
+    let host = authority
+        .rsplit_once('@')
+        .map(|(_, h)| h)
+        .unwrap_or(authority);
     let host = match host.strip_prefix('[') {
         // [v6]:port
         Some(v6) => v6.split(']').next().unwrap_or(""),
