@@ -1455,3 +1455,51 @@ async fn shell_metacharacters_in_task_data_are_never_interpreted() {
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+/// After a crash the task on disk is `Recovering`. A hub that re-queued it on the disconnect
+/// may assign it straight back when the daemon re-identifies, before it answers
+/// `task_recovering`: that assignment is the answer, not a second task ("sidecar_busy" would
+/// cost the hub a retry of its own task and a wasted run).
+#[tokio::test]
+async fn a_recovering_task_assigned_again_is_run_not_refused_as_busy() {
+    use hub_sidecar::state::{ActiveTask, PersistedState, Phase, StateStore, STATE_VERSION};
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut task = sample_shell_task("rec", "echo recovered-run");
+    let crashed = hub_sidecar::task::Task::from_value(task.clone()).unwrap();
+    StateStore::new(dir.path().join("queue.json"))
+        .save(&PersistedState {
+            version: STATE_VERSION,
+            active: Some(ActiveTask {
+                task: crashed,
+                phase: Phase::Running,
+                accepted_at: 1,
+            }),
+            outbox: vec![],
+        })
+        .await
+        .unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    // The hub's scheduler hands the re-queued task (generation 2) back at once.
+    task["generation"] = json!(2);
+    hub.assign(task);
+    let done = hub
+        .wait_for(
+            |f| {
+                f["task_id"] == "rec"
+                    && (f["type"] == "task_complete" || f["type"] == "task_failed")
+            },
+            T,
+        )
+        .await
+        .expect("a result");
+    assert_eq!(done["type"], "task_complete", "{}", dump(&hub, "rec"));
+    assert_eq!(done["generation"], 2);
+    assert!(wait_until(|| hub.acked_terminal("rec") == 1, T).await);
+    settle(&hub).await;
+    assert_eq!(hub.acked_terminal("rec"), 1);
+    assert_eq!(terminal_count(&hub, "rec"), 1, "{}", dump(&hub, "rec"));
+    d.stop().await;
+    assert_no_violations(&hub);
+}
