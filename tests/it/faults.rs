@@ -1503,3 +1503,18 @@ async fn a_recovering_task_assigned_again_is_run_not_refused_as_busy() {
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+/// A hub that answers `rate_limited` with an absurd `retry_after_ms` (a bug, a unit mix-up)
+/// must not freeze every result for good: the pause is capped, and the hub can say it again.
+#[tokio::test(start_paused = true)]
+async fn an_absurd_retry_after_pauses_lifecycle_frames_for_a_bounded_time() {
+    use hub_sidecar::hub::budget::RateBudget;
+    let b = RateBudget::new(60, 60, 12);
+    b.on_rate_limited(Duration::from_millis(u64::MAX));
+    assert!(b.try_lifecycle().is_err());
+    tokio::time::advance(Duration::from_secs(62)).await;
+    assert!(
+        b.try_lifecycle().is_ok(),
+        "still paused a minute after the hub's rate_limited: results would never be sent"
+    );
+}
