@@ -38,10 +38,8 @@ fn check(text: &str) {
         Inbound::TaskAssign(task) => {
             let _ = task.executor_kind();
             let _ = task.retry_budget();
-            let cfg = hub_sidecar::config::Config::for_hub(
-                "ws://127.0.0.1:1/ws",
-                Path::new("/state"),
-            );
+            let cfg =
+                hub_sidecar::config::Config::for_hub("ws://127.0.0.1:1/ws", Path::new("/state"));
             let ws = hub_sidecar::runner::workspace_for(&cfg, &task);
             assert!(ws.starts_with("/state/work"), "{ws:?}");
             assert!(
