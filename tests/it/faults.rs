@@ -491,8 +491,9 @@ async fn a_noisy_task_at_the_real_hub_budget_is_never_rate_limited() {
     c.progress.min_interval_ms = 50;
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
-    // ~5 s, a chunk every ~50 ms: enough to spend the bucket down to the reserve.
-    let noisy = "for i in $(seq 1 80); do seq 1 5000; sleep 0.05; done; echo loud-done";
+    // ~8–10 s, a chunk every ~50 ms: the bucket is spent down to the reserve within ~3 s,
+    // then progress must live on the refill (1/s).
+    let noisy = "for i in $(seq 1 150); do seq 1 5000; sleep 0.03; done; echo loud-done";
     hub.assign(sample_shell_task("loud", noisy));
     let done = hub
         .wait_for(
@@ -521,14 +522,34 @@ async fn a_noisy_task_at_the_real_hub_budget_is_never_rate_limited() {
         .await
     );
     let progress = hub.received_of("task_progress").len();
+    // Throttled, not just quiet: in the task's last 3 s, progress ran at the refill rate.
+    let frames = hub.frames();
+    let end = frames
+        .iter()
+        .find(|f| f.inbound && f.frame["type"] == "task_complete")
+        .map(|f| f.at)
+        .unwrap();
+    let tail = frames
+        .iter()
+        .filter(|f| {
+            f.inbound
+                && f.frame["type"] == "task_progress"
+                && f.at <= end
+                && end.duration_since(f.at) <= Duration::from_secs(3)
+        })
+        .count();
     eprintln!(
-        "rate budget: {progress} progress frames, {} rate_limited",
+        "rate budget: {progress} progress frames ({tail} in the last 3 s), {} rate_limited",
         hub.rate_limited_count()
     );
     assert_eq!(hub.rate_limited_count(), 0, "the hub rate-limited us");
     assert!(
-        progress >= 45,
-        "only {progress} progress frames: the budget was never exercised"
+        progress >= 48,
+        "only {progress} progress frames: the budget above the reserve was never spent"
+    );
+    assert!(
+        tail <= 6,
+        "{tail} progress frames in 3 s: not held to the refill rate"
     );
     assert_eq!(count_of(&hub, "task_accepted", "loud"), 1);
     assert_eq!(count_of(&hub, "task_accepted", "after-loud"), 1);
