@@ -237,9 +237,9 @@ async fn survive_hub_restarts(tasks: usize, restarts: u32, seed: u64) {
     let conn_of = |ty: &str, id: &str| {
         frames
             .iter()
-            .filter(|f| f.frame["type"] == ty && f.frame["task_id"] == id)
+            .rev()
+            .find(|f| f.frame["type"] == ty && f.frame["task_id"] == id)
             .map(|f| f.conn)
-            .last()
     };
     let crossed = (0..tasks)
         .map(|i| format!("restart-{i}"))
