@@ -1539,3 +1539,39 @@ async fn an_absurd_retry_after_pauses_lifecycle_frames_for_a_bounded_time() {
         "still paused a minute after the hub's rate_limited: results would never be sent"
     );
 }
+
+/// SIGTERM while the hub is down and a result is unacknowledged: the drain gives up on the
+/// outbox after its flush budget, exits cleanly, and the next start delivers the result.
+#[tokio::test]
+async fn a_drain_during_a_hub_outage_keeps_the_result_for_the_next_start() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&hub, dir.path(), "test-token", "");
+    let state = dir.path().join("queue.json");
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.set_ack_terminal(false);
+    hub.assign(sample_shell_task("drained", "echo drained-result"));
+    hub.wait_for_type("task_complete", T).await.unwrap();
+    hub.stop().await;
+    let t0 = Instant::now();
+    bin.signal("TERM");
+    assert_eq!(bin.wait(T * 2).await, Some(0), "drain did not end");
+    eprintln!("drain with the hub down ended after {:?}", t0.elapsed());
+    assert!(
+        outbox_has(&state_json(&state), "drained"),
+        "result not kept on disk"
+    );
+    hub.set_ack_terminal(true);
+    hub.restart().await.unwrap();
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    assert!(
+        wait_until(|| hub.acked_terminal("drained") == 1, T).await,
+        "{}",
+        dump(&hub, "drained")
+    );
+    assert!(wait_until(|| !outbox_has(&state_json(&state), "drained"), T).await);
+    bin.signal("TERM");
+    assert_eq!(bin.wait(T).await, Some(0));
+    assert_no_violations(&hub);
+}
