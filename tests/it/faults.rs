@@ -1575,3 +1575,54 @@ async fn a_drain_during_a_hub_outage_keeps_the_result_for_the_next_start() {
     assert_eq!(bin.wait(T).await, Some(0));
     assert_no_violations(&hub);
 }
+
+/// Progress is cut (bounded memory) and sent in pieces: neither may leave a large fragment
+/// of a secret behind — a token split across two frames is whole again on the hub's screen,
+/// and a cut through a token leaves most of it readable.
+#[tokio::test]
+async fn no_secret_fragment_leaks_through_progress_cuts_and_frame_boundaries() {
+    const TOKEN: &str = "tok-UNIQUE-7f3a9c2e";
+    let hub = MockHub::start(MockHubOptions {
+        agents: vec![("sidecar-test".into(), TOKEN.into())],
+        ..MockHubOptions::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.token = TOKEN.into();
+    c.progress.min_interval_ms = 50;
+    c.progress.max_text_bytes = 256;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    // A token split across two writes a second apart (two progress frames), then bursts
+    // of lines carrying the token that overflow the 256-byte progress buffer, cut anywhere.
+    let cmd = format!(
+        "printf 'xx tok-UNIQUE'; sleep 1; printf -- '-7f3a9c2e yy\\n'; sleep 0.3; \
+         for n in 1 2 3 4 5 6; do for i in $(seq 1 $((n * 37))); do echo \"pad$i {TOKEN}\"; done; sleep 0.2; done"
+    );
+    hub.assign(sample_shell_task("fragments", &cmd));
+    hub.wait_for_type("task_complete", T).await.unwrap();
+    let texts: Vec<String> = hub
+        .received_of("task_progress")
+        .iter()
+        .map(|f| {
+            f["execution_event"]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    // Any 8 consecutive characters of the token is a leak.
+    let fragments: Vec<&str> = (0..=TOKEN.len() - 8).map(|i| &TOKEN[i..i + 8]).collect();
+    for (i, t) in texts.iter().enumerate() {
+        for f in &fragments {
+            assert!(
+                !t.contains(f),
+                "progress frame {i} carries `{f}` of the token: {t:?}"
+            );
+        }
+    }
+    d.stop().await;
+    assert_no_violations(&hub);
+}
