@@ -85,6 +85,7 @@ pub async fn run_task(
             &format!("cannot create workspace {}: {e}", workspace.display()),
         ));
     }
+    progress.set_redactor(deps.redactor.clone());
     let pump_cancel = cancel.child_token();
     let pump = Pump {
         sink: progress.clone(),
