@@ -161,7 +161,7 @@ async fn drive_to_ack(
             last_assign = Some(Instant::now());
         }
         // acked_terminal counts frames the hub sends: no event to wait on, so poll.
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -587,20 +587,15 @@ async fn soak(tasks: usize) {
     };
     // Warm up (lazy init, allocator arenas) before the baseline.
     for i in 0..5 {
-        hub.assign(run(i));
-        let id = format!("soak-{i}");
-        assert!(wait_until(|| hub.acked_terminal(&id) == 1, T).await);
+        drive_to_ack(&hub, &format!("soak-{i}"), &run(i), false, T).await;
     }
     let (rss0, fd0) = (rss_kb(pid), fd_count(pid));
     let t0 = Instant::now();
+    let mut assigns = 0;
     for i in 5..tasks + 5 {
-        hub.assign(run(i));
-        let id = format!("soak-{i}");
-        assert!(
-            wait_until(|| hub.acked_terminal(&id) == 1, T).await,
-            "{id} not acknowledged:\n{}",
-            dump(&hub, &id)
-        );
+        // On a loaded box a late pong can cost the link; the hub then re-queues the task
+        // (PROTOCOL §8) and assigns it again: counted, not lost.
+        assigns += drive_to_ack(&hub, &format!("soak-{i}"), &run(i), false, T * 2).await;
     }
     let took = t0.elapsed();
     assert!(
@@ -610,7 +605,9 @@ async fn soak(tasks: usize) {
     );
     let (rss1, fd1) = (rss_kb(pid), fd_count(pid));
     eprintln!(
-        "soak: {tasks} tasks in {took:?}; RSS {rss0} → {rss1} KiB; fds {fd0} → {fd1}; 0 zombies"
+        "soak: {tasks} tasks in {took:?} ({} re-assigned after a link drop, {} connections); RSS {rss0} → {rss1} KiB; fds {fd0} → {fd1}; 0 zombies",
+        assigns as usize - tasks,
+        hub.connections_total()
     );
     assert!(fd1 <= fd0 + 4, "fd leak: {fd0} → {fd1}");
     assert!(
