@@ -562,10 +562,15 @@ async fn a_noisy_task_at_the_real_hub_budget_is_never_rate_limited() {
 // ---------------------------------------------------------------------------------------
 
 async fn soak(tasks: usize) {
-    // A generous limiter: this measures leaks, not rate limits (tested above).
+    // A generous limiter: this measures leaks, not rate limits (tested above). Both tiers:
+    // at ~10 tasks/s the barrier pings alone (one per result) exceed the light tier's
+    // 120/min, and a ping the hub drops is a missing pong, i.e. a dead link. (With the
+    // real normal tier, ≤ 30 tasks/min, the light tier is never the limit.)
     let hub = MockHub::start(MockHubOptions {
         normal_capacity: 100_000,
         normal_per_minute: 100_000,
+        light_capacity: 100_000,
+        light_per_minute: 100_000,
         ..MockHubOptions::default()
     })
     .await
