@@ -339,13 +339,9 @@ async fn survive_daemon_kills(n: usize, seed: u64) {
                 count_of(&hub, "task_recovering", &id) > recovering_before,
                 "{id} on disk but no task_recovering"
             );
-            // Let the recovery exchange end (task_reassign: the daemon drops it) before
-            // the hub assigns the task again.
-            assert!(
-                wait_until(|| active_id(&state_json(&state)).is_none(), T).await,
-                "recovered task not settled: {:#}",
-                state_json(&state)
-            );
+            // The hub answered (task_reassign) as it recorded the frame; its re-assignment
+            // follows on the same connection, in order. (The hub assigning it back *before*
+            // answering is a_recovering_task_assigned_again_is_run_not_refused_as_busy.)
             via_recovering += 1;
         } else if on_disk_outbox {
             assert!(
