@@ -543,8 +543,9 @@ async fn a_noisy_task_at_the_real_hub_budget_is_never_rate_limited() {
         progress >= 48,
         "only {progress} progress frames: the budget above the reserve was never spent"
     );
+    // At the refill rate ~3 (+ timing jitter at the hub); unthrottled it would be ~40.
     assert!(
-        tail <= 6,
+        tail <= 8,
         "{tail} progress frames in 3 s: not held to the refill rate"
     );
     assert_eq!(count_of(&hub, "task_accepted", "loud"), 1);
