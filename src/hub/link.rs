@@ -212,7 +212,11 @@ pub async fn run(
             }
             End::Auth(err) => {
                 backoff.to_max();
-                let d = backoff.next_delay();
+                // Jitter within the upper half only: a full-jitter draw can be a few ms, and
+                // retrying a refused token fast is hammering (PROTOCOL §1).
+                let d = backoff
+                    .next_delay()
+                    .max(Duration::from_millis(cfg.reconnect_max_ms) / 2);
                 tracing::error!(error = %err, wait_secs = d.as_secs(), agent_id = %cfg.agent_id, "the hub rejected this agent's token; fix `token`/`agent_id` in the config. Retrying at the maximum backoff");
                 d
             }
