@@ -409,6 +409,19 @@ impl Daemon {
         if self.draining || self.restart_requested {
             return self.refuse(&task, "sidecar_shutting_down").await;
         }
+        if self.running.is_none()
+            && self
+                .state
+                .active
+                .as_ref()
+                .is_some_and(|a| a.task.task_id == task_id && a.phase == Phase::Recovering)
+        {
+            // The hub re-queued the task we were about to ask about and hands it back: that
+            // is its answer. Run it at the new generation (not "busy" with our own task).
+            tracing::info!(task_id = %task_id, generation = task.generation, "recovering task assigned again: running it");
+            self.state.active = None;
+            self.recovery_deadline = None;
+        }
         if self.state.active.is_some() {
             tracing::warn!(task_id = %task_id, "busy with another task: refusing");
             return self.refuse(&task, "sidecar_busy").await;

@@ -119,6 +119,9 @@ struct Shared {
     notify: Notify,
     max_text: usize,
     observer: Option<Observer>,
+    /// Secrets are scrubbed on the way in, before any cut can slice one (see
+    /// [`ProgressSink::set_redactor`]).
+    redactor: std::sync::OnceLock<Arc<Redactor>>,
 }
 
 /// Most structured events kept between two sends before the oldest are folded together.
@@ -159,14 +162,27 @@ impl ProgressSink {
                 notify: Notify::new(),
                 max_text: max_text.max(256),
                 observer,
+                redactor: std::sync::OnceLock::new(),
             }),
         }
     }
 
+    /// Scrub secrets from everything emitted from now on, and hold back a stream's end that
+    /// could be the start of one. Scrubbing only when a frame is sent is too late: the
+    /// bounded buffer may have cut through a secret (leaving most of it), or its first half
+    /// may have gone out in the previous frame. First call wins.
+    pub fn set_redactor(&self, redactor: Arc<Redactor>) {
+        let _ = self.shared.redactor.set(redactor);
+    }
+
     /// Record an event. Memory stays bounded whatever the rate.
-    pub fn emit(&self, ev: ProgressEvent) {
+    pub fn emit(&self, mut ev: ProgressEvent) {
         if let Some(obs) = &self.shared.observer {
             obs(&ev);
+        }
+        let redactor = self.shared.redactor.get();
+        if let Some(r) = redactor {
+            r.scrub_in_place(&mut ev.text);
         }
         let max = self.shared.max_text;
         {
@@ -182,6 +198,10 @@ impl ProgressSink {
             if ev.kind.is_stream() {
                 p.stream_kind = Some(ev.kind);
                 p.stream.push_str(&ev.text);
+                if let Some(r) = redactor {
+                    // A secret split across two chunks is whole only now.
+                    r.scrub_in_place(&mut p.stream);
+                }
                 if p.stream.len() > 2 * max {
                     let mut cut = p.stream.len() - max;
                     while !p.stream.is_char_boundary(cut) {
@@ -224,11 +244,25 @@ impl ProgressSink {
         if !p.dirty {
             return None;
         }
-        p.dirty = false;
+        // The end of the stream that may be the start of a secret waits for the next chunk.
+        let hold = match self.shared.redactor.get() {
+            Some(r) => r.partial_suffix_len(&p.stream),
+            None => 0,
+        };
+        if hold > 0 && hold == p.stream.len() && p.events.is_empty() {
+            return None;
+        }
+        p.dirty = hold > 0;
         let events = std::mem::take(&mut p.events);
-        let stream = std::mem::take(&mut p.stream);
+        let keep_from = p.stream.len() - hold;
+        let held = p.stream.split_off(keep_from);
+        let stream = std::mem::replace(&mut p.stream, held);
         let cut = std::mem::take(&mut p.stream_cut);
-        let stream_kind = p.stream_kind.take();
+        let stream_kind = if hold > 0 {
+            p.stream_kind
+        } else {
+            p.stream_kind.take()
+        };
         let mut texts: Vec<String> = events.iter().map(|e| e.text.clone()).collect();
         if !stream.is_empty() {
             texts.push(if cut > 0 {
@@ -359,6 +393,24 @@ mod tests {
         assert!(text.ends_with("99999\n"));
         assert!(text.contains("elided"));
         assert!(s.take_event().is_none());
+    }
+
+    #[test]
+    fn a_secret_split_across_chunks_or_cut_by_the_cap_never_leaves_in_pieces() {
+        let s = ProgressSink::new(256);
+        s.set_redactor(Arc::new(Redactor::new(vec!["tok-UNIQUE-1".to_string()])));
+        s.stream(EventKind::Stdout, "a tok-UN");
+        assert_eq!(s.take_event().unwrap()["text"], "a ");
+        s.stream(EventKind::Stdout, "IQUE-1 b\n");
+        assert_eq!(s.take_event().unwrap()["text"], "[REDACTED] b\n");
+        for _ in 0..200 {
+            s.stream(EventKind::Stdout, "x tok-UNIQUE-1\n");
+        }
+        let text = s.take_event().unwrap()["text"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(!text.contains("UNIQUE"), "{text}");
     }
 
     #[test]

@@ -74,6 +74,29 @@ impl Redactor {
         self.needles.iter().any(|n| s.contains(n.as_str())) || may_hold_userinfo(s)
     }
 
+    /// Scrub `s` in place; no allocation when it holds no secret.
+    pub fn scrub_in_place(&self, s: &mut String) {
+        if self.needles.iter().any(|n| s.contains(n.as_str())) {
+            *s = self.scrub(s);
+        }
+    }
+
+    /// Length of the longest end of `s` that is the start of a secret (in any form): text
+    /// a stream must hold back until the next chunk shows whether it completes one, or a
+    /// secret split across two frames would be whole again at the receiver.
+    pub fn partial_suffix_len(&self, s: &str) -> usize {
+        let mut best = 0;
+        for n in &self.needles {
+            for k in (best + 1..n.len().min(s.len() + 1)).rev() {
+                if n.is_char_boundary(k) && s.ends_with(&n[..k]) {
+                    best = k;
+                    break;
+                }
+            }
+        }
+        best
+    }
+
     /// Scrub every string inside a JSON value, in place.
     pub fn scrub_value(&self, v: &mut Value) {
         match v {
@@ -158,6 +181,20 @@ mod tests {
         r.scrub_value(&mut v);
         assert_eq!(v, json!({"repo": "https://[REDACTED]@h/r.git"}));
         assert_eq!(r.scrub("https://[REDACTED]@h"), "https://[REDACTED]@h");
+    }
+
+    #[test]
+    fn partial_suffix_is_the_longest_secret_prefix_at_the_end() {
+        let r = Redactor::new(vec!["tok-UNIQUE-1".to_string()]);
+        assert_eq!(r.partial_suffix_len("out: tok-UNI"), 7);
+        assert_eq!(r.partial_suffix_len("out: t"), 1);
+        assert_eq!(
+            r.partial_suffix_len("out: tok-UNIQUE-1"),
+            0,
+            "whole secrets are scrubbed, not held"
+        );
+        assert_eq!(r.partial_suffix_len("done\n"), 0);
+        assert_eq!(r.partial_suffix_len(""), 0);
     }
 }
 

@@ -86,6 +86,8 @@ pub async fn run_task(
         Some(url) => deps.redactor.with_extra(workspace::url_secrets(url)),
         None => (*deps.redactor).clone(),
     });
+    // Secrets are scrubbed as output arrives, so none can leave split across two frames.
+    progress.set_redactor(redactor.clone());
     // The pump starts first: its heartbeat keeps the task fresh at the hub during a long clone.
     let pump_cancel = cancel.child_token();
     let pump = Pump {

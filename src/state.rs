@@ -121,6 +121,18 @@ fn load_blocking(path: &Path) -> Result<Loaded, StateError> {
                 corrupt: None,
             })
         }
+        // No file can exist at a path under a regular file (ENOTDIR) or that is a directory
+        // (EISDIR): there is no state to load. Start empty; the first save fails and the
+        // daemon refuses tasks with `state_not_persistable` instead of refusing to run.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::EISDIR)) => {
+            return Ok(Loaded {
+                state: PersistedState {
+                    version: STATE_VERSION,
+                    ..Default::default()
+                },
+                corrupt: None,
+            })
+        }
         Err(source) => {
             return Err(StateError::Read {
                 path: path.to_path_buf(),

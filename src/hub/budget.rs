@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// Longest pause a `rate_limited` answer can impose. The hub's buckets refill at least one
+/// token a minute per tier, so an honest `retry_after_ms` is below this.
+pub const MAX_PAUSE: Duration = Duration::from_secs(60);
+
 /// Shared by the link (lifecycle frames) and the progress pumps.
 #[derive(Debug)]
 pub struct RateBudget {
@@ -102,8 +106,10 @@ impl RateBudget {
         b.tokens = b.tokens.min(remaining as f64);
     }
 
-    /// The hub dropped a frame: empty the bucket and send nothing for `retry_after`.
+    /// The hub dropped a frame: empty the bucket and send nothing for `retry_after`, at most
+    /// [`MAX_PAUSE`] (an honest hub never asks for more; if it still limits, it says so again).
     pub fn on_rate_limited(&self, retry_after: Duration) {
+        let retry_after = retry_after.min(MAX_PAUSE);
         let mut b = self.bucket.lock().expect("budget lock poisoned");
         b.tokens = 0.0;
         b.last = Instant::now() + retry_after;

@@ -259,11 +259,25 @@ pub async fn probe(cfg: &Config) -> Result<(), String> {
     }
 }
 
-fn is_loopback_url(url: &str) -> bool {
+/// Whether `url`'s host is a loopback address (or `localhost`): plain `ws://` is fine there.
+///
+/// Decided on the address, never on a prefix: `127.0.0.1.evil.example` is a DNS name.
+pub fn is_loopback_url(url: &str) -> bool {
     let rest = url.split("://").nth(1).unwrap_or("");
-    let host = rest.split(['/', '?']).next().unwrap_or("");
-    let host = host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host);
-    matches!(host, "localhost" | "[::1]") || host.starts_with("127.")
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority
+        .rsplit_once('@')
+        .map(|(_, h)| h)
+        .unwrap_or(authority);
+    let host = match host.strip_prefix('[') {
+        // [v6]:port
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// TLS settings for `wss://`: system roots plus `ca_file`, certificates always verified.

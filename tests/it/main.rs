@@ -6,6 +6,7 @@ mod daemon;
 mod e2e;
 mod executors;
 mod fakes;
+mod faults;
 mod git;
 mod ops;
 mod util;
