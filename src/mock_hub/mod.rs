@@ -246,6 +246,9 @@ struct Inner {
     next_conn: AtomicU64,
     connections_total: AtomicU64,
     stall: watch::Sender<bool>,
+    /// While stopped: the port, bound but not listening, so connects are refused (like a
+    /// dead hub) and no other test's server can take the port before `restart()`.
+    port_hold: Mutex<Option<TcpSocket>>,
 }
 
 /// Handle to a running mock hub. Cheap to clone; dropping the last clone stops everything.
@@ -273,6 +276,7 @@ impl MockHub {
             root: root.clone(),
             tracker: TaskTracker::new(),
             next_conn: AtomicU64::new(1),
+            port_hold: Mutex::new(None),
             connections_total: AtomicU64::new(0),
             stall: watch::Sender::new(false),
         });
@@ -304,6 +308,16 @@ impl MockHub {
         self.inner.tracker.wait().await;
         self.inner.tracker.reopen();
         self.inner.lock().conns.clear();
+        let hold = TcpSocket::new_v4().and_then(|sock| {
+            sock.set_reuseaddr(true)?;
+            sock.bind(self.inner.addr)?;
+            Ok(sock)
+        });
+        *self
+            .inner
+            .port_hold
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = hold.ok();
     }
 
     /// Binds the same port again and serves. Retries briefly while the port is still busy.
@@ -326,6 +340,12 @@ impl MockHub {
                 Err(e) => return Err(e),
             }
         };
+        // Listening now: the placeholder that kept the port ours can go.
+        self.inner
+            .port_hold
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         *self.inner.run.lock().unwrap_or_else(|p| p.into_inner()) = self.inner.root.child_token();
         self.inner.launch(listener);
         Ok(())

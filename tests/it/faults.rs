@@ -165,26 +165,6 @@ async fn drive_to_ack(
     }
 }
 
-/// A crashed hub's port, held (bound, not listening: connects are refused as by a dead
-/// hub) so that no other test's mock hub is handed it by the kernel while this one is
-/// down — its daemon would then talk to the wrong hub, and our restart could not bind.
-struct PortHold(#[allow(dead_code)] tokio::net::TcpSocket);
-
-/// `hub.stop()` (a crash: task table kept) with its port held until [`revive`].
-async fn crash(hub: &MockHub) -> PortHold {
-    hub.stop().await;
-    let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.set_reuseaddr(true).unwrap();
-    sock.bind(hub.addr()).unwrap();
-    PortHold(sock)
-}
-
-/// Restart a hub crashed with [`crash`] on its port, then let the port go.
-async fn revive(hub: &MockHub, hold: PortHold) {
-    hub.restart().await.unwrap();
-    drop(hold);
-}
-
 /// Wait for two more pings: a duplicate result would have arrived by then.
 async fn settle(hub: &MockHub) {
     let n = hub.received_of("ping").len();
@@ -209,9 +189,9 @@ async fn survive_hub_restarts(tasks: usize, restarts: u32, seed: u64) {
             for _ in 0..restarts {
                 // The sleeps are the fault: a crash at a random moment of a task's life.
                 tokio::time::sleep(Duration::from_millis(rng.u64(150..1200))).await;
-                let hold = crash(&hub).await;
+                hub.stop().await;
                 tokio::time::sleep(Duration::from_millis(rng.u64(20..600))).await;
-                revive(&hub, hold).await;
+                hub.restart().await.unwrap();
             }
         }
     });
@@ -1571,7 +1551,7 @@ async fn a_drain_during_a_hub_outage_keeps_the_result_for_the_next_start() {
     hub.set_ack_terminal(false);
     hub.assign(sample_shell_task("drained", "echo drained-result"));
     hub.wait_for_type("task_complete", T).await.unwrap();
-    let hold = crash(&hub).await;
+    hub.stop().await;
     let t0 = Instant::now();
     bin.signal("TERM");
     assert_eq!(bin.wait(T * 2).await, Some(0), "drain did not end");
@@ -1581,7 +1561,7 @@ async fn a_drain_during_a_hub_outage_keeps_the_result_for_the_next_start() {
         "result not kept on disk"
     );
     hub.set_ack_terminal(true);
-    revive(&hub, hold).await;
+    hub.restart().await.unwrap();
     let mut bin = Bin::start(dir.path(), &config, &[]);
     assert!(
         wait_until(|| hub.acked_terminal("drained") == 1, T).await,
