@@ -658,7 +658,13 @@ impl Inner {
                 let stream = tokio::select! {
                     _ = run.cancelled() => break,
                     r = listener.accept() => match r {
-                        Ok((s, _)) => s,
+                        Ok((s, _)) => {
+                            // Like the hub (Cowboy/ranch set `nodelay` by default): without
+                            // it Nagle holds a small frame back until the peer's delayed ACK,
+                            // ~40 ms, and every round trip on loopback measures that instead.
+                            let _ = s.set_nodelay(true);
+                            s
+                        }
                         Err(e) => {
                             tracing::debug!(error = %e, "mock hub accept failed");
                             continue;

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Benchmarks: build the release binary and the driver once, run the driver
+# (examples/bench.rs) against the real binary, and put the table into BENCHMARKS.md
+# between the "results" markers. Extra arguments go to the driver (e.g. --quick).
+#
+# The daemon is built on its own (`--bins`) and the driver after it (`--examples`): building
+# both in one command unifies the dev-dependency features (tokio's test-util) into the
+# daemon, and the figures must be those of the binary `cargo build --release` deploys.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --release --locked --bins
+cargo build --release --locked --examples
+
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+target/release/examples/bench --bin target/release/hub-sidecar --out "$out" "$@"
+
+# Header for the results section: when, on what, with which command.
+{
+  echo "Run: \`bash scripts/bench.sh $*\` on $(date -u '+%Y-%m-%d %H:%M UTC'),"
+  echo "$(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')),"
+  echo "$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, kernel $(uname -r), $(rustc --version)."
+  echo
+  cat "$out"
+} >"$out.section"
+trap 'rm -f "$out" "$out.section"' EXIT
+
+# Replace what is between the markers; everything else in BENCHMARKS.md is prose.
+if grep -q '<!-- results:begin -->' BENCHMARKS.md 2>/dev/null; then
+  awk -v f="$out.section" '
+    /<!-- results:begin -->/ { print; while ((getline l < f) > 0) print l; skip = 1; next }
+    /<!-- results:end -->/   { skip = 0 }
+    !skip                    { print }
+  ' BENCHMARKS.md >BENCHMARKS.md.new
+  mv BENCHMARKS.md.new BENCHMARKS.md
+  echo "bench: results written to BENCHMARKS.md"
+else
+  cp "$out.section" bench-results.md
+  echo "bench: results written to bench-results.md"
+fi
