@@ -584,6 +584,13 @@ pub async fn start_branch(
         return Ok(None);
     }
     let path = &ws.path;
+    // The top of a work tree always has a `.git` entry: without one, skip spawning git.
+    if tokio::fs::symlink_metadata(path.join(".git"))
+        .await
+        .is_err()
+    {
+        return Ok(None);
+    }
     // Only the top of a work tree: a `repo_dir` that merely sits inside some repository must
     // not branch, commit and push that whole repository.
     let is_repo = match git

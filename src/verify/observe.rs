@@ -84,9 +84,16 @@ async fn git(
 
 /// Take a snapshot of `ws`.
 pub async fn snapshot(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> Snapshot {
-    let in_git = git(ws, env, cancel, &["rev-parse", "--is-inside-work-tree"])
-        .await
-        .is_some_and(|s| s.trim() == "true");
+    // Found the way git finds it (a `.git` dir or file in the workspace or above), without
+    // spawning git: this runs twice per attempt.
+    let probe = ws.to_path_buf();
+    let in_git = tokio::task::spawn_blocking(move || {
+        probe
+            .ancestors()
+            .any(|dir| dir.join(".git").symlink_metadata().is_ok())
+    })
+    .await
+    .unwrap_or(false);
     if !in_git {
         let root = ws.to_path_buf();
         let files = tokio::task::spawn_blocking(move || walk(&root))

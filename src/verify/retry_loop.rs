@@ -163,6 +163,7 @@ pub async fn run_with<A: Attempter>(
     let task = &ctx.task;
     let vcfg = &ctx.config.verification;
     let max_retries = if is_llm { task.retry_budget() } else { 0 };
+    let nothing_to_verify = task.skip_verification || task.verification_steps.is_empty();
     let task_cap = task.metadata.max_cost_usd.or(vcfg.max_cost_usd_per_task);
     let local_daily = Arc::new(DailySpend::new());
     let daily = opts.daily_spend.clone().unwrap_or(local_daily);
@@ -201,7 +202,13 @@ pub async fn run_with<A: Attempter>(
                 .with("max_retries", max_retries),
             );
         }
-        let before = observe::snapshot(&ctx.workspace, &ctx.env, &ctx.cancel).await;
+        // Observations feed the checks' judge, the corrective prompt and the no-progress rule;
+        // with nothing to verify none of those can run, so skip the snapshot's git calls.
+        let before = if nothing_to_verify {
+            None
+        } else {
+            Some(observe::snapshot(&ctx.workspace, &ctx.env, &ctx.cancel).await)
+        };
         let exec = attempter
             .attempt(Attempt {
                 number: k,
@@ -227,7 +234,10 @@ pub async fn run_with<A: Attempter>(
             }
         }
 
-        let observations = observe::observe(&before, &ctx.workspace, &ctx.env, &ctx.cancel).await;
+        let observations = match &before {
+            Some(before) => observe::observe(before, &ctx.workspace, &ctx.env, &ctx.cancel).await,
+            None => Vec::new(),
+        };
         let mut report = checks::run_checks(ctx, k, &observations).await;
         if !report.status.is_success() && vcfg.flaky_rerun && !ctx.cancel.is_cancelled() {
             report = flaky_guard(ctx, report, &observations).await;
