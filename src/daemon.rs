@@ -129,6 +129,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         flush_deadline: None,
         restart_requested: false,
         recovery_deadline: None,
+        queued: None,
     };
     let reason = d.run(&shutdown).await;
     d.ops.stopping();
@@ -167,6 +168,9 @@ struct Daemon {
     restart_requested: bool,
     /// When an unanswered `task_recovering` gives up.
     recovery_deadline: Option<Instant>,
+    /// Accepted while a dropped task's runner was still winding down; starts when it ends,
+    /// so two tasks never share the workspace.
+    queued: Option<Task>,
 }
 
 async fn join_running(r: &mut Option<Running>) -> Result<TaskOutcome, tokio::task::JoinError> {
@@ -396,7 +400,7 @@ impl Daemon {
         let task_id = task.task_id.clone();
         tracing::info!(task_id = %task_id, generation = task.generation, "task assigned");
         if let (Some(r), Some(active)) = (&self.running, &mut self.state.active) {
-            if r.task_id == task_id {
+            if !r.dropped && r.task_id == task_id && active.task.task_id == task_id {
                 // The hub re-assigned the task we are already running (after a reconnect):
                 // keep the work, adopt the new generation.
                 active.task.generation = task.generation;
@@ -444,7 +448,12 @@ impl Daemon {
         self.link.send(Outbound::TaskAccepted {
             task_id: task_id.clone(),
         });
-        self.start(task);
+        if self.running.is_some() {
+            // A dropped task is still being killed: start right after it is gone.
+            self.queued = Some(task);
+        } else {
+            self.start(task);
+        }
     }
 
     /// Answer an assignment we will not run with `task_failed` (via the outbox).
@@ -482,10 +491,23 @@ impl Daemon {
     /// Stop and forget a task the hub no longer wants us to run.
     async fn drop_task(&mut self, task_id: &str) {
         if let Some(r) = &mut self.running {
-            if r.task_id == task_id {
+            if r.task_id == task_id && !r.dropped {
                 r.dropped = true;
                 r.cancel.cancel();
-                return; // cleared when the runner returns
+                // The slot is free now, on disk too: the hub considers this agent idle and
+                // may assign the next task before the runner has finished unwinding.
+                if self
+                    .state
+                    .active
+                    .as_ref()
+                    .is_some_and(|a| a.task.task_id == task_id)
+                {
+                    self.state.active = None;
+                    self.ops.set_active_task(None);
+                    self.save().await;
+                    self.status_line();
+                }
+                return;
             }
         }
         if self
@@ -528,13 +550,17 @@ impl Daemon {
         res: Result<TaskOutcome, tokio::task::JoinError>,
     ) {
         self.ops.set_active_task(None);
-        let generation = self
+        // A dropped task already gave up its slot (maybe to a queued task): leave that alone.
+        let owned = self
             .state
             .active
             .as_ref()
-            .map(|a| a.task.generation)
-            .unwrap_or(0);
-        self.state.active = None;
+            .filter(|a| a.task.task_id == r.task_id && !r.dropped)
+            .map(|a| a.task.generation);
+        let generation = owned.unwrap_or(0);
+        if owned.is_some() {
+            self.state.active = None;
+        }
         let outcome = match res {
             Ok(o) => o,
             Err(e) => {
@@ -569,6 +595,9 @@ impl Daemon {
             }
         }
         self.save().await;
+        if let Some(next) = self.queued.take() {
+            self.start(next);
+        }
         self.status_line();
         self.pump_outbox();
     }
@@ -599,11 +628,12 @@ impl Daemon {
                 Ok(_) => {}
                 Err(_) => r.handle.abort(),
             }
-            if r.dropped {
-                self.state.active = None;
-            } else if let Some(a) = &mut self.state.active {
-                a.phase = Phase::Recovering;
-            }
+        }
+        // Whatever is still active (the running task, or one queued behind a dropped task)
+        // was not finished: the next start asks the hub about it.
+        self.queued = None;
+        if let Some(a) = &mut self.state.active {
+            a.phase = Phase::Recovering;
         }
         self.save().await;
     }

@@ -530,3 +530,54 @@ async fn resource_reports_flow_after_identify() {
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+#[tokio::test]
+async fn an_assignment_right_after_a_cancel_is_accepted_and_waits_for_the_old_tree() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.repo_dir = Some(ws.clone());
+    c.executor.kill_grace_ms = 1500;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let sleep = unique_sleep();
+    // Ignores SIGTERM, so the cancelled tree lives until SIGKILL after the grace period.
+    hub.assign(sample_shell_task(
+        "stubborn",
+        &format!("trap '' TERM; sleep {sleep} & echo $! > sleep.pid; wait"),
+    ));
+    hub.wait_for_type("task_accepted", T).await.unwrap();
+    assert!(wait_until(|| ws.join("sleep.pid").exists(), T).await);
+    hub.push(json!({"type": "task_cancelled", "task_id": "stubborn", "timestamp": 1}));
+    // The hub thinks this agent is idle now and assigns at once.
+    let check_gone = "p=$(cat sleep.pid); if [ -e /proc/$p ] && ! grep -q ') Z' /proc/$p/stat; then echo overlap; exit 1; fi; echo clean";
+    hub.assign(sample_shell_task("next", check_gone));
+    let accepted = hub
+        .wait_for(
+            |f| f["type"] == "task_accepted" && f["task_id"] == "next",
+            T,
+        )
+        .await;
+    assert!(accepted.is_some(), "next task not accepted");
+    let done = hub
+        .wait_for(
+            |f| {
+                f["task_id"] == "next"
+                    && (f["type"] == "task_complete" || f["type"] == "task_failed")
+            },
+            T,
+        )
+        .await
+        .unwrap();
+    assert_eq!(done["type"], "task_complete", "{done}");
+    assert!(
+        done["result"]["output"].as_str().unwrap().contains("clean"),
+        "{done}"
+    );
+    assert!(procs_with_arg(&sleep).is_empty());
+    assert!(hub.received_of("task_failed").is_empty(), "refused as busy");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
