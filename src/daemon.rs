@@ -490,26 +490,13 @@ impl Daemon {
 
     /// Stop and forget a task the hub no longer wants us to run.
     async fn drop_task(&mut self, task_id: &str) {
-        if let Some(r) = &mut self.running {
-            if r.task_id == task_id && !r.dropped {
-                r.dropped = true;
-                r.cancel.cancel();
-                // The slot is free now, on disk too: the hub considers this agent idle and
-                // may assign the next task before the runner has finished unwinding.
-                if self
-                    .state
-                    .active
-                    .as_ref()
-                    .is_some_and(|a| a.task.task_id == task_id)
-                {
-                    self.state.active = None;
-                    self.ops.set_active_task(None);
-                    self.save().await;
-                    self.status_line();
-                }
-                return;
-            }
+        if let Some(r) = self.running.as_mut().filter(|r| r.task_id == task_id) {
+            // Its processes are killed as the runner unwinds; nothing is reported for it.
+            r.dropped = true;
+            r.cancel.cancel();
         }
+        // The slot is free now, on disk too: the hub considers this agent idle and may assign
+        // the next task before a cancelled runner has finished unwinding.
         if self
             .state
             .active
@@ -517,6 +504,7 @@ impl Daemon {
             .is_some_and(|a| a.task.task_id == task_id)
         {
             self.state.active = None;
+            self.recovery_deadline = None;
             self.ops.set_active_task(None);
             self.save().await;
             self.status_line();

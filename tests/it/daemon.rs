@@ -535,10 +535,7 @@ async fn resource_reports_flow_after_identify() {
 async fn an_assignment_right_after_a_cancel_is_accepted_and_waits_for_the_old_tree() {
     let hub = hub().await;
     let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws).unwrap();
-    let mut c = cfg(&hub, dir.path());
-    c.repo_dir = Some(ws.clone());
+    let (mut c, ws) = cfg_with_workspace(&hub, dir.path());
     c.executor.kill_grace_ms = 1500;
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();

@@ -30,11 +30,8 @@ fn recording_stand_in(dir: &Path, log: &Path) -> std::path::PathBuf {
 async fn claude_task_fails_a_check_then_the_corrective_prompt_fixes_it() {
     let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws).unwrap();
     let log = dir.path().join("prompts.log");
-    let mut c = cfg(&hub, dir.path());
-    c.repo_dir = Some(ws.clone());
+    let (mut c, _ws) = cfg_with_workspace(&hub, dir.path());
     c.executor.claude_path = Some(recording_stand_in(dir.path(), &log));
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
@@ -97,10 +94,7 @@ async fn ollama_agentic_task_writes_through_the_sandbox_and_is_verified() {
     .await;
     let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws).unwrap();
-    let mut c = cfg(&hub, dir.path());
-    c.repo_dir = Some(ws.clone());
+    let (c, ws) = cfg_with_workspace(&hub, dir.path());
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
     hub.assign(json!({

@@ -1424,11 +1424,7 @@ async fn wss_verifies_the_certificate_and_trusts_ca_file() {
 async fn shell_metacharacters_in_task_data_are_never_interpreted() {
     let hub = hub().await;
     let dir = tempfile::tempdir().unwrap();
-    // A fixed workspace: a per-task temp one is removed once the result exists.
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws).unwrap();
-    let mut c = cfg(&hub, dir.path());
-    c.repo_dir = Some(ws.clone());
+    let (c, ws) = cfg_with_workspace(&hub, dir.path());
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
     let m = |n: &str| dir.path().join(n).display().to_string();

@@ -29,6 +29,16 @@ pub fn cfg(hub: &MockHub, dir: &Path) -> Config {
     c
 }
 
+/// [`cfg`] with a fixed `repo_dir` workspace (`dir/ws`), for tests that look at the files a
+/// task left: a per-task temp workspace is removed once the result exists.
+pub fn cfg_with_workspace(hub: &MockHub, dir: &Path) -> (Config, PathBuf) {
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let mut c = cfg(hub, dir);
+    c.repo_dir = Some(ws.clone());
+    (c, ws)
+}
+
 /// The daemon running in this test's runtime.
 pub struct InProc {
     pub shutdown: Shutdown,
