@@ -250,7 +250,12 @@ async fn a_rate_limited_result_is_resent_after_retry_after() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(&hub, dir.path());
-    c.progress.min_interval_ms = 60_000; // no progress frames: isolate the lifecycle frames
+    // No progress frame at all (not even the end-of-task flush): progress needs the bucket
+    // full (2 tokens, 1 s to refill one), and task_accepted leaves it short for the few
+    // milliseconds this task takes. Otherwise a rate_limited answer to a progress
+    // frame would pause the daemon and its complete would pass first time, proving nothing.
+    c.progress.capacity = 2;
+    c.progress.reserve = 1;
     c.progress.heartbeat_secs = 600;
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
