@@ -7,6 +7,7 @@
 //!
 //! # Layout
 //!
+//! - [`cli`]: the command line (clap) and the dispatch to each subcommand.
 //! - [`config`]: layered configuration (defaults < file < env < flags), validated once.
 //! - [`hub`]: the hub link: wire types ([`hub::proto`]), connection, heartbeat, backoff,
 //!   the outgoing rate budget and resource reports.
@@ -20,11 +21,13 @@
 //! - [`progress`]: progress events and their coalescing under the hub's budget.
 //! - [`process`]: child processes in their own process group, capped capture, group kill.
 //! - [`redact`]: secret scrubbing for everything that leaves the process.
+//! - [`cost`]: model prices for estimated and equivalent costs.
 //! - [`ops`]: systemd notify, health and metrics.
 //! - [`mock_hub`]: an in-process hub that validates frames like the real one (tests, demo).
 //! - [`demo`]: the `demo` subcommand.
 //! - [`commands`]: the `check`, `run-task` and `verify` subcommands.
 //! - [`term`]: the live progress line for terminal work.
+//! - [`util`]: time and truncation helpers.
 
 pub mod cli;
 pub mod commands;
