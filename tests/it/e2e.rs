@@ -269,3 +269,139 @@ async fn a_failing_shell_command_is_retried_once_then_reported_with_exit_code_an
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+/// A stand-in `claude` (test double) that fails every run: exit 2 with a message on stderr,
+/// counting its runs in `runs`.
+fn failing_claude(dir: &Path, runs: &Path) -> std::path::PathBuf {
+    let path = dir.join("claude-failing");
+    let script = format!(
+        "#!/bin/sh\n# Test double: the Claude CLI failing (e.g. an API outage).\necho run >> '{}'\necho 'API Error: 529 overloaded' >&2\nexit 2\n",
+        runs.display()
+    );
+    std::fs::write(&path, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn a_failing_claude_is_retried_then_reported_as_task_failed() {
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let mut c = cfg(&hub, dir.path());
+    c.executor.claude_path = Some(failing_claude(dir.path(), &runs));
+    c.executor.claude_retry_delays_ms = vec![10, 10, 10];
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let mut task = hub_sidecar::demo::sample_task();
+    task["task_id"] = json!("claude-down");
+    hub.assign(task);
+    let failed = hub
+        .wait_for_type("task_failed", T)
+        .await
+        .expect("task_failed");
+    let reason = failed["reason"].as_str().unwrap();
+    assert!(reason.contains("529 overloaded"), "{reason}");
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap().lines().count(),
+        4,
+        "1 run + 3 retries"
+    );
+    assert!(hub.received_of("task_complete").is_empty());
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn an_ollama_that_keeps_failing_fails_the_task_with_status_and_body() {
+    use crate::fakes::Reply;
+    let ollama = FakeOllama::start(
+        (0..3)
+            .map(|_| Reply::Status(500, "model runner crashed".into()))
+            .collect(),
+    )
+    .await;
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(json!({
+        "task_id": "ollama-down", "description": "say hi", "generation": 1,
+        "metadata": {"agentic": false},
+        "routing_decision": {"target_type": "ollama", "selected_endpoint": ollama.endpoint(),
+                             "selected_model": "qwen3:8b"}
+    }));
+    let failed = hub
+        .wait_for_type("task_failed", T)
+        .await
+        .expect("task_failed");
+    let reason = failed["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("500") && reason.contains("model runner crashed"),
+        "{reason}"
+    );
+    assert_eq!(ollama.requests().len(), 3, "1 call + 2 retries");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+/// A stand-in `claude` (test double) that starts a long child and never answers.
+fn hanging_claude(dir: &Path, sleep: &str) -> std::path::PathBuf {
+    let path = dir.join("claude-hanging");
+    let script = format!(
+        "#!/bin/sh\n# Test double: a Claude CLI that never finishes.\nsleep {sleep} &\nwait\n"
+    );
+    std::fs::write(&path, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn a_claude_run_is_cancelled_by_the_hub_and_times_out_by_tier() {
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sleep = unique_sleep();
+    let mut c = cfg(&hub, dir.path());
+    c.executor.claude_path = Some(hanging_claude(dir.path(), &sleep));
+    c.executor.trivial_timeout_secs = 2;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+
+    // Cancelled by the hub: the CLI's whole tree is gone within a second, nothing reported.
+    let mut task = hub_sidecar::demo::sample_task();
+    task["task_id"] = json!("claude-cancel");
+    hub.assign(task);
+    assert!(wait_until(|| !procs_with_arg(&sleep).is_empty(), T).await);
+    hub.push(json!({"type": "task_cancelled", "task_id": "claude-cancel", "timestamp": 1}));
+    assert!(
+        wait_until(|| procs_with_arg(&sleep).is_empty(), Duration::from_secs(1)).await,
+        "claude's tree survived the cancel"
+    );
+
+    // A trivial task times out after its tier's execution timeout (2 s here).
+    let mut task = hub_sidecar::demo::sample_task();
+    task["task_id"] = json!("claude-slow");
+    task["routing_decision"]["effective_tier"] = json!("trivial");
+    let t0 = Instant::now();
+    hub.assign(task);
+    let failed = hub
+        .wait_for_type("task_failed", T)
+        .await
+        .expect("task_failed");
+    assert_eq!(failed["task_id"], "claude-slow");
+    assert!(
+        failed["reason"].as_str().unwrap().contains("timed out"),
+        "{failed}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(wait_until(|| procs_with_arg(&sleep).is_empty(), T).await);
+    assert!(hub.received_of("task_complete").is_empty());
+    d.stop().await;
+    assert_no_violations(&hub);
+}
