@@ -184,6 +184,15 @@ fn print_frame(from_sidecar: bool, f: &Value) {
             f["task_id"].as_str().unwrap_or(""),
             f["status"].as_str().unwrap_or("")
         ),
+        "<close>" => {
+            println!(
+                "  {arrow} {:<16} {} {}",
+                "close",
+                f["code"],
+                f["reason"].as_str().unwrap_or("")
+            );
+            return;
+        }
         "ping" | "pong" | "identified" | "resource_report" => return,
         _ => short(&f.to_string(), 80),
     };
