@@ -572,6 +572,15 @@ pub fn commit_title(task: &Task) -> String {
     }
 }
 
+/// Whether the work tree has uncommitted changes (tracked or untracked).
+async fn is_dirty(path: &Path, git: &GitRunner) -> Result<bool, GitError> {
+    Ok(!git
+        .git(path, &["status", "--porcelain"], false)
+        .await?
+        .trim()
+        .is_empty())
+}
+
 /// Create the task branch when the workspace is a git repo with an `origin` and the
 /// workflow is enabled; `None` otherwise.
 pub async fn start_branch(
@@ -623,12 +632,7 @@ pub async fn start_branch(
                 .to_string(),
         },
     };
-    let dirty = !git
-        .git(path, &["status", "--porcelain"], false)
-        .await?
-        .trim()
-        .is_empty();
-    if dirty {
+    if is_dirty(path, git).await? {
         // Never mix someone's uncommitted work into a task's commit; a stash can be recovered.
         let msg = format!(
             "hub-sidecar: uncommitted work found before task {}",
@@ -765,12 +769,7 @@ async fn commit_push_pr(
     let path = &ws.path;
     r.insert("pushed".into(), json!(false));
     git.git(path, &["add", "-A"], false).await?;
-    let dirty = !git
-        .git(path, &["status", "--porcelain"], false)
-        .await?
-        .trim()
-        .is_empty();
-    if dirty {
+    if is_dirty(path, git).await? {
         commit(cfg, task, path, git).await?;
     }
     // An LLM executor may have committed by itself: its commits are the task's work too.
