@@ -7,53 +7,19 @@
 //!
 //! It mutates a seed corpus of real hub frames (byte flips, inserts, deletes, splices,
 //! truncation, and structural mutations of the JSON tree: wrong types, huge strings, deep
-//! nesting, extreme numbers) and feeds each input to the same checks as the cargo-fuzz
-//! target (`fuzz/fuzz_targets/frames.rs`). Every panic is caught, counted and saved under
+//! nesting, extreme numbers) and feeds each input to the same check as the cargo-fuzz
+//! target (`fuzz/check_frame.rs`). Every panic is caught, counted and saved under
 //! `target/fuzz_frames-crashes/`. Exit code 1 when anything crashed.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Component, Path};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Instant;
 
-use hub_sidecar::hub::budget::RateBudget;
-use hub_sidecar::hub::proto::{Inbound, Outbound};
-use hub_sidecar::task::Task;
 use serde_json::{json, Value};
 
-/// What the link and daemon do with one inbound text frame, minus the socket.
-fn check(text: &str) {
-    if let Ok(v) = serde_json::from_str::<Value>(text) {
-        let _ = Task::from_value(v);
-    }
-    let Ok(frame) = Inbound::parse(text) else {
-        return;
-    };
-    let budget = RateBudget::new(60, 60, 12);
-    match frame {
-        Inbound::RateLimited { retry_after_ms, .. } => {
-            budget.on_rate_limited(Duration::from_millis(retry_after_ms));
-            let _ = budget.try_lifecycle();
-        }
-        Inbound::RateLimitWarning { remaining, .. } => budget.on_warning(remaining),
-        Inbound::TaskAssign(task) => {
-            let _ = task.executor_kind();
-            let _ = task.retry_budget();
-            let cfg =
-                hub_sidecar::config::Config::for_hub("ws://127.0.0.1:1/ws", Path::new("/state"));
-            let ws = hub_sidecar::runner::workspace_for(&cfg, &task);
-            assert!(ws.starts_with("/state/work"), "{ws:?}");
-            assert!(
-                ws.components().all(|c| !matches!(c, Component::ParentDir)),
-                "{ws:?}"
-            );
-            let answer = Outbound::task_failed(&task.task_id, task.generation, "sidecar_busy");
-            assert!(answer.to_text().starts_with('{'));
-            let back: Task = serde_json::from_str(&serde_json::to_string(&task).unwrap()).unwrap();
-            assert_eq!(back.task_id, task.task_id);
-        }
-        _ => {}
-    }
-}
+// The same check as the cargo-fuzz target: one definition for both fuzzers.
+#[path = "../fuzz/check_frame.rs"]
+mod check_frame;
 
 fn seeds() -> Vec<Value> {
     let mut assign = hub_sidecar::mock_hub::sample_shell_task("task-1", "echo hi");
@@ -180,7 +146,7 @@ fn main() {
             mutate_bytes(&mut bytes, &mut rng);
         }
         let text = String::from_utf8_lossy(&bytes).into_owned();
-        if catch_unwind(AssertUnwindSafe(|| check(&text))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| check_frame::check(&text))).is_err() {
             crashes += 1;
             let _ = std::fs::create_dir_all(&crash_dir);
             let path = crash_dir.join(format!("crash-{seed}-{n}.txt"));
