@@ -4,7 +4,6 @@
 //! Every command the daemon runs (shell tasks, checks, agentic `run_command`, git) goes
 //! through [`run`], so "no orphans" and "no unbounded buffers" hold in one place.
 
-use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -16,66 +15,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::progress::{EventKind, ProgressSink};
 
-/// What a child may see of the daemon's environment.
-#[derive(Debug, Clone, Default)]
-pub struct ChildEnv {
-    vars: Vec<(String, String)>,
-}
+mod capture;
+mod env;
 
-/// Always passed when an allowlist is in force, so children can still find programs.
-const ALWAYS_ALLOWED: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "TMPDIR"];
-
-impl ChildEnv {
-    /// The daemon's environment minus its own settings (`HUB_SIDECAR_*`), the deny list, and
-    /// any variable whose value contains a secret; with an allowlist, only those names.
-    pub fn from_config(cfg: &crate::config::Config) -> ChildEnv {
-        ChildEnv::filter(std::env::vars(), cfg)
-    }
-
-    pub fn filter(
-        vars: impl IntoIterator<Item = (String, String)>,
-        cfg: &crate::config::Config,
-    ) -> ChildEnv {
-        let secrets: Vec<String> = cfg
-            .secret_values()
-            .into_iter()
-            .filter(|s| s.len() >= 6)
-            .collect();
-        let allow = &cfg.env.allow;
-        let vars = vars
-            .into_iter()
-            .filter(|(k, v)| {
-                !k.starts_with("HUB_SIDECAR_")
-                    && k != "NOTIFY_SOCKET"
-                    && k != "WATCHDOG_USEC"
-                    && k != "WATCHDOG_PID"
-                    && !cfg.env.deny.iter().any(|d| d == k)
-                    && (allow.is_empty()
-                        || allow.iter().any(|a| a == k)
-                        || ALWAYS_ALLOWED.contains(&k.as_str()))
-                    && !secrets.iter().any(|s| v.contains(s.as_str()))
-            })
-            .collect();
-        ChildEnv { vars }
-    }
-
-    /// The current environment, unfiltered (tests, offline tools).
-    pub fn inherit() -> ChildEnv {
-        ChildEnv {
-            vars: std::env::vars().collect(),
-        }
-    }
-
-    pub fn vars(&self) -> &[(String, String)] {
-        &self.vars
-    }
-
-    /// Override or add one variable (e.g. a test's PATH).
-    pub fn set(&mut self, key: &str, value: &str) {
-        self.vars.retain(|(k, _)| k != key);
-        self.vars.push((key.to_string(), value.to_string()));
-    }
-}
+pub use capture::CappedBuf;
+use capture::LineSplitter;
+pub use env::ChildEnv;
 
 /// A command to run: program and argv, never a shell string built from task data.
 #[derive(Debug, Clone)]
@@ -186,62 +131,6 @@ impl RunOutput {
             (true, false) => self.stderr.clone(),
             (false, false) => format!("{}\n{}", self.stdout, self.stderr),
         }
-    }
-}
-
-/// A byte buffer that keeps its first and last `cap/2` bytes.
-#[derive(Debug)]
-pub struct CappedBuf {
-    head: Vec<u8>,
-    tail: VecDeque<u8>,
-    half: usize,
-    dropped: u64,
-}
-
-impl CappedBuf {
-    pub fn new(cap: usize) -> CappedBuf {
-        CappedBuf {
-            head: Vec::new(),
-            tail: VecDeque::new(),
-            half: (cap / 2).max(1),
-            dropped: 0,
-        }
-    }
-
-    pub fn push(&mut self, mut bytes: &[u8]) {
-        if self.head.len() < self.half {
-            let n = (self.half - self.head.len()).min(bytes.len());
-            self.head.extend_from_slice(&bytes[..n]);
-            bytes = &bytes[n..];
-        }
-        if bytes.len() >= self.half {
-            self.dropped += (self.tail.len() + bytes.len() - self.half) as u64;
-            self.tail.clear();
-            self.tail.extend(&bytes[bytes.len() - self.half..]);
-            return;
-        }
-        let overflow = (self.tail.len() + bytes.len()).saturating_sub(self.half);
-        self.tail.drain(..overflow);
-        self.dropped += overflow as u64;
-        self.tail.extend(bytes);
-    }
-
-    pub fn dropped(&self) -> u64 {
-        self.dropped
-    }
-
-    /// Head, an elision marker when bytes were dropped, tail. Lossy UTF-8.
-    pub fn to_string_lossy(&self) -> String {
-        let mut out = String::from_utf8_lossy(&self.head).into_owned();
-        if self.dropped > 0 {
-            out.push_str(&format!("\n[… {} bytes elided …]\n", self.dropped));
-        }
-        let (a, b) = self.tail.as_slices();
-        let mut t = Vec::with_capacity(a.len() + b.len());
-        t.extend_from_slice(a);
-        t.extend_from_slice(b);
-        out.push_str(&String::from_utf8_lossy(&t));
-        out
     }
 }
 
@@ -416,41 +305,6 @@ pub async fn run_with(
     })
 }
 
-/// Splits a byte stream into lines for [`run_with`]. A single line is capped at 8 MiB so a
-/// child that never prints a newline cannot grow it without bound (the excess is dropped).
-#[derive(Default)]
-struct LineSplitter {
-    partial: Vec<u8>,
-}
-
-const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
-
-impl LineSplitter {
-    fn feed(&mut self, mut bytes: &[u8], cb: &mut (dyn FnMut(&str) + Send)) {
-        while let Some(i) = bytes.iter().position(|&b| b == b'\n') {
-            self.push(&bytes[..i]);
-            let line = std::mem::take(&mut self.partial);
-            let line = String::from_utf8_lossy(&line);
-            cb(line.strip_suffix('\r').unwrap_or(&line));
-            bytes = &bytes[i + 1..];
-        }
-        self.push(bytes);
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        let room = MAX_LINE_BYTES.saturating_sub(self.partial.len());
-        self.partial
-            .extend_from_slice(&bytes[..bytes.len().min(room)]);
-    }
-
-    fn finish(&mut self, cb: &mut (dyn FnMut(&str) + Send)) {
-        if !self.partial.is_empty() {
-            let line = std::mem::take(&mut self.partial);
-            cb(&String::from_utf8_lossy(&line));
-        }
-    }
-}
-
 /// SIGTERM the group, wait `grace`, then SIGKILL; returns the leader's status.
 async fn terminate(
     child: &mut tokio::process::Child,
@@ -470,22 +324,6 @@ async fn terminate(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn capped_buf_keeps_head_and_tail() {
-        let mut b = CappedBuf::new(10);
-        for i in 0..100u8 {
-            b.push(&[b'a' + (i % 26)]);
-        }
-        assert_eq!(b.dropped(), 90);
-        let s = b.to_string_lossy();
-        assert!(s.starts_with("abcde"));
-        assert!(s.contains("90 bytes elided"));
-        assert!(s.ends_with("rstuv"), "{s}");
-        let mut b = CappedBuf::new(10);
-        b.push(b"0123456789ABCDEFGHIJ");
-        assert_eq!(b.to_string_lossy(), "01234\n[… 10 bytes elided …]\nFGHIJ");
-    }
 
     #[tokio::test]
     async fn run_with_delivers_lines_as_they_stream() {

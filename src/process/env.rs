@@ -1,0 +1,63 @@
+//! What a child process inherits from the daemon: its environment, filtered so that no
+//! daemon setting or secret reaches code the daemon did not write.
+
+/// What a child may see of the daemon's environment.
+#[derive(Debug, Clone, Default)]
+pub struct ChildEnv {
+    vars: Vec<(String, String)>,
+}
+
+/// Always passed when an allowlist is in force, so children can still find programs.
+const ALWAYS_ALLOWED: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "TMPDIR"];
+
+impl ChildEnv {
+    /// The daemon's environment minus its own settings (`HUB_SIDECAR_*`), the deny list, and
+    /// any variable whose value contains a secret; with an allowlist, only those names.
+    pub fn from_config(cfg: &crate::config::Config) -> ChildEnv {
+        ChildEnv::filter(std::env::vars(), cfg)
+    }
+
+    pub fn filter(
+        vars: impl IntoIterator<Item = (String, String)>,
+        cfg: &crate::config::Config,
+    ) -> ChildEnv {
+        let secrets: Vec<String> = cfg
+            .secret_values()
+            .into_iter()
+            .filter(|s| s.len() >= 6)
+            .collect();
+        let allow = &cfg.env.allow;
+        let vars = vars
+            .into_iter()
+            .filter(|(k, v)| {
+                !k.starts_with("HUB_SIDECAR_")
+                    && k != "NOTIFY_SOCKET"
+                    && k != "WATCHDOG_USEC"
+                    && k != "WATCHDOG_PID"
+                    && !cfg.env.deny.iter().any(|d| d == k)
+                    && (allow.is_empty()
+                        || allow.iter().any(|a| a == k)
+                        || ALWAYS_ALLOWED.contains(&k.as_str()))
+                    && !secrets.iter().any(|s| v.contains(s.as_str()))
+            })
+            .collect();
+        ChildEnv { vars }
+    }
+
+    /// The current environment, unfiltered (tests, offline tools).
+    pub fn inherit() -> ChildEnv {
+        ChildEnv {
+            vars: std::env::vars().collect(),
+        }
+    }
+
+    pub fn vars(&self) -> &[(String, String)] {
+        &self.vars
+    }
+
+    /// Override or add one variable (e.g. a test's PATH).
+    pub fn set(&mut self, key: &str, value: &str) {
+        self.vars.retain(|(k, _)| k != key);
+        self.vars.push((key.to_string(), value.to_string()));
+    }
+}
