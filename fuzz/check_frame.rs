@@ -33,7 +33,7 @@ pub fn check(text: &str) {
             let _ = task.retry_budget();
             let cfg =
                 hub_sidecar::config::Config::for_hub("ws://127.0.0.1:1/ws", Path::new("/state"));
-            let ws = hub_sidecar::runner::workspace_for(&cfg, &task);
+            let ws = hub_sidecar::workspace::workspace_for(&cfg, &task);
             assert!(ws.starts_with("/state/work"), "{ws:?}");
             assert!(
                 ws.components().all(|c| !matches!(c, Component::ParentDir)),

@@ -15,7 +15,8 @@
 //! - [`state`]: the crash-safe state file: active task and the outbox of terminal frames.
 //! - [`daemon`]: the lifecycle actor tying link, state and runner together.
 //! - [`runner`]: runs one task: workspace, executor + verification loop, git → result frame.
-//! - [`workspace`]: managed clones, workspace locks, task branches, commit/push/PR, risk.
+//! - [`workspace`]: where a task runs: managed clones, `repo_dir`, per-task dirs, locks.
+//! - [`git`]: every git and gh call: the runner, URLs, the task branch, commit/push/PR, risk.
 //! - [`executor`]: the executors, one file each, behind one seam.
 //! - [`verify`]: checks, reports, workspace observations, the judge and the retry loop.
 //! - [`progress`]: progress events and their coalescing under the hub's budget.
@@ -36,6 +37,7 @@ pub mod cost;
 pub mod daemon;
 pub mod demo;
 pub mod executor;
+pub mod git;
 pub mod hub;
 pub mod mock_hub;
 pub mod ops;

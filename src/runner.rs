@@ -5,15 +5,19 @@
 //! outbox. Everything it sends is redacted first, with the task's own secrets (a password in
 //! its `repo` URL) added to the daemon's.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use std::fmt::Write as _;
+
+use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::executor::{ExecContext, ExecStatus, Executor};
+use crate::git::branch::TaskBranch;
+use crate::git::publish::{self, Publish};
+use crate::git::{url::url_secrets, GitRunner};
 use crate::hub::budget::RateBudget;
 use crate::hub::proto::Outbound;
 use crate::ops::Ops;
@@ -23,7 +27,7 @@ use crate::redact::Redactor;
 use crate::task::Task;
 use crate::verify::retry_loop::{self, DailySpend, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
-use crate::workspace::{self, GitRunner};
+use crate::workspace::{self, Workspace, WorkspaceKind};
 
 /// What the daemon gives every runner.
 #[derive(Clone)]
@@ -50,29 +54,6 @@ pub enum TaskOutcome {
 /// Result output kept in `task_complete.result.output` (head and tail).
 const RESULT_OUTPUT_CAP: usize = 64 * 1024;
 
-/// The workspace for a task without a repository: `repo_dir`, else a per-task directory
-/// (which [`workspace::prepare`] treats as temporary).
-pub fn workspace_for(cfg: &Config, task: &Task) -> PathBuf {
-    match &cfg.repo_dir {
-        Some(d) => d.clone(),
-        None => {
-            let safe: String = task
-                .task_id
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .take(100)
-                .collect();
-            cfg.state_dir.join("work").join(safe)
-        }
-    }
-}
-
 /// Run `task` to a terminal frame. `progress` may carry an observer (terminal display).
 pub async fn run_task(
     task: Arc<Task>,
@@ -83,7 +64,7 @@ pub async fn run_task(
     let cfg = deps.config.clone();
     // A password in the task's repo URL is this task's secret: scrubbed from all it sends.
     let redactor = Arc::new(match task.repo.as_deref() {
-        Some(url) => deps.redactor.with_extra(workspace::url_secrets(url)),
+        Some(url) => deps.redactor.with_extra(url_secrets(url)),
         None => (*deps.redactor).clone(),
     });
     // Secrets are scrubbed as output arrives, so none can leave split across two frames.
@@ -143,7 +124,14 @@ pub async fn run_task(
             } else {
                 let mut frame = frame_for(&task, &lo);
                 if let (Some(tb), Outbound::TaskComplete { result, .. }) = (&branch, &mut frame) {
-                    let extra = workspace::finish(&cfg, &task, &lo, &ws, tb, &git).await;
+                    let p = Publish {
+                        cfg: &cfg,
+                        task: &task,
+                        path: &ws.path,
+                        branch: tb,
+                        git: &git,
+                    };
+                    let extra = publish_verified_work(p, &lo).await;
                     if let Some(obj) = result.as_object_mut() {
                         obj.extend(extra);
                     }
@@ -171,12 +159,22 @@ async fn prepare_workspace(
     task: &Task,
     git: &GitRunner,
     progress: &ProgressSink,
-) -> Result<(workspace::Workspace, Option<workspace::TaskBranch>), String> {
+) -> Result<(Workspace, Option<TaskBranch>), String> {
     if task.repo.is_some() {
         progress.emit(ProgressEvent::status("preparing the repository workspace"));
     }
     let ws = workspace::prepare(cfg, task, git).await?;
-    match workspace::start_branch(cfg, task, &ws, git).await {
+    let branch = match &ws.kind {
+        // A per-task directory is nobody's repository: nothing to branch or push.
+        WorkspaceKind::Temp => Ok(None),
+        WorkspaceKind::Managed { base } => {
+            crate::git::branch::start_branch(cfg, task, &ws.path, Some(base), git).await
+        }
+        WorkspaceKind::RepoDir => {
+            crate::git::branch::start_branch(cfg, task, &ws.path, None, git).await
+        }
+    };
+    match branch {
         Ok(branch) => {
             if let Some(b) = &branch {
                 progress.emit(ProgressEvent::status(format!(
@@ -191,6 +189,74 @@ async fn prepare_workspace(
             Err(format!("creating the task branch: {e}"))
         }
     }
+}
+
+/// After the loop: what the verification status allows to be published. `verified` work
+/// is committed, pushed and proposed; `partial_pass` only as a draft with `git.push_drafts`.
+async fn publish_verified_work(p: Publish<'_>, lo: &LoopOutcome) -> Map<String, Value> {
+    let draft = match lo.verification_status {
+        VerificationStatus::Verified => false,
+        VerificationStatus::PartialPass if p.cfg.git.push_drafts => true,
+        VerificationStatus::PartialPass => {
+            let mut r = Map::new();
+            r.insert("branch".into(), json!(p.branch.name));
+            r.insert("pushed".into(), json!(false));
+            r.insert(
+                "git_note".into(),
+                json!("partial_pass: nothing committed or pushed (git.push_drafts is off)"),
+            );
+            return r;
+        }
+        VerificationStatus::ExecutionFailed => {
+            let mut r = Map::new();
+            r.insert("branch".into(), json!(p.branch.name));
+            return r;
+        }
+    };
+    publish::publish(p, &pr_body(p.task, lo), draft).await
+}
+
+/// The pull request body: what was asked, how it was verified, what it cost.
+pub fn pr_body(task: &Task, lo: &LoopOutcome) -> String {
+    let mut b = String::new();
+    let _ = writeln!(b, "## Task\n\n{}\n", task.description.trim());
+    if !task.success_criteria.is_empty() {
+        let _ = writeln!(b, "## Success criteria\n");
+        for c in &task.success_criteria {
+            let _ = writeln!(b, "- {c}");
+        }
+        b.push('\n');
+    }
+    let _ = writeln!(b, "## Verification\n");
+    let _ = writeln!(
+        b,
+        "| attempt | status | passed | failed |\n|---|---|---|---|"
+    );
+    for a in &lo.attempts {
+        let rep = &a.report;
+        let status = serde_json::to_value(rep.status)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let _ = writeln!(
+            b,
+            "| {} | {} | {} | {} |",
+            rep.run_number,
+            status,
+            rep.summary.passed,
+            rep.summary.failed + rep.summary.errors + rep.summary.timed_out
+        );
+    }
+    let _ = writeln!(
+        b,
+        "\nAttempts: {} · cost: ${:.4} ({} tokens in, {} out)\n\nTask-Id: {}",
+        lo.attempts.len(),
+        lo.cost_usd,
+        lo.tokens_in,
+        lo.tokens_out,
+        task.task_id
+    );
+    b
 }
 
 /// `task_failed` for a task that failed before execution (workspace, branch), redacted;

@@ -848,7 +848,7 @@ async fn a_live_lock_fails_the_task_and_a_dead_one_is_taken_over() {
     std::fs::create_dir_all(&root).unwrap();
     let lock = root.join(format!(
         "{}.lock",
-        hub_sidecar::workspace::slug_of_url(&remote.url())
+        hub_sidecar::git::url::slug_of_url(&remote.url())
     ));
     // Held by a live process (this one): the task must not share the clone.
     std::fs::write(&lock, format!("{}\n", std::process::id())).unwrap();

@@ -1,0 +1,214 @@
+//! Where a task runs.
+//!
+//! A task with a `repo` gets a managed clone in `state_dir/workspaces/<slug-of-url>`, cloned
+//! on first use, otherwise fetched and hard-reset to the remote's default branch (or the
+//! task's `branch`) and fully cleaned. Without a `repo`: the configured `repo_dir`, else a
+//! per-task directory that [`Workspace::release`] removes.
+//!
+//! Clean policy: a managed workspace is cleaned with `git clean -ffdx`, ignored files
+//! included. Build caches such as `target/` go too; a rebuild costs time, but a task must see
+//! exactly the remote's tree, and an ignored `.env` or stale artefact from an earlier task
+//! must never decide whether this one verifies. `repo_dir` is the operator's directory: it is
+//! never reset or cleaned; a dirty tree there is stashed (recoverable) before branching.
+//!
+//! # Layout
+//!
+//! - [`prepare`] and [`Workspace`]: this file.
+//! - [`lock`]: [`WorkspaceLock`], one task at a time per managed clone.
+
+mod lock;
+
+use std::path::PathBuf;
+
+use crate::config::Config;
+use crate::git::branch::default_branch;
+use crate::git::url::{slug_of_url, strip_userinfo};
+use crate::git::{GitError, GitRunner};
+use crate::task::Task;
+
+pub use lock::WorkspaceLock;
+
+/// What kind of directory a task runs in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceKind {
+    /// A managed clone of the task's `repo`; `base` is the branch it was reset to.
+    Managed { base: String },
+    /// The configured `repo_dir`: used as is.
+    RepoDir,
+    /// A per-task directory, removed after the result.
+    Temp,
+}
+
+/// A prepared workspace. Holds the workspace lock until dropped.
+#[derive(Debug)]
+pub struct Workspace {
+    /// The executor's cwd and tool sandbox root.
+    pub path: PathBuf,
+    pub kind: WorkspaceKind,
+    _lock: Option<WorkspaceLock>,
+}
+
+impl Workspace {
+    /// Give the workspace up: a temp directory is removed, a lock released.
+    pub async fn release(self) {
+        if self.kind == WorkspaceKind::Temp {
+            if let Err(e) = tokio::fs::remove_dir_all(&self.path).await {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the task's temp workspace; delete it by hand");
+                }
+            }
+        }
+    }
+}
+
+/// The workspace for `task`: see the module docs. Failures are the task's failure reason.
+pub async fn prepare(cfg: &Config, task: &Task, git: &GitRunner) -> Result<Workspace, String> {
+    if let Some(url) = task.repo.as_deref().filter(|u| !u.trim().is_empty()) {
+        return prepare_managed(cfg, task, url.trim(), git).await;
+    }
+    if let Some(dir) = &cfg.repo_dir {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| format!("cannot create repo_dir {}: {e}", dir.display()))?;
+        return Ok(Workspace {
+            path: dir.clone(),
+            kind: WorkspaceKind::RepoDir,
+            _lock: None,
+        });
+    }
+    let path = workspace_for(cfg, task);
+    tokio::fs::create_dir_all(&path)
+        .await
+        .map_err(|e| format!("cannot create workspace {}: {e}", path.display()))?;
+    Ok(Workspace {
+        path,
+        kind: WorkspaceKind::Temp,
+        _lock: None,
+    })
+}
+
+async fn prepare_managed(
+    cfg: &Config,
+    task: &Task,
+    url: &str,
+    git: &GitRunner,
+) -> Result<Workspace, String> {
+    // Task data never becomes an option: git would read `-…` as one.
+    if url.starts_with('-') {
+        return Err(format!(
+            "task repo `{}` is not a repository URL",
+            strip_userinfo(url)
+        ));
+    }
+    if task
+        .branch
+        .as_deref()
+        .is_some_and(|b| b.trim().starts_with('-'))
+    {
+        return Err("task branch must not start with `-`".into());
+    }
+    let root = cfg.state_dir.join("workspaces");
+    tokio::fs::create_dir_all(&root)
+        .await
+        .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+    let slug = slug_of_url(url);
+    let path = root.join(&slug);
+    let lock = WorkspaceLock::acquire(&root.join(format!("{slug}.lock"))).await?;
+    let shown = strip_userinfo(url);
+    let fail = |e: GitError| {
+        format!(
+            "preparing workspace for {shown}: {e} (workspace {}; delete it to force a fresh clone)",
+            path.display()
+        )
+    };
+
+    let cloned = if tokio::fs::metadata(path.join(".git")).await.is_ok() {
+        false
+    } else {
+        // Clone beside the final place and rename when complete: a daemon killed mid-clone
+        // leaves only a `.partial` directory, never a half-clone that looks usable.
+        let partial = root.join(format!("{slug}.partial"));
+        for stale in [&path, &partial] {
+            if tokio::fs::metadata(stale).await.is_ok() {
+                tokio::fs::remove_dir_all(stale).await.map_err(|e| {
+                    format!("cannot remove stale workspace {}: {e}", stale.display())
+                })?;
+            }
+        }
+        let dest = partial.to_string_lossy().into_owned();
+        if let Err(e) = git
+            .git(&root, &["clone", "--quiet", "--", url, &dest], true)
+            .await
+        {
+            let _ = tokio::fs::remove_dir_all(&partial).await;
+            return Err(format!("preparing workspace for {shown}: {e}"));
+        }
+        tokio::fs::rename(&partial, &path)
+            .await
+            .map_err(|e| format!("cannot move the new clone into {}: {e}", path.display()))?;
+        true
+    };
+    if !cloned {
+        // The URL may carry fresh credentials or have moved: always fetch from the task's.
+        git.git(&path, &["remote", "set-url", "origin", url], false)
+            .await
+            .map_err(fail)?;
+        git.git(&path, &["fetch", "--prune", "--quiet", "origin"], true)
+            .await
+            .map_err(fail)?;
+    }
+    let base = match task.branch.as_deref().filter(|b| !b.trim().is_empty()) {
+        Some(b) => b.trim().to_string(),
+        None => default_branch(&path, git, true).await.map_err(fail)?,
+    };
+    let remote_ref = format!("refs/remotes/origin/{base}");
+    if git
+        .git(
+            &path,
+            &["rev-parse", "--verify", "--quiet", &remote_ref],
+            false,
+        )
+        .await
+        .is_err()
+    {
+        return Err(format!(
+            "preparing workspace for {shown}: branch `{base}` does not exist on origin; check the task's branch"
+        ));
+    }
+    for args in [
+        vec!["checkout", "--quiet", "-f", "-B", &base, &remote_ref],
+        vec!["reset", "--quiet", "--hard", &remote_ref],
+        vec!["clean", "-ffdxq"],
+    ] {
+        git.git(&path, &args, false).await.map_err(fail)?;
+    }
+    tracing::info!(task_id = %task.task_id, workspace = %path.display(), base = %base, cloned, "workspace ready");
+    Ok(Workspace {
+        path,
+        kind: WorkspaceKind::Managed { base },
+        _lock: Some(lock),
+    })
+}
+
+/// The workspace for a task without a repository: `repo_dir`, else a per-task directory
+/// (which [`prepare`] treats as temporary).
+pub fn workspace_for(cfg: &Config, task: &Task) -> PathBuf {
+    match &cfg.repo_dir {
+        Some(d) => d.clone(),
+        None => {
+            let safe: String = task
+                .task_id
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(100)
+                .collect();
+            cfg.state_dir.join("work").join(safe)
+        }
+    }
+}
