@@ -85,6 +85,10 @@ pub struct Config {
     pub verification: VerificationConfig,
     pub env: EnvConfig,
     pub git: GitConfig,
+    /// How hard tasks are confined; unset: strict where the kernel supports it.
+    pub containment: Option<crate::sandbox::Containment>,
+    /// Paths and limits of containment.
+    pub sandbox: crate::sandbox::SandboxConfig,
     /// Keys this build does not know (e.g. the Node sidecar's `wake_command`): warned, ignored.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
@@ -132,6 +136,8 @@ impl Default for Config {
             verification: VerificationConfig::default(),
             env: EnvConfig::default(),
             git: GitConfig::default(),
+            containment: None,
+            sandbox: crate::sandbox::SandboxConfig::default(),
             unknown: BTreeMap::new(),
             origin: None,
         }

@@ -103,6 +103,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         link_cancel.clone(),
     ));
     let redactor = Arc::new(Redactor::from_config(&cfg));
+    let containment = Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await);
     let deps = RunnerDeps {
         config: cfg.clone(),
         env: ChildEnv::from_config(&cfg),
@@ -111,6 +112,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         out: Arc::new(handle.clone()),
         ops: ops.clone(),
         daily_spend: Arc::new(crate::verify::retry_loop::DailySpend::new()),
+        containment,
     };
     let mut d = Daemon {
         cfg,

@@ -20,7 +20,8 @@
 //! - [`executor`]: the executors, one file each, behind one seam.
 //! - [`verify`]: checks, reports, workspace observations, the judge and the retry loop.
 //! - [`progress`]: progress events and their coalescing under the hub's budget.
-//! - [`process`]: child processes in their own process group, capped capture, group kill.
+//! - [`process`]: the one spawn path: process groups, capped capture, group kill, sandbox.
+//! - [`sandbox`]: containment of what tasks run: Landlock, namespaces, limits.
 //! - [`redact`]: secret scrubbing for everything that leaves the process.
 //! - [`cost`]: model prices for estimated and equivalent costs.
 //! - [`ops`]: systemd notify, health and metrics.
@@ -45,6 +46,7 @@ pub mod process;
 pub mod progress;
 pub mod redact;
 pub mod runner;
+pub mod sandbox;
 pub mod state;
 pub mod task;
 pub mod term;

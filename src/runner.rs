@@ -24,6 +24,7 @@ use crate::ops::Ops;
 use crate::process::ChildEnv;
 use crate::progress::{FrameSender, ProgressEvent, ProgressSink, Pump};
 use crate::redact::Redactor;
+use crate::sandbox::{self, Grants};
 use crate::task::Task;
 use crate::verify::retry_loop::{self, DailySpend, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
@@ -40,6 +41,8 @@ pub struct RunnerDeps {
     pub ops: Ops,
     /// The daemon-wide spend of the day, for the daily cost cap.
     pub daily_spend: Arc<DailySpend>,
+    /// How tasks are confined, decided once at start.
+    pub containment: Arc<sandbox::Policy>,
 }
 
 /// How a task run ended.
@@ -81,13 +84,57 @@ pub async fn run_task(
         heartbeat: Duration::from_secs(cfg.progress.heartbeat_secs),
     };
     let pump = tokio::spawn(pump.run(pump_cancel.clone()));
-    let git = GitRunner::new(&cfg, &deps.env, cancel.clone());
-    let (ws, branch) = match prepare_workspace(&cfg, &task, &git, &progress).await {
+    let tmp = workspace::task_tmp_dir(&cfg, &task);
+    let prepared = async {
+        // The daemon's own git calls are children too: confined to the workspaces (and
+        // HOME, for the service user's ssh and credential setup), never the state file.
+        let git_roots = workspace::git_write_roots(&cfg, &task);
+        for root in git_roots.iter().filter(|r| r.starts_with(&cfg.state_dir)) {
+            // A Landlock rule needs an existing directory.
+            tokio::fs::create_dir_all(root)
+                .await
+                .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+        }
+        let git_env = sandbox::confine(
+            &cfg,
+            &deps.containment,
+            &deps.env,
+            &tmp,
+            &Grants {
+                write: git_roots,
+                read: Vec::new(),
+                home: true,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let git = GitRunner::new(&cfg, &git_env, cancel.clone());
+        let (ws, branch) = prepare_workspace(&cfg, &task, &git, &progress).await?;
+        let env = sandbox::confine(
+            &cfg,
+            &deps.containment,
+            &deps.env,
+            &tmp,
+            &Grants {
+                write: vec![ws.path.clone()],
+                read: Vec::new(),
+                home: false,
+            },
+        );
+        match env {
+            Ok(env) => Ok((git, ws, branch, env)),
+            Err(e) => {
+                ws.release().await;
+                Err(e.to_string())
+            }
+        }
+    };
+    let (git, ws, branch, env) = match prepared.await {
         Ok(prepared) => prepared,
         Err(reason) => {
             deps.ops.metrics().task_finished("execution_failed");
             pump_cancel.cancel();
             let _ = pump.await;
+            workspace::remove_task_tmp_dir(&tmp).await;
             return failed(&task, &redactor, &reason, &cancel);
         }
     };
@@ -96,7 +143,7 @@ pub async fn run_task(
         task: task.clone(),
         workspace,
         config: cfg.clone(),
-        env: deps.env.clone(),
+        env,
         progress: progress.clone(),
         cancel: cancel.clone(),
     };
@@ -144,6 +191,7 @@ pub async fn run_task(
     let _ = pump.await;
     // The frame is self-contained, so a temp workspace can go before it is sent.
     ws.release().await;
+    workspace::remove_task_tmp_dir(&tmp).await;
     match outcome {
         None => TaskOutcome::Cancelled,
         Some(mut frame) => {

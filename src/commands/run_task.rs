@@ -110,6 +110,7 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         out: Arc::new(Discard),
         ops: Ops::new(),
         daily_spend: Arc::new(DailySpend::new()),
+        containment: Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await),
         config: cfg.clone(),
     };
     let line = crate::term::ProgressLine::start(max_attempts);

@@ -41,11 +41,19 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
                 args.workspace.display()
             )
         })?;
+    // Checks are commands from the task: confined like a task's, with a throwaway TMPDIR.
+    let policy = crate::sandbox::Policy::probe_and_decide(&cfg).await;
+    let grants = crate::sandbox::Grants {
+        write: vec![workspace.clone()],
+        ..Default::default()
+    };
+    let tmp = state.path().join("tmp");
+    let env = crate::sandbox::confine(&cfg, &policy, &ChildEnv::from_config(&cfg), &tmp, &grants)?;
     let line = crate::term::ProgressLine::start(1);
     let ctx = ExecContext {
         task: Arc::new(task),
         workspace,
-        env: ChildEnv::from_config(&cfg),
+        env,
         progress: line.sink(cfg.progress.max_text_bytes),
         config: Arc::new(cfg),
         cancel: CancellationToken::new(),

@@ -147,9 +147,14 @@ async fn commit_push_pr(
         );
         return Ok(());
     };
-    let body_path = cfg
-        .state_dir
-        .join(format!("pr-body-{}.md", slugify(&task.task_id, 60)));
+    // In the task's private TMPDIR when confined: `gh` can read it there, and nothing of
+    // the state directory has to be opened to it.
+    let body_dir = git
+        .env()
+        .get("TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cfg.state_dir.clone());
+    let body_path = body_dir.join(format!("pr-body-{}.md", slugify(&task.task_id, 60)));
     tokio::fs::write(&body_path, pr_body)
         .await
         .map_err(|e| GitError {

@@ -1,6 +1,7 @@
 //! Repository URLs: the credentials they may carry, and the names derived from them.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 /// `host/path` of a repository URL as a directory name: safe characters only, credentials
 /// stripped, plus a short hash of the clean URL so `a/b` and `a_b` never share a clone.
@@ -47,6 +48,24 @@ pub fn userinfo(url: &str) -> Option<String> {
     let authority = rest.split('/').next()?;
     let (info, _) = authority.rsplit_once('@')?;
     (!info.is_empty()).then(|| info.to_string())
+}
+
+/// The directory a local remote lives in: a `file://` URL or a plain path (git's own rule:
+/// no `scheme://` and no `host:` before the first slash).
+pub fn local_path(url: &str) -> Option<PathBuf> {
+    if let Some(rest) = url.strip_prefix("file://") {
+        return Some(PathBuf::from(rest));
+    }
+    if url.contains("://") {
+        return None;
+    }
+    let colon = url.find(':');
+    let slash = url.find('/');
+    match (colon, slash) {
+        (Some(c), Some(s)) if c < s => None,
+        (Some(_), None) => None,
+        _ => Some(PathBuf::from(url)),
+    }
 }
 
 /// Secrets in a repository URL (the whole userinfo, and the password alone), to add to the
@@ -100,5 +119,9 @@ mod tests {
         assert_eq!(url_secrets(u), vec!["user:s3cretpass", "s3cretpass"]);
         assert!(url_secrets("/srv/git/x.git").is_empty());
         assert!(url_secrets("https://h/a@b").is_empty());
+        assert_eq!(local_path("/srv/git/x.git"), Some(PathBuf::from("/srv/git/x.git")));
+        assert_eq!(local_path("file:///srv/x"), Some(PathBuf::from("/srv/x")));
+        assert_eq!(local_path("git@github.com:o/r.git"), None);
+        assert_eq!(local_path("https://h/r.git"), None);
     }
 }

@@ -1,11 +1,17 @@
 //! What a child process inherits from the daemon: its environment, filtered so that no
 //! daemon setting or secret reaches code the daemon did not write.
 
-/// What a child may see of the daemon's environment.
+/// What a child gets from the daemon: the environment it may see and, for a task's
+/// children, the task's [`Sandbox`], applied by [`super::run_with`] to every spawn.
 #[derive(Debug, Clone, Default)]
 pub struct ChildEnv {
     vars: Vec<(String, String)>,
+    sandbox: Option<Arc<Sandbox>>,
 }
+
+use std::sync::Arc;
+
+use crate::sandbox::Sandbox;
 
 /// Always passed when an allowlist is in force, so children can still find programs.
 const ALWAYS_ALLOWED: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "TMPDIR"];
@@ -41,18 +47,41 @@ impl ChildEnv {
                     && !secrets.iter().any(|s| v.contains(s.as_str()))
             })
             .collect();
-        ChildEnv { vars }
+        ChildEnv {
+            vars,
+            sandbox: None,
+        }
     }
 
     /// The current environment, unfiltered (tests, offline tools).
     pub fn inherit() -> ChildEnv {
         ChildEnv {
             vars: std::env::vars().collect(),
+            sandbox: None,
         }
     }
 
     pub fn vars(&self) -> &[(String, String)] {
         &self.vars
+    }
+
+    /// The value of `key`, if passed.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The same environment, confined by `sandbox` (see [`crate::sandbox::confine`]).
+    pub fn with_sandbox(mut self, sandbox: Arc<Sandbox>) -> ChildEnv {
+        self.sandbox = Some(sandbox);
+        self
+    }
+
+    /// The sandbox every child started with this environment runs in, if any.
+    pub fn sandbox(&self) -> Option<&Arc<Sandbox>> {
+        self.sandbox.as_ref()
     }
 
     /// Override or add one variable (e.g. a test's PATH).

@@ -1,8 +1,9 @@
 //! Child processes: spawned in their own process group, output captured with a cap (head and
 //! tail kept), killed as a whole tree on timeout, cancellation or after the leader exits.
 //!
-//! Every command the daemon runs (shell tasks, checks, agentic `run_command`, git) goes
-//! through [`run`], so "no orphans" and "no unbounded buffers" hold in one place.
+//! Every command the daemon runs for a task (shell tasks, `claude`, checks, agentic
+//! `run_command`, the judge, git) goes through [`run_with`], so "no orphans", "no unbounded
+//! buffers" and "confined as the task's [`crate::sandbox::Sandbox`] says" hold in one place.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -198,6 +199,9 @@ pub async fn run_with(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(sandbox) = spec.env.sandbox() {
+        sandbox.install(cmd.as_std_mut());
+    }
     let mut child = cmd.spawn()?;
     let pgid = child.id().unwrap_or(0);
     let guard = GroupGuard(pgid);

@@ -195,20 +195,52 @@ async fn prepare_managed(
 pub fn workspace_for(cfg: &Config, task: &Task) -> PathBuf {
     match &cfg.repo_dir {
         Some(d) => d.clone(),
-        None => {
-            let safe: String = task
-                .task_id
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .take(100)
-                .collect();
-            cfg.state_dir.join("work").join(safe)
+        None => cfg.state_dir.join("work").join(safe_name(&task.task_id)),
+    }
+}
+
+/// A task id as one safe directory name.
+fn safe_name(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect()
+}
+
+/// The task's private TMPDIR, `state_dir/tmp/<task>`: inside the state directory, which a
+/// task's children cannot otherwise reach, and removed with the task.
+pub fn task_tmp_dir(cfg: &Config, task: &Task) -> PathBuf {
+    cfg.state_dir.join("tmp").join(safe_name(&task.task_id))
+}
+
+/// Remove a task's TMPDIR (whatever the task left there).
+pub async fn remove_task_tmp_dir(path: &std::path::Path) {
+    if let Err(e) = tokio::fs::remove_dir_all(path).await {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove the task's TMPDIR; delete it by hand");
         }
+    }
+}
+
+/// Where the daemon's git calls for `task` write: the managed clones' root (a clone is made
+/// beside its final place) and a remote that is a local path (a push writes there), else the
+/// task's own directory.
+pub fn git_write_roots(cfg: &Config, task: &Task) -> Vec<PathBuf> {
+    match task.repo.as_deref().map(str::trim).filter(|u| !u.is_empty()) {
+        Some(url) => {
+            let mut v = vec![cfg.state_dir.join("workspaces")];
+            v.extend(crate::git::url::local_path(url));
+            v
+        }
+        None => vec![cfg
+            .repo_dir
+            .clone()
+            .unwrap_or_else(|| workspace_for(cfg, task))],
     }
 }

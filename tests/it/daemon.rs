@@ -198,7 +198,7 @@ async fn result_survives_a_hub_outage_and_is_acked_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let d = spawn(cfg(&hub, dir.path()));
     hub.wait_for_type("identify", T).await.unwrap();
-    let marker = dir.path().join("started");
+    let marker = probe(dir.path()).join("started");
     hub.assign(sample_shell_task(
         "outage",
         &format!(
@@ -381,7 +381,7 @@ async fn kill_mid_task_then_restart(answer: RecoveryAnswer) -> (MockHub, tempfil
     let config = write_config(&hub, dir.path(), "test-token", "");
     let mut bin = Bin::start(dir.path(), &config, &[]);
     hub.wait_for_type("identify", T).await.unwrap();
-    let marker = dir.path().join("runs");
+    let marker = probe(dir.path()).join("runs");
     let cmd = format!(
         "echo run >> {}; sleep 2; echo recovered-output",
         marker.display()
@@ -412,7 +412,7 @@ async fn after_sigkill_task_continue_reruns_the_task() {
         .as_str()
         .unwrap()
         .contains("recovered-output"));
-    let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
+    let runs = std::fs::read_to_string(probe(dir.path()).join("runs")).unwrap();
     assert_eq!(
         runs.lines().count(),
         2,
@@ -554,7 +554,9 @@ async fn an_assignment_right_after_a_cancel_is_accepted_and_waits_for_the_old_tr
     assert!(wait_until(|| ws.join("sleep.pid").exists(), T).await);
     hub.push(json!({"type": "task_cancelled", "task_id": "stubborn", "timestamp": 1}));
     // The hub thinks this agent is idle now and assigns at once.
-    let check_gone = "p=$(cat sleep.pid); if [ -e /proc/$p ] && ! grep -q ') Z' /proc/$p/stat; then echo overlap; exit 1; fi; echo clean";
+    // The old tree lived in its own PID namespace: look for its sleep by argv, not by pid.
+    let check_gone = format!("for d in /proc/[0-9]*; do if [ \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" = 'sleep {sleep} ' ] && ! grep -q ') Z' $d/stat 2>/dev/null; then echo overlap; exit 1; fi; done; echo clean");
+    let check_gone = check_gone.as_str();
     hub.assign(sample_shell_task("next", check_gone));
     let accepted = hub
         .wait_for(

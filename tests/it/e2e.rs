@@ -30,9 +30,13 @@ fn recording_stand_in(dir: &Path, log: &Path) -> std::path::PathBuf {
 async fn claude_task_fails_a_check_then_the_corrective_prompt_fixes_it() {
     let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("prompts.log");
+    let log = probe(dir.path()).join("prompts.log");
     let (mut c, _ws) = cfg_with_workspace(&hub, dir.path());
-    c.executor.claude_path = Some(recording_stand_in(dir.path(), &log));
+    c.executor.claude_path = Some(recording_stand_in(&probe(dir.path()), &log));
+    // The recording wrapper execs the stand-in where it lives, in the repository.
+    c.sandbox
+        .read_paths
+        .push(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/stand-in-claude"));
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
     hub.assign(hub_sidecar::demo::sample_task());
@@ -236,7 +240,7 @@ async fn a_failing_shell_command_is_retried_once_then_reported_with_exit_code_an
     let dir = tempfile::tempdir().unwrap();
     let d = spawn(cfg(&hub, dir.path()));
     hub.wait_for_type("identify", T).await.unwrap();
-    let runs = dir.path().join("runs");
+    let runs = probe(dir.path()).join("runs");
     let flaky = format!(
         "echo x >> {0}; [ $(wc -l < {0}) -ge 2 ] || {{ echo first-try-fails >&2; exit 1; }}; echo ok",
         runs.display()
@@ -249,7 +253,7 @@ async fn a_failing_shell_command_is_retried_once_then_reported_with_exit_code_an
     assert_eq!(done["result"]["verification_status"], "verified");
     assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 2);
 
-    let always = dir.path().join("always");
+    let always = probe(dir.path()).join("always");
     let failing = format!(
         "echo x >> {}; echo boom-on-stderr >&2; exit 3",
         always.display()
@@ -288,9 +292,9 @@ fn failing_claude(dir: &Path, runs: &Path) -> std::path::PathBuf {
 async fn a_failing_claude_is_retried_then_reported_as_task_failed() {
     let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let runs = dir.path().join("runs");
+    let runs = probe(dir.path()).join("runs");
     let mut c = cfg(&hub, dir.path());
-    c.executor.claude_path = Some(failing_claude(dir.path(), &runs));
+    c.executor.claude_path = Some(failing_claude(&probe(dir.path()), &runs));
     c.executor.claude_retry_delays_ms = vec![10, 10, 10];
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
@@ -364,7 +368,7 @@ async fn a_claude_run_is_cancelled_by_the_hub_and_times_out_by_tier() {
     let dir = tempfile::tempdir().unwrap();
     let sleep = unique_sleep();
     let mut c = cfg(&hub, dir.path());
-    c.executor.claude_path = Some(hanging_claude(dir.path(), &sleep));
+    c.executor.claude_path = Some(hanging_claude(&probe(dir.path()), &sleep));
     c.executor.trivial_timeout_secs = 2;
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();

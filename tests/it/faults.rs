@@ -280,7 +280,7 @@ async fn survive_daemon_kills(n: usize, seed: u64) {
     let (mut via_recovering, mut via_outbox, mut not_persisted) = (0, 0, 0);
     for i in 0..n {
         let id = format!("kill-{i}");
-        let marker = dir.path().join(format!("started-{i}"));
+        let marker = probe(dir.path()).join(format!("started-{i}"));
         let cmd = format!(
             "touch {}; sleep 0.{}; echo out-{i}",
             marker.display(),
@@ -656,7 +656,7 @@ async fn an_unwritable_state_file_refuses_tasks_with_state_not_persistable() {
     hub.wait_for_type("identify", T)
         .await
         .unwrap_or_else(|| panic!("daemon did not start:\n{}", bin.logs()));
-    let marker = dir.path().join("ran");
+    let marker = probe(dir.path()).join("ran");
     hub.assign(sample_shell_task(
         "blind",
         &format!("touch {}", marker.display()),
@@ -1133,7 +1133,7 @@ async fn children_never_see_the_token_or_denied_variables() {
         ],
     );
     hub.wait_for_type("identify", T).await.unwrap();
-    let env_file = dir.path().join("child-env.txt");
+    let env_file = probe(dir.path()).join("child-env.txt");
     hub.assign(sample_shell_task(
         "env",
         &format!("env > {}", env_file.display()),

@@ -346,6 +346,8 @@ async fn verified_task_pushes_exactly_its_commit_opens_a_pr_and_is_classified() 
     let dir = tempfile::tempdir().unwrap();
     let mut c = base_cfg(&hub, dir.path());
     c.git.gh_path = Some(gh.path());
+    // The stand-in records its calls beside itself, outside any workspace.
+    c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     c.git.reviewer = Some("octo".into());
     c.git.hub_api_url = Some(classify.url.clone());
     c.git.author_name = "Sidecar Bot".into();
@@ -448,6 +450,8 @@ async fn pr_and_classification_failures_are_reported_not_fatal() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = base_cfg(&hub, dir.path());
     c.git.gh_path = Some(gh.path());
+    // The stand-in records its calls beside itself, outside any workspace.
+    c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     c.git.hub_api_url = Some(classify.url.clone());
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
@@ -484,6 +488,8 @@ async fn nothing_to_commit_pushes_nothing_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = base_cfg(&hub, dir.path());
     c.git.gh_path = Some(gh.path());
+    // The stand-in records its calls beside itself, outside any workspace.
+    c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
     hub.assign(shell_task("noop-1", "true", &remote.url(), "Do nothing"));
@@ -546,6 +552,8 @@ async fn partial_pass_with_push_drafts_opens_a_draft_pr() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = base_cfg(&hub, dir.path());
     c.git.gh_path = Some(gh.path());
+    // The stand-in records its calls beside itself, outside any workspace.
+    c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     c.git.push_drafts = true;
     c.executor.claude_path = Some(claude);
     let d = spawn(c);
@@ -573,6 +581,8 @@ async fn partial_pass_pushes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = base_cfg(&hub, dir.path());
     c.git.gh_path = Some(gh.path());
+    // The stand-in records its calls beside itself, outside any workspace.
+    c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     c.executor.claude_path = Some(claude);
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
@@ -649,6 +659,8 @@ async fn shell_metacharacters_in_the_description_stay_inert() {
     let desc = format!("$(touch {}) `id` ; rm -rf ~ | & > <", pwned.display());
     let mut c = base_cfg(&hub, dir.path());
     c.git.gh_path = Some(gh.path());
+    // The stand-in records its calls beside itself, outside any workspace.
+    c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
     hub.assign(shell_task("meta-1", "echo m > m.txt", &remote.url(), &desc));
@@ -728,6 +740,9 @@ async fn a_dirty_repo_dir_is_stashed_never_mixed_into_the_task_commit() {
     std::fs::write(work.join("notes.txt"), "mine\n").unwrap();
     let mut c = base_cfg(&hub, dir.path());
     c.repo_dir = Some(work.clone());
+    // A push from an operator's directory to a remote on local disk needs that remote in
+    // the sandbox's write paths (a managed clone's local remote is granted by itself).
+    c.sandbox.write_paths.push(remote.path().to_path_buf());
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
     let mut t = sample_shell_task("dirty-1", "echo task > task.txt");
@@ -916,6 +931,8 @@ async fn a_task_branch_is_the_base_of_workspace_and_pull_request() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = base_cfg(&hub, dir.path());
     c.git.gh_path = Some(gh.path());
+    // The stand-in records its calls beside itself, outside any workspace.
+    c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
     let mut t = shell_task(

@@ -69,7 +69,7 @@ async fn first_sigterm_drains_refuses_new_work_delivers_the_result_and_exits_0()
     let config = write_config(&hub, dir.path(), "test-token", "");
     let mut bin = Bin::start(dir.path(), &config, &[]);
     hub.wait_for_type("identify", T).await.unwrap();
-    let (task, started, go) = gated_task("drain-me", dir.path());
+    let (task, started, go) = gated_task("drain-me", &probe(dir.path()));
     hub.assign(task);
     hub.wait_for_type("task_accepted", T).await.unwrap();
     assert!(wait_until(|| started.exists(), T).await);

@@ -26,7 +26,17 @@ pub fn cfg(hub: &MockHub, dir: &Path) -> Config {
     c.resource_report_interval_secs = 3600;
     c.progress.min_interval_ms = 200;
     c.executor.kill_grace_ms = 1000;
+    c.sandbox.write_paths.push(probe(dir));
     c
+}
+
+/// `dir/probe`: where a test's task may leave markers for the test to see. Tasks are
+/// confined to their workspace; the test configs add this one directory to
+/// `sandbox.write_paths` (the state directory itself stays closed to them).
+pub fn probe(dir: &Path) -> PathBuf {
+    let p = dir.join("probe");
+    std::fs::create_dir_all(&p).unwrap();
+    p
 }
 
 /// [`cfg`] with a fixed `repo_dir` workspace (`dir/ws`), for tests that look at the files a
@@ -134,9 +144,10 @@ pub struct Bin {
 pub fn write_config(hub: &MockHub, dir: &Path, token: &str, extra: &str) -> PathBuf {
     let path = dir.join("hub-sidecar.toml");
     let text = format!(
-        "agent_id = \"sidecar-test\"\ntoken = \"{token}\"\nhub_url = \"{}\"\nstate_dir = \"{}\"\nping_interval_secs = 1\npong_timeout_secs = 3\nreconnect_min_ms = 50\nreconnect_max_ms = 400\nresource_report_interval_secs = 3600\n{extra}\n",
+        "agent_id = \"sidecar-test\"\ntoken = \"{token}\"\nhub_url = \"{}\"\nstate_dir = \"{}\"\nping_interval_secs = 1\npong_timeout_secs = 3\nreconnect_min_ms = 50\nreconnect_max_ms = 400\nresource_report_interval_secs = 3600\n{extra}\n[sandbox]\nwrite_paths = [\"{}\"]\n",
         hub.url(),
-        dir.display()
+        dir.display(),
+        probe(dir).display()
     );
     std::fs::write(&path, text).unwrap();
     #[cfg(unix)]

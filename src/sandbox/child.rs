@@ -1,0 +1,180 @@
+//! The code that runs in a forked child between `fork` and `exec`: limits, namespaces,
+//! `no_new_privs` and the Landlock domain.
+//!
+//! It runs in a copy of a multi-threaded process, so it only makes raw system calls on data
+//! prepared by the parent (no allocation, no locks): async-signal-safe by construction.
+//!
+//! With a PID namespace the child forks once more. The first child stays outside the new
+//! namespace as a tiny supervisor: it closes every descriptor, waits for the second child
+//! (PID 1 of the namespace, which execs the command) and exits with its status. When the
+//! command ends, the kernel kills everything left in the namespace, so a `setsid()` or a
+//! double fork cannot outlive it; when the supervisor is killed (timeout, cancel, the daemon
+//! dying), the namespace's init gets SIGKILL through `PR_SET_PDEATHSIG`, and with it the
+//! whole tree. The supervisor never enters the Landlock domain, so the confined command
+//! cannot ptrace it (Landlock forbids tracing a less-restricted process), and it inherits
+//! the daemon's non-dumpable flag, so its memory stays closed to other processes too.
+
+#![allow(unsafe_code)]
+
+use std::ffi::CStr;
+use std::io;
+
+/// Everything the child needs, prepared by the parent before `fork`.
+#[derive(Debug, Clone)]
+pub(crate) struct ChildPlan {
+    /// `(resource, limit)`: soft and hard limit both set to `min(limit, current hard)`.
+    pub rlimits: Vec<(libc::__rlimit_resource_t, libc::rlim_t)>,
+    /// New user + PID namespace with these `uid_map` / `gid_map` contents.
+    pub namespaces: Option<IdMaps>,
+    /// A Landlock ruleset to enforce (the parent keeps it open; `restrict_self` never
+    /// consumes it, so one ruleset serves every child of a task).
+    pub landlock_fd: Option<i32>,
+}
+
+/// Contents written to `/proc/self/{uid_map,gid_map}`: the caller's own ids, mapped to
+/// themselves, so files keep their owner and nothing else is mapped.
+#[derive(Debug, Clone)]
+pub(crate) struct IdMaps {
+    pub uid_map: Vec<u8>,
+    pub gid_map: Vec<u8>,
+}
+
+impl IdMaps {
+    /// The maps for the current process's effective ids.
+    pub fn current() -> IdMaps {
+        // SAFETY: geteuid/getegid cannot fail and have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        IdMaps {
+            uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+            gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+        }
+    }
+}
+
+impl ChildPlan {
+    /// Apply the plan to the calling (freshly forked) process. Only for `pre_exec`.
+    ///
+    /// # Safety
+    ///
+    /// Must run in a single-threaded child between `fork` and `exec`.
+    pub(crate) unsafe fn apply(&self) -> io::Result<()> {
+        for &(res, want) in &self.rlimits {
+            let mut cur = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(res, &mut cur) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let v = want.min(cur.rlim_max);
+            let new = libc::rlimit {
+                rlim_cur: v,
+                rlim_max: v,
+            };
+            if libc::setrlimit(res, &new) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if let Some(maps) = &self.namespaces {
+            enter_namespaces(maps)?;
+        }
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if let Some(fd) = self.landlock_fd {
+            if libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// New user and PID namespaces; returns in the namespace's PID 1 (see the module docs).
+unsafe fn enter_namespaces(maps: &IdMaps) -> io::Result<()> {
+    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    write_proc(c"/proc/self/setgroups", b"deny")?;
+    write_proc(c"/proc/self/gid_map", &maps.gid_map)?;
+    write_proc(c"/proc/self/uid_map", &maps.uid_map)?;
+    // A pipe whose write end only the supervisor keeps: when it reads as hung up, the
+    // supervisor is gone (pids are useless for this: the supervisor is outside the new
+    // namespace and its pid means nothing inside).
+    let mut alive = [0 as libc::c_int; 2];
+    if libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let pid = libc::fork();
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid > 0 {
+        supervise(pid, alive[1]);
+    }
+    libc::close(alive[1]);
+    // PID 1 of the new namespace. If the supervisor dies, so do we (and so the namespace).
+    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The supervisor may have died before the line above, unnoticed: check once.
+    let mut pfd = libc::pollfd {
+        fd: alive[0],
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    if libc::poll(&mut pfd, 1, 0) != 0 {
+        libc::_exit(137);
+    }
+    // alive[0] is close-on-exec: the command never sees it.
+    Ok(())
+}
+
+/// The supervisor: hold nothing, wait for the namespace's init, exit as it did.
+unsafe fn supervise(child: libc::pid_t, alive: libc::c_int) -> ! {
+    // Dies with the daemon's spawning thread, which lives as long as the runtime.
+    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+    // No output pipe, no error channel, no inherited descriptor stays open here (but the
+    // `alive` pipe): the daemon sees EOF on the command's output when the command closes it.
+    let alive = alive as u32;
+    if alive > 0 {
+        libc::syscall(libc::SYS_close_range, 0u32, alive - 1, 0u32);
+    }
+    libc::syscall(libc::SYS_close_range, alive + 1, u32::MAX, 0u32);
+    let mut status: libc::c_int = 0;
+    loop {
+        let r = libc::waitpid(child, &mut status, 0);
+        if r == child {
+            break;
+        }
+        if r < 0 && *libc::__errno_location() != libc::EINTR {
+            libc::_exit(127);
+        }
+    }
+    if libc::WIFEXITED(status) {
+        libc::_exit(libc::WEXITSTATUS(status));
+    }
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        // Die of the same signal, so the daemon reports "killed by signal N" as without
+        // the namespace.
+        libc::signal(sig, libc::SIG_DFL);
+        libc::kill(libc::getpid(), sig);
+        libc::_exit(128 + sig);
+    }
+    libc::_exit(127)
+}
+
+unsafe fn write_proc(path: &CStr, data: &[u8]) -> io::Result<()> {
+    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = libc::write(fd, data.as_ptr().cast(), data.len());
+    let err = io::Error::last_os_error();
+    libc::close(fd);
+    if n != data.len() as isize {
+        return Err(err);
+    }
+    Ok(())
+}

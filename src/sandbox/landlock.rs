@@ -1,0 +1,183 @@
+//! A task's filesystem policy as a Landlock ruleset: which trees are read-only, which are
+//! read-write, and which paths stay closed even inside a granted tree.
+//!
+//! Landlock grants rights on whole hierarchies and has no "deny" rule, so a denied path
+//! inside a granted tree (the daemon's config file in `/etc`, its state directory under the
+//! service user's HOME) is honoured by *carving*: the granted tree is replaced by its
+//! children, recursively along the way to the denied path, leaving that one branch out.
+
+#![allow(unsafe_code)]
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    Access, AccessFs, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    Scope, ABI,
+};
+
+/// The Landlock ABI this build asks for: filesystem rights up to ioctl on devices, and the
+/// signal and abstract-socket scopes (kernel 6.12). Older kernels get what they support.
+const TARGET_ABI: ABI = ABI::V6;
+
+/// What the running kernel supports: 0 when Landlock is absent or disabled.
+pub fn kernel_abi() -> i32 {
+    // SAFETY: with a NULL attribute, size 0 and the VERSION flag, the call only reports
+    // the ABI version; it touches no memory.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32, // LANDLOCK_CREATE_RULESET_VERSION
+        )
+    };
+    if v < 0 {
+        0
+    } else {
+        v as i32
+    }
+}
+
+/// Paths a task's children may use. Every list holds canonical paths.
+#[derive(Debug, Clone, Default)]
+pub struct FsPolicy {
+    /// Read and execute.
+    pub read: Vec<PathBuf>,
+    /// Read, write, create, remove (never device nodes).
+    pub write: Vec<PathBuf>,
+    /// Closed even when inside a `read` or `write` tree.
+    pub deny: Vec<PathBuf>,
+}
+
+/// An enforceable ruleset, and what the kernel made of it.
+#[derive(Debug)]
+pub struct Built {
+    pub fd: OwnedFd,
+    /// The ABI in force (≤ [`TARGET_ABI`]).
+    pub abi: i32,
+    /// Whether signals and abstract sockets are scoped to the domain (ABI ≥ 6).
+    pub scoped: bool,
+}
+
+impl Built {
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Build the ruleset for `policy`. `Err` names what failed.
+pub fn build(policy: &FsPolicy) -> Result<Built, String> {
+    let abi = kernel_abi();
+    if abi < 1 {
+        return Err("Landlock is not available in this kernel (needs Linux ≥ 5.13 with landlock in the `lsm=` list)".into());
+    }
+    let all = AccessFs::from_all(TARGET_ABI);
+    let read = AccessFs::from_read(TARGET_ABI);
+    // Device nodes are never made, even in the workspace: a node for a disk would be a way
+    // around every rule here.
+    let write = all & !(AccessFs::MakeChar | AccessFs::MakeBlock);
+    let file_rights = AccessFs::from_file(TARGET_ABI);
+    let err = |what: &str, e: &dyn std::fmt::Display| format!("Landlock: {what}: {e}");
+    let mut rs = Ruleset::default()
+        .handle_access(all)
+        .map_err(|e| err("handling filesystem access", &e))?
+        .scope(Scope::from_all(TARGET_ABI))
+        .map_err(|e| err("scoping signals and sockets", &e))?
+        .create()
+        .map_err(|e| err("creating the ruleset", &e))?;
+    for (paths, access) in [(&policy.read, read), (&policy.write, write)] {
+        for grant in paths {
+            for p in carve(grant, &policy.deny) {
+                rs = add(rs, &p, access, file_rights)
+                    .map_err(|e| err(&format!("granting {}", p.display()), &e))?;
+            }
+        }
+    }
+    let fd: Option<OwnedFd> = rs.into();
+    let fd = fd.ok_or_else(|| "Landlock: the kernel refused the ruleset".to_string())?;
+    Ok(Built {
+        fd,
+        abi: abi.min(6),
+        scoped: abi >= 6,
+    })
+}
+
+fn add(
+    rs: landlock::RulesetCreated,
+    path: &Path,
+    access: BitFlags<AccessFs>,
+    file_rights: BitFlags<AccessFs>,
+) -> Result<landlock::RulesetCreated, String> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        // A path that does not exist grants nothing; nothing to add.
+        Err(_) => return Ok(rs),
+    };
+    // Directory rights on a file are meaningless and the kernel refuses them.
+    let access = if meta.is_dir() {
+        access
+    } else {
+        access & file_rights
+    };
+    let fd = PathFd::new(path).map_err(|e| e.to_string())?;
+    rs.add_rule(PathBeneath::new(fd, access))
+        .map_err(|e| e.to_string())
+}
+
+/// `grant`, minus every path in `deny` (see the module docs). A grant that is itself denied
+/// yields nothing; a grant *inside* a denied tree is an explicit exception and stays (the
+/// task's workspace inside the denied state directory).
+pub fn carve(grant: &Path, deny: &[PathBuf]) -> Vec<PathBuf> {
+    if deny.iter().any(|d| d == grant) {
+        return Vec::new();
+    }
+    if !deny.iter().any(|d| d.starts_with(grant)) {
+        // Nothing denied below: the whole tree.
+        return vec![grant.to_path_buf()];
+    }
+    let Ok(entries) = std::fs::read_dir(grant) else {
+        // Not a directory we can list: leave it out rather than grant the denied path.
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        out.extend(carve(&e.path(), deny));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn carving_leaves_out_only_the_denied_branch() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        for p in ["etc/a", "etc/secret/inner", "etc/b"] {
+            std::fs::create_dir_all(root.join(p)).unwrap();
+        }
+        std::fs::write(root.join("etc/secret/config.toml"), "token").unwrap();
+        std::fs::write(root.join("etc/secret/other"), "x").unwrap();
+        let deny = vec![root.join("etc/secret/config.toml")];
+        let mut got = carve(&root.join("etc"), &deny);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                root.join("etc/a"),
+                root.join("etc/b"),
+                root.join("etc/secret/inner"),
+                root.join("etc/secret/other"),
+            ]
+        );
+        assert!(carve(&root.join("etc/secret"), &[root.join("etc/secret")]).is_empty());
+        // A grant inside a denied tree is an explicit exception.
+        assert_eq!(
+            carve(&root.join("etc/secret"), &[root.join("etc")]),
+            vec![root.join("etc/secret")]
+        );
+        assert_eq!(carve(&root.join("etc/a"), &deny), vec![root.join("etc/a")]);
+    }
+}

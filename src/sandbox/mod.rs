@@ -1,0 +1,470 @@
+//! Containment of the work a task runs: what every child process of a task may touch.
+//!
+//! A task's children (the shell command, `claude`, verification checks, the agentic
+//! `run_command`, the judge, and the daemon's own git calls in the workspace) all start in
+//! [`crate::process::run_with`], which applies the task's [`Sandbox`] to them. A sandbox
+//! travels inside the [`ChildEnv`] the runner hands out, so a call site cannot forget it.
+//!
+//! What a sandbox enforces, each where the kernel allows it (see [`Support`]):
+//!
+//! - **Filesystem (Landlock)**: read-write only the workspace, a private per-task `TMPDIR`
+//!   and the CLI's own state (`claude`'s config under HOME); read-only the system
+//!   (`/usr`, `/etc`, toolchains on PATH); nothing else: not the daemon's config file, state
+//!   directory (outbox, locks), other workspaces or credentials. With Landlock ABI ≥ 6 the
+//!   children cannot signal processes outside their domain nor reach abstract sockets.
+//! - **Processes (user + PID namespace)**: the command is PID 1 of a fresh namespace, so
+//!   nothing it starts (`setsid`, double fork) outlives it, and the daemon is not even
+//!   addressable by pid from inside. See `child.rs`.
+//! - **Limits (rlimits)**: memory, processes, file size, open files, no core dumps.
+//! - **The daemon itself** is not dumpable ([`protect_daemon`]): its memory and
+//!   `/proc/<pid>/environ` are closed to other processes of the same user.
+//!
+//! Levels (`containment` in the config): `strict` refuses a task it cannot confine fully,
+//! `best-effort` confines what it can and says once, at start, what is missing, `off` runs
+//! children unconfined (process groups and environment scrubbing only). Unset means strict
+//! where the kernel supports it, best-effort (with a loud warning) where it does not.
+//!
+//! # Layout
+//!
+//! - this file: levels, the probe, per-task policies and [`Sandbox`].
+//! - [`landlock`]: the filesystem policy as a Landlock ruleset.
+//! - `child.rs`: what runs between `fork` and `exec`.
+
+mod child;
+pub mod landlock;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::config::Config;
+use crate::process::ChildEnv;
+
+use child::{ChildPlan, IdMaps};
+use landlock::FsPolicy;
+
+/// How hard the daemon confines what tasks run (`containment` in the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Containment {
+    /// Every layer or no task: a task that cannot be confined fully is refused.
+    Strict,
+    /// Every layer the kernel supports; the missing ones are logged once at start.
+    BestEffort,
+    /// No confinement beyond process groups and environment scrubbing.
+    Off,
+}
+
+/// `[sandbox]`: the paths and limits of containment.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct SandboxConfig {
+    /// More trees children may read (and execute), e.g. a toolchain outside PATH.
+    pub read_paths: Vec<PathBuf>,
+    /// More trees children may write, e.g. a shared build cache. Each one widens what a
+    /// hostile agent can change: keep it short.
+    pub write_paths: Vec<PathBuf>,
+    /// Private writable memory per process (RLIMIT_DATA), MiB; 0: no limit.
+    pub max_memory_mb: u64,
+    /// Processes and threads of the service user (RLIMIT_NPROC); 0: no limit.
+    pub max_processes: u64,
+    /// Largest file a child may write (RLIMIT_FSIZE), MiB; 0: no limit.
+    pub max_file_size_mb: u64,
+    /// Open files per process (RLIMIT_NOFILE); 0: no limit.
+    pub max_open_files: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            read_paths: Vec::new(),
+            write_paths: Vec::new(),
+            max_memory_mb: 8 * 1024,
+            max_processes: 4096,
+            max_file_size_mb: 4 * 1024,
+            max_open_files: 4096,
+        }
+    }
+}
+
+/// Trees every child may read: the system, never anyone's home or the daemon's state.
+const SYSTEM_READ: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys",
+];
+
+/// Device files every child may read and write.
+const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+];
+
+/// What this machine lets the daemon enforce; probed once at start-up.
+#[derive(Debug, Clone)]
+pub struct Support {
+    /// Landlock ABI version, 0 when absent.
+    pub landlock_abi: i32,
+    /// Whether a child can enter new user + PID namespaces, else why not.
+    pub namespaces: Result<(), String>,
+}
+
+impl Support {
+    /// Ask the kernel. Forks one short-lived child (blocking, about a millisecond): call it
+    /// off the async runtime.
+    pub fn probe() -> Support {
+        Support {
+            landlock_abi: landlock::kernel_abi(),
+            namespaces: probe_namespaces(),
+        }
+    }
+
+    /// Nothing supported: what `containment = "off"` runs with.
+    pub fn none() -> Support {
+        Support {
+            landlock_abi: 0,
+            namespaces: Err("containment is off".into()),
+        }
+    }
+
+    /// The layers that cannot be enforced here, each with what to do about it.
+    pub fn missing(&self) -> Vec<String> {
+        let mut m = Vec::new();
+        if self.landlock_abi < 1 {
+            m.push("filesystem confinement: Landlock is unavailable (needs Linux ≥ 5.13 with `landlock` in the kernel's `lsm=` list)".to_string());
+        }
+        if let Err(e) = &self.namespaces {
+            m.push(format!(
+                "process confinement: cannot create user + PID namespaces ({e}); allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, AppArmor's restrict_unprivileged_userns=0) or RestrictNamespaces=user pid in the unit"
+            ));
+        }
+        m
+    }
+
+    /// One line for `check` and the start-up log.
+    pub fn describe(&self) -> String {
+        let ll = if self.landlock_abi > 0 {
+            format!("Landlock ABI {}", self.landlock_abi)
+        } else {
+            "no Landlock".into()
+        };
+        let ns = if self.namespaces.is_ok() {
+            "user + PID namespaces"
+        } else {
+            "no namespaces"
+        };
+        format!("{ll}, {ns}, resource limits")
+    }
+}
+
+/// The containment level in force, decided once from the config and the probe.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub level: Containment,
+    pub support: Support,
+}
+
+impl Policy {
+    /// `configured` (None: strict where supported), against what the kernel allows.
+    pub fn decide(configured: Option<Containment>, support: Support) -> Policy {
+        let level = match configured {
+            Some(l) => l,
+            None if support.missing().is_empty() => Containment::Strict,
+            None => Containment::BestEffort,
+        };
+        Policy { level, support }
+    }
+
+    /// Probe the kernel (off the runtime), decide the level for `cfg`, protect the daemon
+    /// and log the outcome once: what every entry point that runs tasks does first.
+    pub async fn probe_and_decide(cfg: &Config) -> Policy {
+        protect_daemon();
+        let support = if cfg.containment == Some(Containment::Off) {
+            Support::none()
+        } else {
+            tokio::task::spawn_blocking(Support::probe)
+                .await
+                .unwrap_or_else(|_| Support::none())
+        };
+        let policy = Policy::decide(cfg.containment, support);
+        policy.log();
+        policy
+    }
+
+    /// Log once what is enforced and what is not.
+    pub fn log(&self) {
+        let missing = self.support.missing();
+        match self.level {
+            Containment::Off => tracing::warn!(
+                "containment is off: tasks run with the daemon's full privileges (set containment = \"strict\")"
+            ),
+            _ if missing.is_empty() => tracing::info!(
+                level = ?self.level,
+                layers = %self.support.describe(),
+                "containment ready"
+            ),
+            Containment::Strict => tracing::error!(
+                missing = %missing.join("; "),
+                "containment = \"strict\" but this machine cannot enforce it: every task will be refused until fixed (or set containment = \"best-effort\")"
+            ),
+            Containment::BestEffort => tracing::warn!(
+                missing = %missing.join("; "),
+                "containment is best-effort: these layers are NOT enforced"
+            ),
+        }
+    }
+}
+
+/// Why a task's children cannot be confined as the level demands.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainmentError {
+    #[error("containment_unavailable: containment = \"strict\" but {0}; fix the machine or set containment = \"best-effort\"")]
+    Unavailable(String),
+    #[error("containment_failed: cannot set up the task's sandbox: {0}")]
+    Setup(String),
+}
+
+/// One task's confinement, shared by every child of the task.
+#[derive(Debug)]
+pub struct Sandbox {
+    plan: ChildPlan,
+    /// Keeps the ruleset descriptor the plan names open.
+    _ruleset: Option<landlock::Built>,
+    /// The private TMPDIR.
+    tmp: PathBuf,
+}
+
+impl Sandbox {
+    /// Install the plan in `cmd`: it runs in the child between `fork` and `exec`.
+    pub(crate) fn install(self: &Arc<Self>, cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        let me = Arc::clone(self);
+        // SAFETY: `ChildPlan::apply` only makes async-signal-safe system calls on data
+        // prepared before the fork (see child.rs).
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || me.plan.apply());
+        }
+    }
+
+    /// The task's private temp directory.
+    pub fn tmp(&self) -> &Path {
+        &self.tmp
+    }
+}
+
+/// What one sandbox lets its children write, beyond the system's read-only trees.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    /// Read-write trees (the workspace first).
+    pub write: Vec<PathBuf>,
+    /// Extra read-only trees (a managed clone's git directory).
+    pub read: Vec<PathBuf>,
+    /// Whether the children may read HOME (minus the daemon's own files): the daemon's git
+    /// calls need the service user's ssh and credential setup; a task's agent never does.
+    pub home: bool,
+}
+
+/// `env` confined by `policy` for one task, with `tmp` as its private TMPDIR (created).
+/// `Ok(env unchanged)` when containment is off.
+pub fn confine(
+    cfg: &Config,
+    policy: &Policy,
+    env: &ChildEnv,
+    tmp: &Path,
+    grants: &Grants,
+) -> Result<ChildEnv, ContainmentError> {
+    if policy.level == Containment::Off {
+        return Ok(env.clone());
+    }
+    let missing = policy.support.missing();
+    if policy.level == Containment::Strict && !missing.is_empty() {
+        return Err(ContainmentError::Unavailable(missing.join("; ")));
+    }
+    std::fs::create_dir_all(tmp).map_err(|e| {
+        ContainmentError::Setup(format!("cannot create TMPDIR {}: {e}", tmp.display()))
+    })?;
+    let mut vars = env.clone();
+    let tmp_s = tmp.to_string_lossy().into_owned();
+    for k in ["TMPDIR", "TMP", "TEMP"] {
+        vars.set(k, &tmp_s);
+    }
+    let ruleset = if policy.support.landlock_abi > 0 {
+        let fs = fs_policy(cfg, &vars, tmp, grants);
+        Some(landlock::build(&fs).map_err(ContainmentError::Setup)?)
+    } else {
+        None
+    };
+    let plan = ChildPlan {
+        rlimits: rlimits(&cfg.sandbox),
+        namespaces: policy.support.namespaces.is_ok().then(IdMaps::current),
+        landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
+    };
+    let sb = Arc::new(Sandbox {
+        plan,
+        _ruleset: ruleset,
+        tmp: tmp.to_path_buf(),
+    });
+    Ok(vars.with_sandbox(sb))
+}
+
+fn rlimits(c: &SandboxConfig) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> {
+    const MIB: u64 = 1024 * 1024;
+    let mut v = vec![(libc::RLIMIT_CORE, 0)];
+    for (res, val) in [
+        (libc::RLIMIT_DATA, c.max_memory_mb.saturating_mul(MIB)),
+        (libc::RLIMIT_NPROC, c.max_processes),
+        (libc::RLIMIT_FSIZE, c.max_file_size_mb.saturating_mul(MIB)),
+        (libc::RLIMIT_NOFILE, c.max_open_files),
+    ] {
+        if val > 0 {
+            v.push((res, val));
+        }
+    }
+    v
+}
+
+/// The filesystem policy of a task's children (see the module docs).
+fn fs_policy(cfg: &Config, env: &ChildEnv, tmp: &Path, grants: &Grants) -> FsPolicy {
+    let var = |k: &str| env.get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let home = var("HOME");
+    let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
+    // Programs on the children's PATH, and the toolchain homes their shims exec into.
+    if let Some(path) = env.get("PATH") {
+        read.extend(std::env::split_paths(path).filter(|p| p.is_absolute()));
+    }
+    for (k, under_home) in [
+        ("CARGO_HOME", ".cargo"),
+        ("RUSTUP_HOME", ".rustup"),
+        ("PYENV_ROOT", ".pyenv"),
+        ("NVM_DIR", ".nvm"),
+    ] {
+        match (var(k), &home) {
+            (Some(p), _) => read.push(p),
+            (None, Some(h)) => read.push(h.join(under_home)),
+            _ => {}
+        }
+    }
+    // The executables the daemon was told to use, wherever they live.
+    for exe in [&cfg.executor.claude_path, &cfg.git.gh_path]
+        .into_iter()
+        .flatten()
+    {
+        if let Some(dir) = exe.parent() {
+            read.push(dir.to_path_buf());
+        }
+        if let Some(dir) = std::fs::canonicalize(exe)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+        {
+            read.push(dir);
+        }
+    }
+    read.extend(grants.read.iter().cloned());
+    read.extend(cfg.sandbox.read_paths.iter().cloned());
+    if grants.home {
+        read.extend(home.clone());
+    } else if let Some(h) = &home {
+        // git reads the user's config and fails hard when it exists but cannot be read.
+        read.push(h.join(".gitconfig"));
+        read.push(h.join(".config/git"));
+    }
+    let mut write = grants.write.clone();
+    write.push(tmp.to_path_buf());
+    write.extend(DEVICES.iter().map(PathBuf::from));
+    // `claude` keeps its login and settings under HOME: its own, nothing else there.
+    if let Some(h) = &home {
+        write.push(h.join(".claude"));
+        write.push(h.join(".claude.json"));
+        write.push(h.join(".config/claude"));
+    }
+    write.extend(cfg.sandbox.write_paths.iter().cloned());
+
+    // The daemon's git calls may read HOME, which is the state directory under the unit:
+    // they are kept from the state file only.
+    let mut deny = vec![cfg.state_file()];
+    if !grants.home {
+        deny.push(cfg.state_dir.clone());
+    }
+    deny.extend(cfg.origin.clone());
+    // Credentials that live beside toolchains and in HOME.
+    for base in [var("CARGO_HOME"), home.as_ref().map(|h| h.join(".cargo"))]
+        .into_iter()
+        .flatten()
+    {
+        deny.push(base.join("credentials.toml"));
+        deny.push(base.join("credentials"));
+    }
+    if let Some(h) = &home {
+        for p in [
+            ".ssh",
+            ".git-credentials",
+            ".aws",
+            ".config/gh",
+            ".netrc",
+            ".docker",
+        ] {
+            if !grants.home {
+                deny.push(h.join(p));
+            }
+        }
+    }
+    FsPolicy {
+        read: canonical(read),
+        write: canonical(write),
+        deny: canonical(deny),
+    }
+}
+
+/// Existing paths, canonical (Landlock rules follow the real tree), without duplicates.
+fn canonical(paths: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = paths
+        .into_iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Make the daemon non-dumpable: no core file with the token in it, and its memory,
+/// `/proc/<pid>/environ` and `/proc/<pid>/mem` closed to other processes of the same user.
+pub fn protect_daemon() {
+    // SAFETY: PR_SET_DUMPABLE takes plain integers and has no memory effects.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if r != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot make the daemon non-dumpable");
+    }
+}
+
+/// Can a child enter new user + PID namespaces here? Runs `true` in them.
+fn probe_namespaces() -> Result<(), String> {
+    let plan = ChildPlan {
+        rlimits: Vec::new(),
+        namespaces: Some(IdMaps::current()),
+        landlock_fd: None,
+    };
+    let sb = Arc::new(Sandbox {
+        plan,
+        _ruleset: None,
+        tmp: PathBuf::new(),
+    });
+    let true_bin = ["/usr/bin/true", "/bin/true"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .ok_or("no /bin/true to probe with")?;
+    let mut cmd = std::process::Command::new(true_bin);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    sb.install(&mut cmd);
+    match cmd.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("the probe exited with {s}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
