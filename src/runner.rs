@@ -5,6 +5,7 @@
 //! outbox. Everything it sends is redacted first, with the task's own secrets (a password in
 //! its `repo` URL) added to the daemon's.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,10 +117,15 @@ pub async fn run_task(
             &tmp,
             &Grants {
                 write: vec![ws.path.clone()],
-                read: Vec::new(),
+                // A managed clone's history, readable for the task's own git, not writable.
+                read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
                 home: false,
             },
         );
+        let git = match ws.git_dir() {
+            Some(dir) => git.trusting(&ws.path, dir),
+            None => git,
+        };
         match env {
             Ok(env) => Ok((git, ws, branch, env)),
             Err(e) => {
@@ -215,8 +221,9 @@ async fn prepare_workspace(
     let branch = match &ws.kind {
         // A per-task directory is nobody's repository: nothing to branch or push.
         WorkspaceKind::Temp => Ok(None),
-        WorkspaceKind::Managed { base } => {
-            crate::git::branch::start_branch(cfg, task, &ws.path, Some(base), git).await
+        WorkspaceKind::Managed { base, git_dir } => {
+            let git = git.clone().trusting(&ws.path, git_dir);
+            crate::git::branch::start_branch(cfg, task, &ws.path, Some(base), &git).await
         }
         WorkspaceKind::RepoDir => {
             crate::git::branch::start_branch(cfg, task, &ws.path, None, git).await

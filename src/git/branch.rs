@@ -32,6 +32,7 @@ pub(crate) async fn default_branch(
         .map_err(|e| GitError {
             step: "detecting origin's default branch".into(),
             detail: format!("{}; set the task's branch", e.detail),
+            refused: e.refused,
         })?;
     Ok(head
         .trim()
@@ -150,6 +151,7 @@ pub async fn start_branch(
             let top = tokio::fs::canonicalize(top.trim()).await.ok();
             top.is_some() && top == tokio::fs::canonicalize(path).await.ok()
         }
+        Err(e) if e.refused => return Err(e),
         Err(_) => false,
     };
     if !is_repo

@@ -5,12 +5,14 @@
 //! - [`GitRunner`] (`runner.rs`): argv only, a timeout, its own process group,
 //!   `GIT_TERMINAL_PROMPT=0` and no askpass program, so a missing credential fails fast
 //!   instead of waiting for a human.
+//! - [`harden`]: what keeps git from running a program the repository names.
 //! - [`url`]: repository URLs, their credentials, the names derived from them.
 //! - [`branch`]: the task branch `<agent>/<slug-of-description>-<id>` from the base.
 //! - [`publish`]: after verification, commit, push (`--force-with-lease`), open a pull
 //!   request with `gh`, and ask the hub to classify the change's risk.
 
 pub mod branch;
+pub mod harden;
 pub mod publish;
 mod runner;
 pub mod url;

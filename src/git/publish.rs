@@ -160,6 +160,7 @@ async fn commit_push_pr(
         .map_err(|e| GitError {
             step: "writing the pull request body".into(),
             detail: format!("{}: {e}", body_path.display()),
+            refused: false,
         })?;
     let title_arg = format!("--title={title}");
     let body_arg = format!("--body-file={}", body_path.display());

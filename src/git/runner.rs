@@ -1,6 +1,8 @@
-//! The one way the daemon runs git and gh: argv only, bounded, cancellable, non-interactive.
+//! The one way the daemon runs git and gh: argv only, bounded, cancellable, non-interactive,
+//! and never running what the repository says to run (see [`super::harden`]).
 
-use std::path::Path;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -8,6 +10,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::process::{self, ChildEnv, CommandSpec, Limits};
 use crate::redact::scrub_url_userinfo;
+
+use super::harden;
 
 /// Bytes of git/gh error output kept in a task's failure reason.
 const ERROR_TAIL_CHARS: usize = 600;
@@ -21,6 +25,9 @@ pub struct GitError {
     pub step: String,
     /// What git said (tail of stderr) and how it exited.
     pub detail: String,
+    /// The daemon refused to run git here (the repository's config could make git run a
+    /// program): not a git failure, and never to be read as "not a repository".
+    pub refused: bool,
 }
 
 /// Runs git and gh for one task: argv only, bounded, cancellable, non-interactive.
@@ -31,6 +38,9 @@ pub struct GitRunner {
     net_timeout: Duration,
     local_timeout: Duration,
     grace: Duration,
+    /// A work tree whose git directory the daemon owns (a managed clone): calls in it name
+    /// that directory explicitly and skip the config check.
+    trusted: Option<(PathBuf, PathBuf)>,
 }
 
 impl GitRunner {
@@ -40,10 +50,10 @@ impl GitRunner {
         // Never wait for a human: no terminal prompt, no askpass GUI (an empty GIT_ASKPASS
         // and SSH_ASKPASS switch askpass off), ssh in batch mode, Git Credential Manager
         // non-interactive. Non-interactive helpers (store, cache) keep working.
-        env.set("GIT_TERMINAL_PROMPT", "0");
-        env.set("GIT_ASKPASS", "");
-        env.set("SSH_ASKPASS", "");
-        env.set("GCM_INTERACTIVE", "never");
+        for (k, v) in harden::ENV {
+            env.set(k, v);
+        }
+        // Set even when the operator did not: it outranks a repository's core.sshCommand.
         if !env.vars().iter().any(|(k, _)| k == "GIT_SSH_COMMAND") {
             env.set("GIT_SSH_COMMAND", "ssh -o BatchMode=yes");
         }
@@ -58,7 +68,28 @@ impl GitRunner {
             net_timeout: Duration::from_secs(cfg.git.clone_timeout_secs.max(1)),
             local_timeout: Duration::from_secs(cfg.git.command_timeout_secs.max(1)),
             grace: Duration::from_millis(cfg.executor.kill_grace_ms),
+            trusted: None,
         }
+    }
+
+    /// The same runner, treating `git_dir` (outside the workspace, written only by the
+    /// daemon) as the git directory of `work_tree`.
+    pub fn trusting(mut self, work_tree: &Path, git_dir: &Path) -> GitRunner {
+        self.trusted = Some((work_tree.to_path_buf(), git_dir.to_path_buf()));
+        self
+    }
+
+    /// The same runner, sending `userinfo` (`user:password` of an http(s) URL) as a Basic
+    /// authorization header through the environment: never in argv, never stored in the
+    /// clone's config.
+    pub fn with_credentials(mut self, userinfo: &str) -> GitRunner {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(userinfo);
+        self.env.set("GIT_CONFIG_COUNT", "1");
+        self.env.set("GIT_CONFIG_KEY_0", "http.extraHeader");
+        self.env
+            .set("GIT_CONFIG_VALUE_0", &format!("Authorization: Basic {b64}"));
+        self
     }
 
     /// The environment git and gh run with.
@@ -66,23 +97,85 @@ impl GitRunner {
         &self.env
     }
 
-    /// `git ARGS` in `cwd`; stdout on success. `network` picks the clone timeout.
+    /// `git ARGS` in `cwd`, hardened; stdout on success. `network` picks the clone timeout.
     pub async fn git(&self, cwd: &Path, args: &[&str], network: bool) -> Result<String, GitError> {
         let step = format!("git {}", args.first().copied().unwrap_or(""));
-        self.run_program("git".as_ref(), &step, cwd, args, network)
+        let mut full = harden::overrides(cwd);
+        match &self.trusted {
+            Some((tree, dir)) if tree == cwd => {
+                let mut gd = OsString::from("--git-dir=");
+                gd.push(dir);
+                let mut wt = OsString::from("--work-tree=");
+                wt.push(tree);
+                full.push(gd);
+                full.push(wt);
+            }
+            _ => self.check_repo_config(cwd, &step).await?,
+        }
+        full.extend(args.iter().map(OsString::from));
+        self.run_program("git".as_ref(), &step, cwd, &full, network)
             .await
     }
 
+    /// Refuse to run git in a work tree whose git directory the task could have written
+    /// when its config sets anything outside the allowlist (see [`super::harden`]).
+    async fn check_repo_config(&self, cwd: &Path, step: &str) -> Result<(), GitError> {
+        let Some(git_dir) = harden::git_dir_of(cwd) else {
+            return Ok(());
+        };
+        for file in harden::config_files(&git_dir) {
+            let file_arg = file.as_os_str().to_owned();
+            let args: Vec<OsString> = vec![
+                "config".into(),
+                "--no-includes".into(),
+                "--file".into(),
+                file_arg,
+                "--list".into(),
+                "-z".into(),
+            ];
+            // From `/`, so git discovers no repository and reads nothing but this file; a
+            // config it cannot read is refused too (fail closed).
+            let listing = self
+                .run_program(
+                    "git".as_ref(),
+                    "reading the repository's git config",
+                    Path::new("/"),
+                    &args,
+                    false,
+                )
+                .await
+                .map_err(|e| GitError {
+                    step: step.to_string(),
+                    refused: true,
+                    detail: format!("refused: cannot read {}: {}", file.display(), e.detail),
+                })?;
+            let bad = harden::untrusted_keys(listing.as_bytes());
+            if !bad.is_empty() {
+                return Err(GitError {
+                    step: step.to_string(),
+                    refused: true,
+                    detail: format!(
+                        "refused: {} sets {}, which can make git run a program; the daemon runs no git in this work tree until the key is removed (or use a managed clone: a task with `repo`)",
+                        file.display(),
+                        bad.join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Run any program (gh) the same way as git.
-    pub async fn run_program(
+    pub async fn run_program<S: AsRef<std::ffi::OsStr>>(
         &self,
         program: &std::ffi::OsStr,
         step: &str,
         cwd: &Path,
-        args: &[&str],
+        args: &[S],
         network: bool,
     ) -> Result<String, GitError> {
-        let spec = CommandSpec::new(program, cwd, self.env.clone()).args(args);
+        let spec = CommandSpec::new(program, cwd, self.env.clone())
+            .args(args.iter().map(|a| a.as_ref().to_owned()));
         let limits = Limits {
             timeout: Some(if network {
                 self.net_timeout
@@ -92,11 +185,18 @@ impl GitRunner {
             grace: self.grace,
             output_cap: 256 * 1024,
         };
-        let shown = scrub_url_userinfo(&args.join(" "));
+        let shown = scrub_url_userinfo(
+            &args
+                .iter()
+                .map(|a| a.as_ref().to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
         let out = process::run(&spec, &limits, &self.cancel, None)
             .await
             .map_err(|e| GitError {
                 step: step.to_string(),
+                refused: false,
                 detail: format!(
                     "cannot run {}: {e}; install it or fix PATH",
                     program.to_string_lossy()
@@ -121,6 +221,7 @@ impl GitRunner {
         };
         Err(GitError {
             step: step.to_string(),
+            refused: false,
             detail: scrub_url_userinfo(&format!(
                 "{} ({})",
                 tail(said, ERROR_TAIL_CHARS),
@@ -139,4 +240,26 @@ fn tail(s: &str, max: usize) -> String {
     }
     let t: String = s.chars().skip(n - max).collect();
     format!("…{t}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_travel_in_the_environment_never_in_argv_or_config() {
+        let cfg = Config::default();
+        let git = GitRunner::new(&cfg, &ChildEnv::default(), CancellationToken::new())
+            .with_credentials("user:s3cret");
+        let env = git.env();
+        assert_eq!(env.get("GIT_CONFIG_COUNT"), Some("1"));
+        assert_eq!(env.get("GIT_CONFIG_KEY_0"), Some("http.extraHeader"));
+        // base64("user:s3cret")
+        assert_eq!(
+            env.get("GIT_CONFIG_VALUE_0"),
+            Some("Authorization: Basic dXNlcjpzM2NyZXQ=")
+        );
+        let args = harden::overrides(Path::new("/w"));
+        assert!(args.iter().all(|a| !a.to_string_lossy().contains("s3cret")));
+    }
 }

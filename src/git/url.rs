@@ -119,7 +119,10 @@ mod tests {
         assert_eq!(url_secrets(u), vec!["user:s3cretpass", "s3cretpass"]);
         assert!(url_secrets("/srv/git/x.git").is_empty());
         assert!(url_secrets("https://h/a@b").is_empty());
-        assert_eq!(local_path("/srv/git/x.git"), Some(PathBuf::from("/srv/git/x.git")));
+        assert_eq!(
+            local_path("/srv/git/x.git"),
+            Some(PathBuf::from("/srv/git/x.git"))
+        );
         assert_eq!(local_path("file:///srv/x"), Some(PathBuf::from("/srv/x")));
         assert_eq!(local_path("git@github.com:o/r.git"), None);
         assert_eq!(local_path("https://h/r.git"), None);

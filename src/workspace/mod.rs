@@ -22,7 +22,7 @@ use std::path::PathBuf;
 
 use crate::config::Config;
 use crate::git::branch::default_branch;
-use crate::git::url::{slug_of_url, strip_userinfo};
+use crate::git::url::{slug_of_url, strip_userinfo, userinfo};
 use crate::git::{GitError, GitRunner};
 use crate::task::Task;
 
@@ -31,8 +31,9 @@ pub use lock::WorkspaceLock;
 /// What kind of directory a task runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkspaceKind {
-    /// A managed clone of the task's `repo`; `base` is the branch it was reset to.
-    Managed { base: String },
+    /// A managed clone of the task's `repo`; `base` is the branch it was reset to, and
+    /// `git_dir` its git directory, kept outside the workspace (see [`prepare`]).
+    Managed { base: String, git_dir: PathBuf },
     /// The configured `repo_dir`: used as is.
     RepoDir,
     /// A per-task directory, removed after the result.
@@ -49,6 +50,14 @@ pub struct Workspace {
 }
 
 impl Workspace {
+    /// The git directory the daemon owns, for a managed clone.
+    pub fn git_dir(&self) -> Option<&std::path::Path> {
+        match &self.kind {
+            WorkspaceKind::Managed { git_dir, .. } => Some(git_dir),
+            _ => None,
+        }
+    }
+
     /// Give the workspace up: a temp directory is removed, a lock released.
     pub async fn release(self) {
         if self.kind == WorkspaceKind::Temp {
@@ -108,13 +117,24 @@ async fn prepare_managed(
         return Err("task branch must not start with `-`".into());
     }
     let root = cfg.state_dir.join("workspaces");
-    tokio::fs::create_dir_all(&root)
-        .await
-        .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+    let git_root = cfg.state_dir.join("gitdirs");
+    for d in [&root, &git_root] {
+        tokio::fs::create_dir_all(d)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    }
     let slug = slug_of_url(url);
     let path = root.join(&slug);
+    // The git directory lives outside the workspace, where the task cannot write: its
+    // hooks and config stay the daemon's own (see `git::harden`).
+    let git_dir = git_root.join(format!("{slug}.git"));
     let lock = WorkspaceLock::acquire(&root.join(format!("{slug}.lock"))).await?;
     let shown = strip_userinfo(url);
+    // Credentials in the URL go with each call, never into the clone's config.
+    let git = match userinfo(url) {
+        Some(info) if url.starts_with("http") => git.clone().with_credentials(&info),
+        _ => git.clone(),
+    };
     let fail = |e: GitError| {
         format!(
             "preparing workspace for {shown}: {e} (workspace {}; delete it to force a fresh clone)",
@@ -122,13 +142,17 @@ async fn prepare_managed(
         )
     };
 
-    let cloned = if tokio::fs::metadata(path.join(".git")).await.is_ok() {
+    let cloned = if tokio::fs::metadata(git_dir.join("HEAD")).await.is_ok()
+        && tokio::fs::metadata(&path).await.is_ok()
+    {
         false
     } else {
-        // Clone beside the final place and rename when complete: a daemon killed mid-clone
-        // leaves only a `.partial` directory, never a half-clone that looks usable.
+        // Clone beside the final places and rename when complete: a daemon killed mid-clone
+        // leaves only `.partial` directories, never a half-clone that looks usable. A
+        // workspace from an older layout (its `.git` inside) is replaced the same way.
         let partial = root.join(format!("{slug}.partial"));
-        for stale in [&path, &partial] {
+        let partial_git = git_root.join(format!("{slug}.git.partial"));
+        for stale in [&path, &partial, &git_dir, &partial_git] {
             if tokio::fs::metadata(stale).await.is_ok() {
                 tokio::fs::remove_dir_all(stale).await.map_err(|e| {
                     format!("cannot remove stale workspace {}: {e}", stale.display())
@@ -136,21 +160,31 @@ async fn prepare_managed(
             }
         }
         let dest = partial.to_string_lossy().into_owned();
+        let sep = format!("--separate-git-dir={}", partial_git.display());
         if let Err(e) = git
-            .git(&root, &["clone", "--quiet", "--", url, &dest], true)
+            .git(
+                &root,
+                &["clone", "--quiet", &sep, "--", &shown, &dest],
+                true,
+            )
             .await
         {
             let _ = tokio::fs::remove_dir_all(&partial).await;
+            let _ = tokio::fs::remove_dir_all(&partial_git).await;
             return Err(format!("preparing workspace for {shown}: {e}"));
         }
+        tokio::fs::rename(&partial_git, &git_dir)
+            .await
+            .map_err(|e| format!("cannot move the new clone into {}: {e}", git_dir.display()))?;
         tokio::fs::rename(&partial, &path)
             .await
             .map_err(|e| format!("cannot move the new clone into {}: {e}", path.display()))?;
         true
     };
+    let git = git.trusting(&path, &git_dir);
     if !cloned {
-        // The URL may carry fresh credentials or have moved: always fetch from the task's.
-        git.git(&path, &["remote", "set-url", "origin", url], false)
+        // The URL may have moved: always fetch from the task's (without credentials).
+        git.git(&path, &["remote", "set-url", "origin", &shown], false)
             .await
             .map_err(fail)?;
         git.git(&path, &["fetch", "--prune", "--quiet", "origin"], true)
@@ -159,7 +193,7 @@ async fn prepare_managed(
     }
     let base = match task.branch.as_deref().filter(|b| !b.trim().is_empty()) {
         Some(b) => b.trim().to_string(),
-        None => default_branch(&path, git, true).await.map_err(fail)?,
+        None => default_branch(&path, &git, true).await.map_err(fail)?,
     };
     let remote_ref = format!("refs/remotes/origin/{base}");
     if git
@@ -182,10 +216,24 @@ async fn prepare_managed(
     ] {
         git.git(&path, &args, false).await.map_err(fail)?;
     }
+    // The task's own git finds the (read-only) history through a `.git` file; whatever the
+    // last task put in its place is replaced. The daemon never reads it: it names the git
+    // directory itself.
+    let dot_git = path.join(".git");
+    if let Ok(m) = tokio::fs::symlink_metadata(&dot_git).await {
+        let _ = if m.is_dir() {
+            tokio::fs::remove_dir_all(&dot_git).await
+        } else {
+            tokio::fs::remove_file(&dot_git).await
+        };
+    }
+    tokio::fs::write(&dot_git, format!("gitdir: {}\n", git_dir.display()))
+        .await
+        .map_err(|e| format!("cannot write {}: {e}", dot_git.display()))?;
     tracing::info!(task_id = %task.task_id, workspace = %path.display(), base = %base, cloned, "workspace ready");
     Ok(Workspace {
         path,
-        kind: WorkspaceKind::Managed { base },
+        kind: WorkspaceKind::Managed { base, git_dir },
         _lock: Some(lock),
     })
 }
@@ -232,9 +280,17 @@ pub async fn remove_task_tmp_dir(path: &std::path::Path) {
 /// beside its final place) and a remote that is a local path (a push writes there), else the
 /// task's own directory.
 pub fn git_write_roots(cfg: &Config, task: &Task) -> Vec<PathBuf> {
-    match task.repo.as_deref().map(str::trim).filter(|u| !u.is_empty()) {
+    match task
+        .repo
+        .as_deref()
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+    {
         Some(url) => {
-            let mut v = vec![cfg.state_dir.join("workspaces")];
+            let mut v = vec![
+                cfg.state_dir.join("workspaces"),
+                cfg.state_dir.join("gitdirs"),
+            ];
             v.extend(crate::git::url::local_path(url));
             v
         }

@@ -19,7 +19,7 @@ async fn hub() -> MockHub {
 }
 
 /// Run git synchronously (only while the daemon is idle: tests are single-threaded).
-fn git(cwd: &Path, args: &[&str]) -> String {
+pub(crate) fn git(cwd: &Path, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
         .args(["-c", "user.name=seed", "-c", "user.email=seed@test"])
         .args(args)
@@ -36,12 +36,12 @@ fn git(cwd: &Path, args: &[&str]) -> String {
 }
 
 /// A bare remote seeded with one commit on `trunk` (README and a .gitignore for `build/`).
-struct Remote {
+pub(crate) struct Remote {
     dir: tempfile::TempDir,
 }
 
 impl Remote {
-    fn new() -> Remote {
+    pub(crate) fn new() -> Remote {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         git(
@@ -65,16 +65,16 @@ impl Remote {
         Remote { dir }
     }
 
-    fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.dir.path().join("remote.git")
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("file://{}", self.path().display())
     }
 
     /// `git --git-dir bare ARGS`.
-    fn git(&self, args: &[&str]) -> String {
+    pub(crate) fn git(&self, args: &[&str]) -> String {
         let gd = format!("--git-dir={}", self.path().display());
         let mut all = vec![gd.as_str()];
         all.extend_from_slice(args);
@@ -89,7 +89,7 @@ impl Remote {
     }
 }
 
-fn write_exe(path: &Path, text: &str) {
+pub(crate) fn write_exe(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, text).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -217,7 +217,7 @@ impl Drop for Classify {
 }
 
 /// A shell task on `repo` with `description`.
-fn shell_task(id: &str, cmd: &str, repo: &str, description: &str) -> Value {
+pub(crate) fn shell_task(id: &str, cmd: &str, repo: &str, description: &str) -> Value {
     let mut t = sample_shell_task(id, cmd);
     t["repo"] = json!(repo);
     t["description"] = json!(description);
@@ -225,7 +225,7 @@ fn shell_task(id: &str, cmd: &str, repo: &str, description: &str) -> Value {
 }
 
 /// The terminal frame (`task_complete` or `task_failed`) for `id`.
-async fn terminal(hub: &MockHub, id: &str) -> Value {
+pub(crate) async fn terminal(hub: &MockHub, id: &str) -> Value {
     hub.wait_for(
         |f| (f["type"] == "task_complete" || f["type"] == "task_failed") && f["task_id"] == id,
         T,
@@ -234,7 +234,7 @@ async fn terminal(hub: &MockHub, id: &str) -> Value {
     .unwrap_or_else(|| panic!("no terminal frame for {id}"))
 }
 
-fn base_cfg(hub: &MockHub, dir: &Path) -> Config {
+pub(crate) fn base_cfg(hub: &MockHub, dir: &Path) -> Config {
     let mut c = cfg(hub, dir);
     // Nothing listens here: any classification attempt falls back fast.
     c.git.hub_api_url = Some("http://127.0.0.1:1".into());
@@ -767,8 +767,11 @@ async fn a_dirty_repo_dir_is_stashed_never_mixed_into_the_task_commit() {
     assert_no_violations(&hub);
 }
 
+/// A managed clone's git directory is outside the workspace and read-only to the task: the
+/// executor can read history but not commit (or plant hooks and config); the daemon commits
+/// its work.
 #[tokio::test]
-async fn commits_made_by_the_executor_itself_are_pushed() {
+async fn the_executor_cannot_write_the_git_directory_its_work_is_committed_by_the_daemon() {
     let hub = hub().await;
     let remote = Remote::new();
     let dir = tempfile::tempdir().unwrap();
@@ -776,16 +779,22 @@ async fn commits_made_by_the_executor_itself_are_pushed() {
     hub.wait_for_type("identify", T).await.unwrap();
     hub.assign(shell_task(
         "self-1",
-        "echo s > s.txt && git add s.txt && git -c user.name=exec -c user.email=e@x commit -qm 'executor commit'",
+        "echo s > s.txt; git log --oneline | head -1; if git add s.txt 2>/dev/null; then echo WROTE-GIT-DIR; fi; if echo x >> \"$(git rev-parse --git-dir)/config\"; then echo WROTE-CONFIG; fi; true",
         &remote.url(),
         "Commit by yourself",
     ));
     let done = terminal(&hub, "self-1").await;
     let r = &done["result"];
+    let out = r["output"].as_str().unwrap();
+    assert!(out.contains("seed"), "history is readable: {done}");
+    assert!(
+        !out.contains("WROTE-GIT-DIR") && !out.contains("WROTE-CONFIG"),
+        "{done}"
+    );
     assert_eq!(r["pushed"], true, "{done}");
     let branch = r["branch"].as_str().unwrap();
     let log = remote.git(&["log", "--format=%s", &format!("trunk..{branch}")]);
-    assert_eq!(log.trim(), "executor commit");
+    assert_eq!(log.trim(), "Commit by yourself");
     assert_eq!(r["diff_stats"]["files_changed"], 1);
     d.stop().await;
     assert_no_violations(&hub);

@@ -2,6 +2,7 @@
 //! the mock hub over a real loopback WebSocket, and the engines it drives. One test crate,
 //! one link step.
 
+mod containment;
 mod daemon;
 mod e2e;
 mod executors;

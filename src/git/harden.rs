@@ -1,0 +1,238 @@
+//! Git must never run what a repository says to run.
+//!
+//! A repository can make git execute a program in many places (`git help config`,
+//! `githooks`, `gitattributes`): hooks; `core.fsmonitor`; `core.pager` and `pager.*`;
+//! `core.editor` and `sequence.editor`; `core.sshCommand` and `core.gitProxy`;
+//! `core.askPass`; `credential.helper`; `diff.external`, `diff.<driver>.command` and
+//! `diff.<driver>.textconv`; `filter.<driver>.{clean,smudge,process}` and
+//! `merge.<driver>.driver` (chosen by `.gitattributes` in the tree); `remote.<name>.
+//! {uploadpack,receivepack,vcs}`; `gpg.program` and `gpg.<format>.program`; `alias.*`
+//! with `!`; `include.path` / `includeIf` pulling in a file of the tree; `url.<base>.
+//! insteadOf` redirecting a push (and its credentials) elsewhere.
+//!
+//! Two defences, both on every git call of the daemon ([`super::GitRunner`]):
+//!
+//! 1. **Fixed overrides** on the command line ([`overrides`]): hooks off, fsmonitor off, no
+//!    pager, no editor, no external diff, no `ext::` transport, no askpass; the work tree
+//!    named as a safe directory.
+//! 2. **A trusted git directory**: a managed clone keeps its git directory outside the
+//!    workspace, where a task cannot write, so its config is the daemon's own. Any other git
+//!    directory (an operator's `repo_dir`, a repository the task created) may have been
+//!    written by the task: its config is read first and every key outside a short
+//!    allowlist ([`untrusted_keys`]) refuses the call. A driver named in `.gitattributes`
+//!    only runs when config defines it, so a trusted config makes attributes inert too.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// The fixed `-c` overrides (and the safe directory) for a git call in `work_tree`.
+pub fn overrides(work_tree: &Path) -> Vec<OsString> {
+    const FIXED: &[&str] = &[
+        "core.hooksPath=/dev/null",
+        "core.fsmonitor=false",
+        "core.pager=cat",
+        "core.editor=true",
+        "sequence.editor=true",
+        "core.askPass=",
+        "diff.external=",
+        "protocol.ext.allow=never",
+        "commit.gpgSign=false",
+        "tag.gpgSign=false",
+    ];
+    let mut v = Vec::with_capacity(FIXED.len() * 2 + 2);
+    for kv in FIXED {
+        v.push(OsString::from("-c"));
+        v.push(OsString::from(kv));
+    }
+    // The work tree may belong to another user (a service user working in an operator's
+    // checkout): trust exactly this one directory, nothing wider.
+    let mut safe = OsString::from("safe.directory=");
+    safe.push(work_tree.as_os_str());
+    v.push(OsString::from("-c"));
+    v.push(safe);
+    v
+}
+
+/// Environment for every git call: no pager, no editor, never a prompt.
+pub const ENV: &[(&str, &str)] = &[
+    ("GIT_PAGER", "cat"),
+    ("PAGER", "cat"),
+    ("GIT_EDITOR", "true"),
+    ("GIT_TERMINAL_PROMPT", "0"),
+    ("GIT_ASKPASS", ""),
+    ("SSH_ASKPASS", ""),
+    ("GCM_INTERACTIVE", "never"),
+];
+
+/// Keys a repository's own config may set without making git run anything. Section and
+/// key names are lower-case as `git config --list` prints them; `*` is one subsection.
+const ALLOWED: &[&str] = &[
+    "core.repositoryformatversion",
+    "core.filemode",
+    "core.bare",
+    "core.logallrefupdates",
+    "core.ignorecase",
+    "core.precomposeunicode",
+    "core.symlinks",
+    "core.autocrlf",
+    "core.eol",
+    "core.safecrlf",
+    "core.quotepath",
+    "core.compression",
+    "core.abbrev",
+    "core.sparsecheckout",
+    "core.sparsecheckoutcone",
+    "core.worktree",
+    "core.checkstat",
+    "core.trustctime",
+    "core.untrackedcache",
+    "core.splitindex",
+    "core.commentchar",
+    "remote.*.url",
+    "remote.*.pushurl",
+    "remote.*.fetch",
+    "remote.*.push",
+    "remote.*.tagopt",
+    "remote.*.prune",
+    "remote.*.mirror",
+    "remote.*.promisor",
+    "remote.*.partialclonefilter",
+    "branch.*.remote",
+    "branch.*.pushremote",
+    "branch.*.merge",
+    "branch.*.rebase",
+    "branch.*.description",
+    "user.name",
+    "user.email",
+    "init.defaultbranch",
+    "extensions.objectformat",
+    "extensions.worktreeconfig",
+    "extensions.partialclone",
+    "extensions.refstorage",
+    "extensions.preciousobjects",
+    "gc.auto",
+    "gc.autodetach",
+    "fetch.prune",
+    "pull.rebase",
+    "pull.ff",
+    "push.default",
+    "push.autosetupremote",
+    "index.version",
+    "index.sparse",
+    "feature.manyfiles",
+    "maintenance.auto",
+    "maintenance.strategy",
+    "lfs.repositoryformatversion",
+    "submodule.*.url",
+    "submodule.*.active",
+];
+
+/// Keys of `config` (the `-z` output of `git config --list`) that a repository must not
+/// set: anything not in the allowlist.
+pub fn untrusted_keys(listing: &[u8]) -> Vec<String> {
+    let mut bad = Vec::new();
+    for entry in listing.split(|b| *b == 0).filter(|e| !e.is_empty()) {
+        let key = entry.split(|b| *b == b'\n').next().unwrap_or_default();
+        let key = String::from_utf8_lossy(key).to_ascii_lowercase();
+        if !allowed(&key) {
+            bad.push(key);
+        }
+    }
+    bad.sort();
+    bad.dedup();
+    bad
+}
+
+fn allowed(key: &str) -> bool {
+    // `section.subsection.name`: the subsection may itself contain dots.
+    let Some((section, rest)) = key.split_once('.') else {
+        return false;
+    };
+    let (sub, name) = match rest.rsplit_once('.') {
+        Some((sub, name)) => (Some(sub), name),
+        None => (None, rest),
+    };
+    ALLOWED.iter().any(|pat| {
+        let mut p = pat.split('.');
+        match (p.next(), p.next(), p.next(), sub) {
+            (Some(s), Some(n), None, None) => s == section && n == name,
+            (Some(s), Some("*"), Some(n), Some(_)) => s == section && n == name,
+            _ => false,
+        }
+    })
+}
+
+/// The git directory of the work tree at `work_tree`, as git would find it there: `.git`
+/// itself, or the directory a `.git` file (`gitdir: …`) points to. `None` when there is
+/// no `.git` (not the top of a work tree).
+pub fn git_dir_of(work_tree: &Path) -> Option<PathBuf> {
+    let dot = work_tree.join(".git");
+    let meta = std::fs::symlink_metadata(&dot).ok()?;
+    if meta.is_dir() {
+        return Some(dot);
+    }
+    let text = std::fs::read_to_string(&dot).ok()?;
+    let target = text.trim().strip_prefix("gitdir:")?.trim();
+    Some(work_tree.join(target))
+}
+
+/// The config files of an untrusted git directory that git would read: its `config`, the
+/// per-worktree `config.worktree`, and those of the common directory a linked worktree
+/// points to (`commondir`).
+pub fn config_files(git_dir: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![git_dir.to_path_buf()];
+    if let Ok(common) = std::fs::read_to_string(git_dir.join("commondir")) {
+        dirs.push(git_dir.join(common.trim()));
+    }
+    let mut files = Vec::new();
+    for d in dirs {
+        for name in ["config", "config.worktree"] {
+            let f = d.join(name);
+            if f.exists() {
+                files.push(f);
+            }
+        }
+    }
+    files
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allowlist_keeps_plain_settings_and_refuses_everything_that_runs_a_program() {
+        let listing = b"core.repositoryformatversion\n0\0core.bare\nfalse\0remote.origin.url\n/x\0\
+remote.my.fork.fetch\n+refs/heads/*\0branch.main.merge\nrefs/heads/main\0user.name\nA\0\
+core.fsmonitor\n./evil\0core.sshcommand\nevil\0filter.lfs2.clean\nevil\0\
+diff.x.textconv\nevil\0credential.helper\nevil\0include.path\n../evil\0\
+includeif.gitdir:/.path\nevil\0remote.origin.uploadpack\nevil\0url.evil.insteadof\nhttps://\0\
+core.pager\nevil\0alias.st\n!evil\0gpg.program\nevil\0core.hookspath\n.hooks\0";
+        assert_eq!(
+            untrusted_keys(listing),
+            vec![
+                "alias.st",
+                "core.fsmonitor",
+                "core.hookspath",
+                "core.pager",
+                "core.sshcommand",
+                "credential.helper",
+                "diff.x.textconv",
+                "filter.lfs2.clean",
+                "gpg.program",
+                "include.path",
+                "includeif.gitdir:/.path",
+                "remote.origin.uploadpack",
+                "url.evil.insteadof",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_gitfile_names_the_git_directory() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(git_dir_of(d.path()), None);
+        std::fs::write(d.path().join(".git"), "gitdir: /srv/x.git\n").unwrap();
+        assert_eq!(git_dir_of(d.path()), Some(PathBuf::from("/srv/x.git")));
+    }
+}

@@ -1,0 +1,463 @@
+//! The attack suite: a hostile task (shell stand-in for an agent) and hostile repositories
+//! try every way out of containment the daemon knows of; each test checks one is closed.
+//!
+//! Every test needs what CI has (Linux with Landlock and user namespaces). Where the kernel
+//! lacks them, each test says so and returns: containment can only be shown where it exists.
+
+use std::path::{Path, PathBuf};
+
+use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
+use hub_sidecar::sandbox::Support;
+use serde_json::{json, Value};
+
+use crate::git::{base_cfg, git, shell_task, terminal, write_exe, Remote};
+use crate::util::*;
+
+const TOKEN: &str = "tok-7f3a9c2e1d5b4a68";
+
+/// `false` (and a message) where this kernel cannot confine: the test then has nothing to show.
+fn supported() -> bool {
+    let s = Support::probe();
+    let missing = s.missing();
+    if !missing.is_empty() {
+        eprintln!(
+            "skipped: this machine cannot confine tasks: {}",
+            missing.join("; ")
+        );
+        return false;
+    }
+    true
+}
+
+async fn hub() -> MockHub {
+    MockHub::start(MockHubOptions::default()).await.unwrap()
+}
+
+/// Run one shell task on the real binary started with `config` and `envs`; its output.
+async fn run_on_binary(dir: &Path, extra: &str, envs: &[(&str, &str)], cmd: &str) -> (String, Bin) {
+    let hub = MockHub::start(MockHubOptions {
+        agents: vec![("sidecar-test".into(), TOKEN.into())],
+        ..MockHubOptions::default()
+    })
+    .await
+    .unwrap();
+    let config = write_config(&hub, dir, TOKEN, extra);
+    let bin = Bin::start(dir, &config, envs);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(sample_shell_task("hostile", cmd));
+    let done = hub
+        .wait_for(
+            |f| {
+                (f["type"] == "task_complete" || f["type"] == "task_failed")
+                    && f["task_id"] == "hostile"
+            },
+            T,
+        )
+        .await
+        .unwrap_or_else(|| panic!("no terminal frame; daemon log:\n{}", bin.logs()));
+    assert_no_violations(&hub);
+    let out = done["result"]["output"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (out, bin)
+}
+
+#[tokio::test]
+async fn the_token_cannot_be_read_from_the_config_file_the_command_line_names() {
+    if !supported() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hub-sidecar.toml");
+    // Worst case: the agent knows the path (the daemon's command line names it), and also
+    // looks for it the way an attacker would.
+    let cmd = format!(
+        "cat '{}' 2>&1; for f in /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f 2>/dev/null | grep '\\.toml$'; done | sort -u | while read c; do cat \"$c\" 2>&1; done; true",
+        config.display()
+    );
+    let (out, mut bin) = run_on_binary(dir.path(), "", &[], &cmd).await;
+    assert!(out.contains("Permission denied"), "{out}");
+    assert!(!out.contains(TOKEN), "token leaked: {out}");
+    bin.kill9().await;
+}
+
+#[tokio::test]
+async fn the_token_cannot_be_read_from_proc_of_the_daemon_or_any_ancestor() {
+    if !supported() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Every process's environ and memory the agent can name: the daemon, its supervisor
+    // copies, the test runner.
+    let cmd = "for p in /proc/[0-9]*; do cat $p/environ 2>/dev/null; done | tr '\\0' '\\n' | grep -c HUB_SIDECAR_TOKEN; \
+         for p in /proc/[0-9]*; do dd if=$p/mem bs=1 count=1 skip=4096 2>/dev/null && echo MEM-OPEN; done; \
+         cat /proc/$PPID/environ 2>&1 | head -c 200; true";
+    let (out, mut bin) = run_on_binary(dir.path(), "", &[("HUB_SIDECAR_TOKEN", TOKEN)], cmd).await;
+    // The config above also names the token; the env one must be the one in force here.
+    assert!(!out.contains(TOKEN), "token leaked: {out}");
+    assert!(
+        !out.contains("MEM-OPEN"),
+        "a process's memory was readable: {out}"
+    );
+    assert_eq!(out.lines().next().map(str::trim), Some("0"), "{out}");
+    bin.kill9().await;
+}
+
+#[tokio::test]
+async fn a_task_cannot_write_outside_its_workspace() {
+    if !supported() {
+        return;
+    }
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let (c, ws) = cfg_with_workspace(&hub, dir.path());
+    let state = c.state_file();
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let before = std::fs::read(&state).unwrap();
+    let targets = [
+        state.clone(),
+        dir.path().join("new-in-state-dir"),
+        other.path().join("other-workspace-file"),
+        PathBuf::from("/tmp/hub-sidecar-escape-test"),
+        PathBuf::from("/etc/hub-sidecar-escape-test"),
+    ];
+    let mut cmd = String::from(
+        "echo inside > inside.txt; echo \"tmp=$TMPDIR\"; echo t > \"$TMPDIR/t\" && echo TMP-OK; ",
+    );
+    for t in &targets {
+        cmd.push_str(&format!(
+            "echo pwned >> '{}' 2>/dev/null && echo 'WROTE {}'; ",
+            t.display(),
+            t.display()
+        ));
+    }
+    cmd.push_str("ln -s / rootlink 2>/dev/null; echo x > rootlink/tmp/hub-sidecar-escape-link 2>/dev/null && echo WROTE-VIA-LINK; true");
+    hub.assign(sample_shell_task("writer", &cmd));
+    let done = terminal(&hub, "writer").await;
+    let out = done["result"]["output"].as_str().unwrap();
+    assert!(
+        out.contains("TMP-OK"),
+        "the private TMPDIR is writable: {out}"
+    );
+    assert!(!out.contains("WROTE"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("inside.txt")).unwrap(),
+        "inside\n"
+    );
+    for t in &targets[1..] {
+        assert!(!t.exists(), "{} was created", t.display());
+    }
+    assert!(!Path::new("/tmp/hub-sidecar-escape-link").exists());
+    // The state file only changed through the daemon (the task moved on): never "pwned".
+    let after = std::fs::read_to_string(&state).unwrap_or_default();
+    assert!(!after.contains("pwned"), "{after}");
+    let _ = before;
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn setsid_and_double_fork_do_not_outlive_the_task() {
+    if !supported() {
+        return;
+    }
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (unique_sleep(), unique_sleep());
+    let d = spawn(cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    // Both escapes a process-group kill misses: a new session, and a double fork whose
+    // middle process exits at once.
+    let cmd = format!(
+        "setsid sleep {a} > /dev/null 2>&1 < /dev/null & \
+         ( ( sleep {b} > /dev/null 2>&1 < /dev/null & ) & ); \
+         sleep 0.2; echo started"
+    );
+    hub.assign(sample_shell_task("escaper", &cmd));
+    let done = terminal(&hub, "escaper").await;
+    assert_eq!(done["type"], "task_complete", "{done}");
+    assert!(
+        wait_until(
+            || procs_with_arg(&a).is_empty() && procs_with_arg(&b).is_empty(),
+            T
+        )
+        .await,
+        "a detached process survived the task"
+    );
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn a_detached_grandchild_dies_with_a_sigkilled_daemon_and_the_restart_recovers() {
+    if !supported() {
+        return;
+    }
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&hub, dir.path(), "test-token", "");
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let s = unique_sleep();
+    let marker = probe(dir.path()).join("detached");
+    let cmd = format!(
+        "setsid sleep {s} > /dev/null 2>&1 < /dev/null & touch {}; sleep 30",
+        marker.display()
+    );
+    hub.assign(sample_shell_task("orphan-maker", &cmd));
+    assert!(wait_until(|| marker.exists(), T).await);
+    assert!(!procs_with_arg(&s).is_empty());
+    bin.kill9().await;
+    assert!(
+        wait_until(|| procs_with_arg(&s).is_empty(), T).await,
+        "the detached sleep outlived the daemon"
+    );
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    let rec = hub.wait_for_type("task_recovering", T).await;
+    assert!(
+        rec.is_some(),
+        "the restarted daemon reports the interrupted task"
+    );
+    bin.kill9().await;
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn resource_limits_bound_what_one_child_can_write() {
+    if !supported() {
+        return;
+    }
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, ws) = cfg_with_workspace(&hub, dir.path());
+    c.sandbox.max_file_size_mb = 1;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    hub.assign(sample_shell_task(
+        "big",
+        "head -c 3000000 /dev/zero > big.bin; echo rc=$?; ulimit -c",
+    ));
+    let done = terminal(&hub, "big").await;
+    let size = std::fs::metadata(ws.join("big.bin"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    assert!(
+        size <= 1024 * 1024,
+        "wrote {size} bytes past a 1 MiB limit: {done}"
+    );
+    let out = done["result"]["output"].as_str().unwrap();
+    assert!(
+        out.lines().any(|l| l.trim() == "0"),
+        "core dumps are off: {out}"
+    );
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+// ---------------------------------------------------------------------------------------
+// Git: the daemon's own git never runs what a repository names.
+// ---------------------------------------------------------------------------------------
+
+/// An operator's `repo_dir` (whose `.git` a task can write) with `plant` applied; one task
+/// through the daemon's branch → commit → push. Returns the terminal frame; asserts the
+/// planted program never ran.
+async fn plant_and_run(plant: impl FnOnce(&Path, &Path)) -> Value {
+    let hub = hub().await;
+    let remote = Remote::new();
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("checkout");
+    git(dir.path(), &["clone", "-q", &remote.url(), "checkout"]);
+    let marker = probe(dir.path()).join("pwned");
+    let evil = probe(dir.path()).join("evil.sh");
+    write_exe(
+        &evil,
+        &format!("#!/bin/sh\ntouch '{}'\ncat\n", marker.display()),
+    );
+    plant(&work, &evil);
+    let mut c = base_cfg(&hub, dir.path());
+    c.repo_dir = Some(work.clone());
+    c.sandbox.write_paths.push(remote.path());
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let mut t = sample_shell_task("vector", "echo work > work.txt; echo data > data.txt");
+    t["description"] = json!("Hostile repository");
+    hub.assign(t);
+    let done = terminal(&hub, "vector").await;
+    d.stop().await;
+    assert!(!marker.exists(), "git ran the repository's program: {done}");
+    assert_no_violations(&hub);
+    done
+}
+
+fn git_config(work: &Path, key: &str, value: &str) {
+    git(work, &["config", key, value]);
+}
+
+/// A config vector is refused with a reason naming the key.
+async fn refused(key: &str, value_is_evil: bool, attributes: Option<&str>) {
+    if !supported() {
+        return;
+    }
+    let key_owned = key.to_string();
+    let attrs = attributes.map(str::to_string);
+    let done = plant_and_run(move |work, evil| {
+        let v = if value_is_evil {
+            evil.display().to_string()
+        } else {
+            "x".into()
+        };
+        git_config(work, &key_owned, &v);
+        if let Some(a) = attrs {
+            std::fs::write(work.join(".gitattributes"), a).unwrap();
+        }
+    })
+    .await;
+    let text = done.to_string();
+    assert!(
+        text.contains("refused") && text.contains(&key.to_ascii_lowercase()),
+        "the key is named in the refusal: {done}"
+    );
+}
+
+macro_rules! config_vector {
+    ($name:ident, $key:expr, $attrs:expr) => {
+        #[tokio::test]
+        async fn $name() {
+            refused($key, true, $attrs).await;
+        }
+    };
+}
+
+config_vector!(git_core_fsmonitor_is_never_run, "core.fsmonitor", None);
+config_vector!(git_core_ssh_command_is_never_run, "core.sshCommand", None);
+config_vector!(git_core_pager_is_never_run, "core.pager", None);
+config_vector!(git_core_editor_is_never_run, "core.editor", None);
+config_vector!(git_core_hooks_path_is_never_used, "core.hooksPath", None);
+config_vector!(git_core_git_proxy_is_never_run, "core.gitProxy", None);
+config_vector!(
+    git_credential_helper_is_never_run,
+    "credential.helper",
+    None
+);
+config_vector!(git_diff_external_is_never_run, "diff.external", None);
+config_vector!(
+    git_clean_filter_is_never_run,
+    "filter.evil.clean",
+    Some("* filter=evil\n")
+);
+config_vector!(
+    git_smudge_filter_is_never_run,
+    "filter.evil.smudge",
+    Some("* filter=evil\n")
+);
+config_vector!(
+    git_filter_process_is_never_run,
+    "filter.evil.process",
+    Some("* filter=evil\n")
+);
+config_vector!(
+    git_diff_textconv_is_never_run,
+    "diff.evil.textconv",
+    Some("* diff=evil\n")
+);
+config_vector!(
+    git_diff_driver_command_is_never_run,
+    "diff.evil.command",
+    Some("* diff=evil\n")
+);
+config_vector!(
+    git_merge_driver_is_never_run,
+    "merge.evil.driver",
+    Some("* merge=evil\n")
+);
+config_vector!(
+    git_receive_pack_is_never_run,
+    "remote.origin.receivepack",
+    None
+);
+config_vector!(
+    git_upload_pack_is_never_run,
+    "remote.origin.uploadpack",
+    None
+);
+config_vector!(git_gpg_program_is_never_run, "gpg.program", None);
+config_vector!(git_include_path_is_never_followed, "include.path", None);
+config_vector!(
+    git_url_insteadof_is_never_followed,
+    "url.evil.insteadOf",
+    None
+);
+
+#[tokio::test]
+async fn git_hooks_in_the_repository_are_never_run() {
+    if !supported() {
+        return;
+    }
+    let done = plant_and_run(|work, evil| {
+        let hooks = work.join(".git/hooks");
+        for h in [
+            "pre-commit",
+            "prepare-commit-msg",
+            "commit-msg",
+            "post-commit",
+            "post-checkout",
+            "pre-push",
+            "reference-transaction",
+            "post-index-change",
+            "pre-auto-gc",
+            "post-rewrite",
+        ] {
+            std::fs::copy(evil, hooks.join(h)).unwrap();
+        }
+    })
+    .await;
+    // Hooks are files, not config: nothing to refuse, they just never run.
+    assert_eq!(done["result"]["pushed"], true, "{done}");
+}
+
+#[tokio::test]
+async fn a_gitdir_the_task_plants_in_a_managed_clone_is_never_used() {
+    if !supported() {
+        return;
+    }
+    let hub = hub().await;
+    let remote = Remote::new();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = probe(dir.path()).join("pwned");
+    let evil = probe(dir.path()).join("evil.sh");
+    write_exe(
+        &evil,
+        &format!("#!/bin/sh\ntouch '{}'\ncat\n", marker.display()),
+    );
+    let d = spawn(base_cfg(&hub, dir.path()));
+    hub.wait_for_type("identify", T).await.unwrap();
+    // The task replaces the workspace's `.git` link with a repository of its own whose
+    // config and hooks name the evil program.
+    let cmd = format!(
+        "rm -f .git && git init -q . && git config core.fsmonitor '{e}' && cp '{e}' .git/hooks/pre-commit && echo work > work.txt",
+        e = evil.display()
+    );
+    hub.assign(shell_task(
+        "planter",
+        &cmd,
+        &remote.url(),
+        "Plant a git dir",
+    ));
+    let done = terminal(&hub, "planter").await;
+    assert_eq!(done["result"]["pushed"], true, "{done}");
+    // The next task on the same clone starts clean, with the daemon's own git directory.
+    hub.assign(shell_task(
+        "after",
+        "git status --short | wc -l",
+        &remote.url(),
+        "After",
+    ));
+    let done = terminal(&hub, "after").await;
+    assert_eq!(done["type"], "task_complete", "{done}");
+    assert!(!marker.exists(), "git ran the task's program: {done}");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
