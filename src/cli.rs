@@ -23,9 +23,13 @@ use tokio_util::task::TaskTracker;
 /// shell, Claude Code or Ollama executor, verifies them, and reports every result.
 #[derive(Debug, Parser)]
 #[command(name = "hub-sidecar", version, about, long_about = None)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// `run`'s flags, for the default command (`hub-sidecar --config FILE`).
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Log format: `text` for people, `json` for journald/collectors.
     #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -158,7 +162,7 @@ pub struct DemoArgs {
 /// `logs` is the log writer from [`init_tracing`]: once a config is loaded its secrets are
 /// added, so no log line can carry them.
 pub async fn run(cli: Cli, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
-    match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
+    match cli.command.unwrap_or(Command::Run(cli.run)) {
         Command::Run(args) => run_daemon(args, logs).await,
         Command::Check(args) => crate::commands::check::run(args).await,
         Command::RunTask(args) => crate::commands::run_task::run(args).await,
@@ -275,4 +279,21 @@ pub fn init_tracing(format: LogFormat, level: &str, secrets: Vec<String>) -> Red
             .try_init(),
     };
     writer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_flags_work_without_the_default_run_subcommand() {
+        let cli = Cli::try_parse_from(["hub-sidecar", "--config", "f.toml"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.run.config.config, Some(PathBuf::from("f.toml")));
+        let cli = Cli::try_parse_from(["hub-sidecar", "run", "-c", "g.toml"]).unwrap();
+        assert!(
+            matches!(cli.command, Some(Command::Run(ref r)) if r.config.config == Some(PathBuf::from("g.toml")))
+        );
+        assert!(Cli::try_parse_from(["hub-sidecar", "check", "--config", "f.toml"]).is_ok());
+    }
 }
