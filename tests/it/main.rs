@@ -5,9 +5,13 @@
 mod daemon;
 mod e2e;
 mod executors;
+mod fake_anthropic;
 mod fakes;
 mod faults;
 mod git;
+mod hub_restart;
+mod manifest;
 mod ops;
+mod real_claude;
 mod util;
 mod verify;
