@@ -26,7 +26,8 @@
 //!
 //! After the `result` line the process gets `claude_result_grace_ms` to exit, then its group
 //! is stopped: a lingering CLI must not turn a finished run into a timeout. A stream silent for
-//! `claude_idle_timeout_secs` is killed (the reason says so). A run killed at the timeout
+//! `claude_idle_timeout_secs` is killed (the reason says so); while a tool call runs (a build
+//! in the Bash tool prints nothing until it ends) ten more minutes of silence are allowed. A run killed at the timeout
 //! reports the cost estimated from the per-message usage seen so far, not zero.
 
 use std::path::{Path, PathBuf};
@@ -226,6 +227,9 @@ pub fn safety_args() -> [&'static str; 4] {
     ]
 }
 
+/// Extra silence allowed while a tool call runs: the CLI's Bash tool may run 10 minutes.
+const TOOL_SILENCE: Duration = Duration::from_secs(600);
+
 /// How one process ended, as far as this executor is concerned.
 enum RunEnd {
     /// It exited, or was stopped after its result line (`after_result`).
@@ -285,9 +289,17 @@ async fn run_once(
     };
     let idle = Duration::from_secs(cfg.claude_idle_timeout_secs.max(1));
     let result_grace = Duration::from_millis(cfg.claude_result_grace_ms);
+    // Silence while a tool runs is normal up to the Bash tool's own 10 min limit.
+    let quiet_limit = || {
+        if stream.lock().expect("not poisoned").tool_running() {
+            idle + TOOL_SILENCE
+        } else {
+            idle
+        }
+    };
     let watchdog = async {
         loop {
-            let quiet_until = *last_line.lock().expect("not poisoned") + idle;
+            let quiet_until = *last_line.lock().expect("not poisoned") + quiet_limit();
             tokio::select! {
                 _ = result_seen.cancelled() => {
                     tokio::time::sleep(result_grace).await;
@@ -296,7 +308,7 @@ async fn run_once(
                     return std::future::pending::<()>().await;
                 }
                 _ = tokio::time::sleep_until(quiet_until) => {
-                    if *last_line.lock().expect("not poisoned") + idle <= tokio::time::Instant::now() {
+                    if *last_line.lock().expect("not poisoned") + quiet_limit() <= tokio::time::Instant::now() {
                         idle_killed.store(true, Ordering::SeqCst);
                         child_cancel.cancel();
                         return std::future::pending::<()>().await;

@@ -111,7 +111,8 @@ this line is not json and must be skipped
     /// A stand-in `claude` on a private PATH: a test double speaking the real stream-json
     /// format. It records its argv (NUL-separated), its stdin (the prompt) and how often it
     /// ran, and behaves per the `mode` file: ok, fail_once, fail, overloaded, denied, linger
-    /// (result, then never exits), silent (init, then nothing), hang.
+    /// (result, then never exits), silent (init, then nothing), slow_tool (2 s of silence
+    /// between a tool_use and its result), hang.
     struct StandIn {
         dir: tempfile::TempDir,
         workspace: tempfile::TempDir,
@@ -144,6 +145,7 @@ case "$(cat "$D/mode")" in
   denied) cat "$D/denied.jsonl" ;;
   linger) cat "$D/success.jsonl"; sleep 30 & echo $! > "$D/pid"; wait ;;
   silent) head -1 "$D/success.jsonl"; sleep 30 & echo $! > "$D/pid"; wait ;;
+  slow_tool) head -3 "$D/success.jsonl"; sleep 2; tail -n +4 "$D/success.jsonl" ;;
   hang) sleep 30 & echo $! > "$D/pid"; wait ;;
 esac
 "#,
@@ -426,6 +428,19 @@ esac
         let err = out.error.unwrap();
         assert!(err.contains("printed nothing for 1 s"), "{err}");
         assert_gone(&s.dir.path().join("pid")).await;
+    }
+
+    #[tokio::test]
+    async fn silence_while_a_tool_runs_is_not_idleness() {
+        // init, text, tool_use … 2 s of silence (the tool working) … result.
+        let s = StandIn::new("slow_tool");
+        let (ctx, _) = s.context(task(), |c| c.executor.claude_idle_timeout_secs = 1);
+        let out = ClaudeExecutor::new(&ctx)
+            .unwrap()
+            .execute(&ctx, &attempt("x"))
+            .await;
+        assert_eq!(out.status, ExecStatus::Succeeded, "{:?}", out.error);
+        assert_eq!(out.output, "Done: hello.txt exists.");
     }
 
     #[tokio::test]
