@@ -211,7 +211,8 @@ async fn probe_claude(cfg: &Config) -> Item {
 async fn probe_claude_auth(cfg: &Config, program: &Path) -> Result<String, String> {
     let env = crate::process::ChildEnv::from_config(cfg);
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(["auth", "status", "--json"])
+    // JSON is the default output (2.1.x also knows `--json`; older versions may not).
+    cmd.args(["auth", "status"])
         .env_clear()
         .envs(env.vars().iter().map(|(k, v)| (k, v)))
         .stdin(std::process::Stdio::null())
