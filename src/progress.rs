@@ -5,6 +5,10 @@
 //! text keeps its tail, structured events are merged, never dropped). A [`Pump`] per task
 //! turns the pending state into at most one `task_progress` frame per budget token, and a
 //! heartbeat frame when the task is quiet so the hub's stale-task sweep leaves it alone.
+//!
+//! Hub facts this relies on (PROTOCOL.md § 8): `merged_events` are shown as they happened, so
+//! each keeps its own `timestamp`; the hub deletes a cancelled task, so progress still pending
+//! when the task is taken away is discarded, not flushed ([`Pump::dropped`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
