@@ -147,7 +147,7 @@ fn at_of(frames: &[Recorded], inbound: bool, ty: &str, task_id: Option<&str>) ->
         .find(|r| {
             r.inbound == inbound
                 && type_of(&r.frame) == ty
-                && task_id.map_or(true, |id| r.frame["task_id"] == id)
+                && task_id.is_none_or(|id| r.frame["task_id"] == id)
         })
         .map(|r| r.at)
 }

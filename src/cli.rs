@@ -26,6 +26,10 @@ use tokio_util::task::TaskTracker;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// `run`'s flags, for the default command (`hub-sidecar --config FILE`); before `run`
+    /// or `check` they apply to it where it gives none itself.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Log format: `text` for people, `json` for journald/collectors.
     #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -87,6 +91,12 @@ pub enum Command {
     Demo(DemoArgs),
 }
 
+impl Default for Command {
+    fn default() -> Self {
+        Command::Run(RunArgs::default())
+    }
+}
+
 /// Settings shared by commands that load a config.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ConfigArgs {
@@ -114,6 +124,19 @@ pub struct ConfigArgs {
 }
 
 impl ConfigArgs {
+    /// Each flag from `self`, else from `fallback` (flags given before the subcommand).
+    pub fn or(self, fallback: ConfigArgs) -> ConfigArgs {
+        ConfigArgs {
+            config: self.config.or(fallback.config),
+            agent_id: self.agent_id.or(fallback.agent_id),
+            token: self.token.or(fallback.token),
+            hub_url: self.hub_url.or(fallback.hub_url),
+            state_dir: self.state_dir.or(fallback.state_dir),
+            repo_dir: self.repo_dir.or(fallback.repo_dir),
+            metrics_addr: self.metrics_addr.or(fallback.metrics_addr),
+        }
+    }
+
     /// Load and validate the configuration from file, environment and these flags.
     pub fn load(&self) -> Result<Config, config::ConfigError> {
         let mut flags = Vec::new();
@@ -158,9 +181,16 @@ pub struct DemoArgs {
 /// `logs` is the log writer from [`init_tracing`]: once a config is loaded its secrets are
 /// added, so no log line can carry them.
 pub async fn run(cli: Cli, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
-    match cli.command.unwrap_or(Command::Run(RunArgs::default())) {
-        Command::Run(args) => run_daemon(args, logs).await,
-        Command::Check(args) => crate::commands::check::run(args).await,
+    let top = cli.run.config;
+    match cli.command.unwrap_or_default() {
+        Command::Run(args) => {
+            let config = args.config.or(top);
+            run_daemon(RunArgs { config }, logs).await
+        }
+        Command::Check(mut args) => {
+            args.config = args.config.or(top);
+            crate::commands::check::run(args).await
+        }
         Command::RunTask(args) => crate::commands::run_task::run(args).await,
         Command::Verify(args) => crate::commands::verify::run(args).await,
         Command::Demo(args) => crate::demo::run(args).await,
@@ -275,4 +305,36 @@ pub fn init_tracing(format: LogFormat, level: &str, secrets: Vec<String>) -> Red
             .try_init(),
     };
     writer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_flags_work_without_the_default_run_subcommand() {
+        let cli = Cli::try_parse_from(["hub-sidecar", "--config", "f.toml"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.run.config.config, Some(PathBuf::from("f.toml")));
+        let cli = Cli::try_parse_from(["hub-sidecar", "run", "-c", "g.toml"]).unwrap();
+        assert!(
+            matches!(cli.command, Some(Command::Run(ref r)) if r.config.config == Some(PathBuf::from("g.toml")))
+        );
+        assert!(Cli::try_parse_from(["hub-sidecar", "check", "--config", "f.toml"]).is_ok());
+        // Global flags still go before a subcommand; run flags there fill in for it.
+        let cli = Cli::try_parse_from([
+            "hub-sidecar",
+            "--log-format",
+            "json",
+            "--config",
+            "h.toml",
+            "check",
+        ])
+        .unwrap();
+        let Some(Command::Check(args)) = cli.command else {
+            panic!("check expected")
+        };
+        let merged = args.config.or(cli.run.config);
+        assert_eq!(merged.config, Some(PathBuf::from("h.toml")));
+    }
 }

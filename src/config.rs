@@ -76,8 +76,6 @@ pub struct Config {
     pub drain_timeout_secs: u64,
     /// `127.0.0.1:9090` to serve `/healthz` and `/metrics`; off when unset.
     pub metrics_addr: Option<SocketAddr>,
-    /// `info`, `debug`, … (RUST_LOG wins when set).
-    pub log_level: String,
     /// More secret values to redact from everything that leaves the process.
     pub secrets: Vec<String>,
     pub progress: ProgressConfig,
@@ -129,7 +127,6 @@ impl Default for Config {
             max_frame_bytes: 16 * 1024 * 1024,
             drain_timeout_secs: 30 * 60,
             metrics_addr: None,
-            log_level: "info".into(),
             secrets: Vec::new(),
             progress: ProgressConfig::default(),
             executor: ExecutorConfig::default(),
@@ -183,8 +180,19 @@ pub struct ExecutorConfig {
     pub claude_path: Option<PathBuf>,
     /// Model passed to `claude --model` when the task names none.
     pub claude_model: String,
-    /// Extra CLI args, e.g. `["--permission-mode", "acceptEdits"]`.
+    /// Extra CLI args (a bypass permission mode is refused).
     pub claude_extra_args: Vec<String>,
+    /// Tools allowed beyond what `--permission-mode acceptEdits` allows, passed as
+    /// `--allowedTools`, e.g. `["Bash(cargo:*)", "Bash(git diff:*)"]`.
+    pub claude_allowed_tools: Vec<String>,
+    /// `--max-turns` of one claude run.
+    pub claude_max_turns: u32,
+    /// `CLAUDE_CODE_MAX_RETRIES` in claude's env: the CLI's own retries of 429/5xx/network.
+    pub claude_api_max_retries: u32,
+    /// Kill a claude run whose stdout stays silent this long.
+    pub claude_idle_timeout_secs: u64,
+    /// After the `result` line, how long claude may take to exit before it is stopped.
+    pub claude_result_grace_ms: u64,
     /// Model for Ollama when the routing decision names none.
     pub ollama_model: String,
     /// Per-HTTP-call timeout for Ollama.
@@ -213,6 +221,11 @@ impl Default for ExecutorConfig {
             claude_path: None,
             claude_model: "claude-sonnet-4-5".into(),
             claude_extra_args: Vec::new(),
+            claude_allowed_tools: Vec::new(),
+            claude_max_turns: 50,
+            claude_api_max_retries: 4,
+            claude_idle_timeout_secs: 300,
+            claude_result_grace_ms: 2_000,
             ollama_model: "qwen3:8b".into(),
             ollama_timeout_secs: 120,
             shell_timeout_ms: 60_000,
@@ -233,7 +246,8 @@ impl Default for ExecutorConfig {
 pub struct VerificationConfig {
     /// Global deadline of one verification run when the task gives none.
     pub timeout_ms: u64,
-    /// Retries when the task gives none (the hub's value wins).
+    /// Corrective retries for `run-task` when the task file gives none. Hub tasks always
+    /// carry the hub's own value (5 when the submitter gave none), which wins.
     pub default_max_retries: u32,
     /// Re-run a failed command check once before blaming the LLM.
     pub flaky_rerun: bool,
@@ -338,7 +352,6 @@ const STRING_KEYS: &[&str] = &[
     "state_file",
     "ca_file",
     "metrics_addr",
-    "log_level",
 ];
 
 /// The layers before merging: what the CLI hands over.
@@ -446,10 +459,22 @@ impl Config {
                 "must be > 0 and ≤ reconnect_max_ms".into(),
             ));
         }
+        if self.progress.refill_per_minute == 0 {
+            return Err(invalid(
+                "progress.refill_per_minute",
+                "must be at least 1: with no refill the hub link would wait forever for a token (the hub refills 60 a minute)".into(),
+            ));
+        }
         if self.progress.reserve >= self.progress.capacity {
             return Err(invalid(
                 "progress.reserve",
                 "must be below progress.capacity".into(),
+            ));
+        }
+        if let Some(bad) = bypass_flag(&self.executor.claude_extra_args) {
+            return Err(invalid(
+                "executor.claude_extra_args",
+                format!("`{bad}` bypasses claude's permission checks for repository-controlled work (and claude refuses it as root); allow specific tools in executor.claude_allowed_tools instead"),
             ));
         }
         if self.ollama_url.as_deref() == Some("") {
@@ -581,6 +606,22 @@ pub fn warn_about(cfg: &Config) {
     }
 }
 
+/// The first argument of `args` that would switch claude's permission checks off.
+fn bypass_flag(args: &[String]) -> Option<String> {
+    let mut prev = "";
+    for a in args {
+        let a_l = a.to_ascii_lowercase();
+        if a_l.contains("dangerously-skip-permissions")
+            || a_l == "--permission-mode=bypasspermissions"
+            || (prev == "--permission-mode" && a_l == "bypasspermissions")
+        {
+            return Some(a.clone());
+        }
+        prev = a.as_str();
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -705,5 +746,72 @@ mod tests {
     fn debug_hides_token() {
         let c = Config::for_hub("ws://x/ws", Path::new("/tmp"));
         assert!(!format!("{c:?}").contains("test-token"));
+    }
+
+    #[test]
+    fn a_bypass_permission_mode_in_claude_extra_args_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        for extra in [
+            r#"["--dangerously-skip-permissions"]"#,
+            r#"["--allow-dangerously-skip-permissions"]"#,
+            r#"["--permission-mode", "bypassPermissions"]"#,
+            r#"["--permission-mode=bypassPermissions"]"#,
+        ] {
+            std::fs::write(
+                &f,
+                format!("agent_id = \"a\"\ntoken = \"t\"\nhub_url = \"ws://h/ws\"\n[executor]\nclaude_extra_args = {extra}\n"),
+            )
+            .unwrap();
+            let e = Config::load(&layers(Some(f.clone()), &[], &[]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("claude_extra_args") && e.contains("claude_allowed_tools"),
+                "{e}"
+            );
+        }
+        std::fs::write(
+            &f,
+            "agent_id = \"a\"\ntoken = \"t\"\nhub_url = \"ws://h/ws\"\n[executor]\nclaude_extra_args = [\"--permission-mode\", \"plan\"]\n",
+        )
+        .unwrap();
+        assert!(Config::load(&layers(Some(f), &[], &[])).is_ok());
+    }
+
+    #[test]
+    fn a_zero_refill_rate_is_refused_with_the_key_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "agent_id = \"a\"\ntoken = \"t\"\nhub_url = \"ws://h/ws\"\n[progress]\nrefill_per_minute = 0\n",
+        )
+        .unwrap();
+        let e = Config::load(&layers(Some(f), &[], &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("progress.refill_per_minute") && e.contains("at least 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn log_level_is_not_a_config_key_and_is_reported_as_unknown() {
+        // The log level is set before any config is read: `--log-level` or RUST_LOG.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "agent_id = \"a\"\ntoken = \"t\"\nhub_url = \"ws://h/ws\"\nlog_level = \"debug\"\n",
+        )
+        .unwrap();
+        let c = Config::load(&layers(Some(f), &[], &[])).unwrap();
+        assert!(
+            c.unknown.contains_key("log_level"),
+            "{:?}",
+            c.unknown.keys()
+        );
     }
 }

@@ -295,8 +295,17 @@ impl Daemon {
         }
     }
 
-    /// After each `identified`: recovery question, state report, outbox.
+    /// After each `identified`: `task_accepted` (see [`accepted_after_identify`]), recovery
+    /// question, state report, outbox.
     fn after_identify(&mut self) {
+        let running = self
+            .running
+            .as_ref()
+            .filter(|r| !r.dropped)
+            .map(|r| r.task_id.as_str());
+        for task_id in accepted_after_identify(running, &self.state.outbox) {
+            self.link.send(Outbound::TaskAccepted { task_id });
+        }
         if let Some(active) = &self.state.active {
             let task = &active.task;
             match active.phase {
@@ -488,6 +497,10 @@ impl Daemon {
         tracing::info!(task_id = %task_id, generation = task.generation, "hub says continue: running the task again");
         self.save().await;
         self.start(task);
+        // A restarted hub's AgentFSM waits in `assigned`; `task_continue` does not move it.
+        self.link.send(Outbound::TaskAccepted {
+            task_id: task_id.to_string(),
+        });
     }
 
     /// Stop and forget a task the hub no longer wants us to run.
@@ -627,4 +640,20 @@ impl Daemon {
         }
         self.save().await;
     }
+}
+
+/// Which tasks get `task_accepted` right after `identified` (PROTOCOL.md § 8): the task still
+/// running here and every task whose terminal frame waits in the outbox, once each, running
+/// task first. A hub that restarted puts its AgentFSM in `assigned` for such a task with a
+/// 60 s acceptance timer, and only `task_accepted` moves it to `working`: without it the hub
+/// reclaims a task that is still running (generation + 1) or leaves the agent unusable. A hub
+/// that did not restart merely logs `fsm_unexpected_task_accepted`; it never rejects it.
+fn accepted_after_identify(running: Option<&str>, outbox: &[OutboxEntry]) -> Vec<String> {
+    let mut ids: Vec<String> = running.map(str::to_string).into_iter().collect();
+    for e in outbox {
+        if !ids.contains(&e.task_id) {
+            ids.push(e.task_id.clone());
+        }
+    }
+    ids
 }

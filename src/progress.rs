@@ -5,6 +5,10 @@
 //! text keeps its tail, structured events are merged, never dropped). A [`Pump`] per task
 //! turns the pending state into at most one `task_progress` frame per budget token, and a
 //! heartbeat frame when the task is quiet so the hub's stale-task sweep leaves it alone.
+//!
+//! Hub facts this relies on (PROTOCOL.md § 8): `merged_events` are shown as they happened, so
+//! each keeps its own `timestamp`; the hub deletes a cancelled task, so progress still pending
+//! when the task is taken away is discarded, not flushed ([`Pump::dropped`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -65,6 +69,9 @@ pub struct ProgressEvent {
     pub tokens_so_far: Option<u64>,
     pub model: Option<String>,
     pub fields: Map<String, Value>,
+    /// When it happened (ms since the epoch): a merged event keeps its own time, not the
+    /// time of the frame that carried it.
+    pub timestamp: i64,
 }
 
 impl ProgressEvent {
@@ -75,6 +82,7 @@ impl ProgressEvent {
             tokens_so_far: None,
             model: None,
             fields: Map::new(),
+            timestamp: now_ms(),
         }
     }
 
@@ -101,7 +109,7 @@ impl ProgressEvent {
         m.insert("text".into(), json!(self.text));
         m.insert("tokens_so_far".into(), json!(self.tokens_so_far));
         m.insert("model".into(), json!(self.model));
-        m.insert("timestamp".into(), json!(now_ms()));
+        m.insert("timestamp".into(), json!(self.timestamp));
         Value::Object(m)
     }
 }
@@ -316,6 +324,10 @@ pub struct Pump {
     pub min_interval: Duration,
     /// A frame at least this often, even when nothing happened.
     pub heartbeat: Duration,
+    /// Cancelled when the task is taken away (the hub cancelled it, an abort, a forced
+    /// stop). The hub deletes a cancelled task, so progress still pending for it would only
+    /// spend budget: it is discarded instead of flushed.
+    pub dropped: CancellationToken,
 }
 
 impl Pump {
@@ -329,6 +341,7 @@ impl Pump {
             redactor,
             min_interval,
             heartbeat,
+            dropped,
         } = self;
         let send = |mut event: Value| {
             redactor.scrub_value(&mut event);
@@ -366,6 +379,11 @@ impl Pump {
                 send(event);
                 last_sent = tokio::time::Instant::now();
             }
+        }
+        if dropped.is_cancelled() {
+            let discarded = sink.take_event().is_some();
+            tracing::debug!(task_id = %task_id, discarded, "task dropped: pending progress discarded");
+            return;
         }
         // The task ended: what is still pending (often the verdict's events) goes out once,
         // ahead of the terminal frame, if the budget above the reserve allows.
@@ -428,5 +446,67 @@ mod tests {
         for i in 0..40 {
             assert!(text.contains(&format!("check {i}")), "lost check {i}");
         }
+    }
+
+    #[test]
+    fn merged_events_keep_their_own_timestamps() {
+        let s = ProgressSink::new(8192);
+        for (i, ts) in [1_000_i64, 2_000, 3_000].into_iter().enumerate() {
+            let mut ev = ProgressEvent::new(EventKind::ToolCall, format!("call {i}"));
+            ev.timestamp = ts;
+            s.emit(ev);
+        }
+        let v = s.take_event().unwrap();
+        let stamps: Vec<i64> = v["merged_events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["timestamp"].as_i64().unwrap())
+            .collect();
+        assert_eq!(stamps, [1_000, 2_000, 3_000]);
+        assert_eq!(
+            v["timestamp"], 3_000,
+            "the frame carries its newest event's time"
+        );
+    }
+
+    struct Frames(Mutex<Vec<Outbound>>);
+
+    impl FrameSender for Frames {
+        fn send_progress(&self, frame: Outbound) {
+            self.0.lock().unwrap().push(frame);
+        }
+    }
+
+    async fn pump_until_stopped(dropped: bool) -> usize {
+        let sink = ProgressSink::new(8192);
+        let frames = Arc::new(Frames(Mutex::new(Vec::new())));
+        let task_cancel = CancellationToken::new();
+        let stop = task_cancel.child_token();
+        let pump = Pump {
+            sink: sink.clone(),
+            task_id: "t".into(),
+            budget: Arc::new(RateBudget::new(60, 60, 0)),
+            out: frames.clone(),
+            redactor: Arc::new(Redactor::new(Vec::new())),
+            min_interval: Duration::from_secs(3600),
+            heartbeat: Duration::from_secs(3600),
+            dropped: task_cancel.clone(),
+        };
+        sink.emit(ProgressEvent::status("queued before the end"));
+        if dropped {
+            task_cancel.cancel();
+        } else {
+            stop.cancel();
+        }
+        pump.run(stop).await;
+        let n = frames.0.lock().unwrap().len();
+        n
+    }
+
+    #[tokio::test]
+    async fn a_dropped_task_pending_progress_is_discarded_a_finished_one_flushed() {
+        assert_eq!(pump_until_stopped(false).await, 1);
+        assert_eq!(pump_until_stopped(true).await, 0);
     }
 }

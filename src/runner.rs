@@ -83,6 +83,7 @@ pub async fn run_task(
         redactor: redactor.clone(),
         min_interval: Duration::from_millis(cfg.progress.min_interval_ms),
         heartbeat: Duration::from_secs(cfg.progress.heartbeat_secs),
+        dropped: cancel.clone(),
     };
     let pump = tokio::spawn(pump.run(pump_cancel.clone()));
     let tmp = workspace::task_tmp_dir(&cfg, &task);
@@ -152,6 +153,7 @@ pub async fn run_task(
         env,
         progress: progress.clone(),
         cancel: cancel.clone(),
+        remaining_budget_usd: None,
     };
     let outcome = match Executor::for_task(&ctx) {
         Err(reason) => {
@@ -391,17 +393,44 @@ pub fn result_json(lo: &LoopOutcome) -> Value {
         "verification_attempts": lo.attempts.len(),
         "termination_reason": lo.termination_reason,
         "iterations_used": lo.last_exec.iterations_used,
+        // A subscription login's cost (claude) is an API-equivalent estimate, not spend.
+        "cost_is_estimate": lo.last_exec.cost_is_estimate,
+        "permission_denials": lo.last_exec.permission_denials,
     })
 }
 
-/// `s` cut to about `max` bytes keeping head and tail, with a marker saying what was cut.
+/// `s` cut to about `max` bytes keeping head and tail, with one marker saying how much was
+/// cut. `s` may already carry markers (the executor's capture cap): those bytes are counted in,
+/// so the marker reports everything left out, not just this second cut.
 pub fn head_tail(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
+    let marker = regex::Regex::new(r"\n?\[… (\d+) bytes elided …\]\n?").expect("valid regex");
+    let earlier: u64 = marker
+        .captures_iter(s)
+        .filter_map(|c| c[1].parse::<u64>().ok())
+        .sum();
+    let content = marker.replace_all(s, "");
     let mut buf = crate::process::CappedBuf::new(max);
-    buf.push(s.as_bytes());
-    buf.to_string_lossy()
+    buf.push(content.as_bytes());
+    let head_tail = buf.to_string_lossy();
+    if earlier == 0 {
+        return head_tail;
+    }
+    let now = buf.dropped();
+    let (head, tail) = match marker.find(&head_tail) {
+        Some(m) => (&head_tail[..m.start()], &head_tail[m.end()..]),
+        // Nothing cut this time: put the earlier marker between what is left.
+        None => {
+            let mut mid = head_tail.len() / 2;
+            while !head_tail.is_char_boundary(mid) {
+                mid -= 1;
+            }
+            head_tail.split_at(mid)
+        }
+    };
+    format!("{head}\n[… {} bytes elided …]\n{tail}", earlier + now)
 }
 
 fn redact_frame(r: &Redactor, frame: &mut Outbound) {
@@ -425,5 +454,30 @@ fn redact_frame(r: &Redactor, frame: &mut Outbound) {
             *reason = r.scrub(reason);
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marker_counts_both_caps_when_two_apply() {
+        let original: String = (0..5000)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        let mut first = crate::process::CappedBuf::new(1000);
+        first.push(original.as_bytes());
+        let captured = first.to_string_lossy();
+        assert!(captured.contains("[… 4000 bytes elided …]"));
+        let out = head_tail(&captured, 100);
+        assert_eq!(out.matches("bytes elided").count(), 1, "{out}");
+        assert!(out.contains("[… 4900 bytes elided …]"), "{out}");
+        assert!(
+            out.starts_with(&original[..50]) && out.ends_with(&original[4950..]),
+            "{out}"
+        );
+        // One cap only: unchanged behaviour.
+        assert!(head_tail(&original, 100).contains("[… 4900 bytes elided …]"));
     }
 }

@@ -186,6 +186,9 @@ impl Task {
             Some("ollama") => Ok(ExecutorKind::Ollama),
             Some("wake") => Err(RoutingError::WakeUnsupported),
             Some(other) => Err(RoutingError::UnknownTarget(other.to_string())),
+            // A shell command with no routing decision is a shell task, whatever its tier:
+            // the submitter said exactly what to run.
+            None if self.metadata.shell_command.is_some() => Ok(ExecutorKind::Shell),
             None => Ok(match self.tier() {
                 Tier::Trivial => ExecutorKind::Shell,
                 Tier::Complex => ExecutorKind::Claude,
@@ -245,5 +248,21 @@ mod tests {
         assert_eq!(t.executor_kind(), Ok(ExecutorKind::Claude));
         t.routing_decision.as_mut().unwrap().target_type = Some("wake".into());
         assert_eq!(t.executor_kind(), Err(RoutingError::WakeUnsupported));
+    }
+
+    #[test]
+    fn a_shell_command_without_routing_runs_in_the_shell() {
+        let t = Task::from_value(
+            json!({"task_id": "t", "metadata": {"shell_command": "make test"},
+            "complexity": {"effective_tier": "standard"}}),
+        )
+        .unwrap();
+        assert_eq!(t.executor_kind(), Ok(ExecutorKind::Shell));
+        let routed = Task::from_value(
+            json!({"task_id": "t", "metadata": {"shell_command": "make"},
+            "routing_decision": {"target_type": "claude"}}),
+        )
+        .unwrap();
+        assert_eq!(routed.executor_kind(), Ok(ExecutorKind::Claude));
     }
 }

@@ -192,7 +192,67 @@ async fn probe_claude(cfg: &Config) -> Item {
             }
         },
     };
-    Item::new("claude", false, probe_version("claude", &path).await)
+    let version = match probe_version("claude", &path).await {
+        Ok(v) => v,
+        Err(e) => return Item::new("claude", false, Err(e)),
+    };
+    Item::new(
+        "claude",
+        false,
+        probe_claude_auth(cfg, &path)
+            .await
+            .map(|auth| format!("{version}; {auth}")),
+    )
+}
+
+/// `claude auth status` (JSON, under a second) with the environment claude tasks get. It
+/// does not validate the credential (the first run's `authentication_failed` does), but it
+/// tells "not logged in" from "logged in".
+async fn probe_claude_auth(cfg: &Config, program: &Path) -> Result<String, String> {
+    let env = crate::process::ChildEnv::from_config(cfg);
+    let mut cmd = tokio::process::Command::new(program);
+    // JSON is the default output (2.1.x also knows `--json`; older versions may not).
+    cmd.args(["auth", "status"])
+        .env_clear()
+        .envs(env.vars().iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    match tokio::time::timeout(Duration::from_secs(10), cmd.output()).await {
+        Err(_) => Err(format!(
+            "`{} auth status` did not answer in 10 s",
+            program.display()
+        )),
+        Ok(Err(e)) => Err(format!(
+            "cannot run `{} auth status`: {e}",
+            program.display()
+        )),
+        // Exit 1 when logged out, with the JSON on stdout all the same.
+        Ok(Ok(out)) => claude_auth_verdict(&String::from_utf8_lossy(&out.stdout)),
+    }
+}
+
+/// Read `claude auth status` JSON: `loggedIn`, `authMethod`, `apiKeySource`.
+pub fn claude_auth_verdict(stdout: &str) -> Result<String, String> {
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).map_err(|e| {
+        format!(
+            "`claude auth status` printed no JSON ({e}): {}",
+            crate::util::truncate_chars(stdout.trim(), 200)
+        )
+    })?;
+    let method = v["authMethod"].as_str().unwrap_or("unknown");
+    if v["loggedIn"].as_bool() != Some(true) {
+        return Err(format!(
+            "claude is not logged in (authMethod {method}): run `claude auth login` as the daemon's user, or pass ANTHROPIC_API_KEY to it ([env] allow)"
+        ));
+    }
+    match v["apiKeySource"].as_str() {
+        Some(source) => Ok(format!(
+            "logged in with an API key from {source} (costs are spend)"
+        )),
+        None => Ok(format!(
+            "logged in ({method}, subscription: costs reported are API-equivalent estimates)"
+        )),
+    }
 }
 
 /// `PROGRAM --version`, first line, with a timeout; the child dies with the probe.
@@ -307,5 +367,27 @@ pub fn print_items(items: &[Item]) {
             "  (optional)"
         };
         println!("  {mark} {:<10} {}{opt}", i.name, i.detail);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claude_counts_as_ok_only_when_auth_status_says_logged_in() {
+        let out = r#"{"loggedIn": false, "authMethod": "none", "apiProvider": "firstParty"}"#;
+        let e = claude_auth_verdict(out).unwrap_err();
+        assert!(
+            e.contains("not logged in") && e.contains("claude auth login"),
+            "{e}"
+        );
+        let key = r#"{"loggedIn": true, "authMethod": "api_key", "apiProvider": "firstParty", "apiKeySource": "ANTHROPIC_API_KEY"}"#;
+        assert!(claude_auth_verdict(key)
+            .unwrap()
+            .contains("ANTHROPIC_API_KEY"));
+        let sub = r#"{"loggedIn": true, "authMethod": "claude.ai", "apiProvider": "firstParty"}"#;
+        assert!(claude_auth_verdict(sub).unwrap().contains("estimates"));
+        assert!(claude_auth_verdict("Usage: claude [options]").is_err());
     }
 }

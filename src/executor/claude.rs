@@ -1,32 +1,47 @@
-//! The Claude Code CLI executor: runs `claude -p PROMPT --output-format stream-json --verbose
-//! --model MODEL` (an argv, never a shell string) in the workspace, parses the stream-json
-//! lines as they arrive into progress events, and retries a failed run with backoff.
+//! The Claude Code CLI executor: runs `claude -p` with the prompt on **stdin** (a prompt in
+//! argv fails with E2BIG over 128 KiB and could be read as an option), an argv never a shell
+//! string, in the workspace; parses its `stream-json` lines as they arrive
+//! ([`super::claude_stream`]) into progress, usage and a typed failure.
 //!
-//! # The stream-json lines it understands
+//! # Flags, and why
 //!
-//! One JSON object per stdout line, tagged by `type`:
-//! - `system` (`subtype: "init"`): carries the `model` actually used.
-//! - `assistant`: `message.content[]` of `text` blocks (→ `token` progress) and `tool_use`
-//!   blocks (`id`, `name`, `input`), `message.usage.output_tokens`.
-//! - `user`: `message.content[]` of `tool_result` blocks (`tool_use_id`, `content`,
-//!   `is_error`) → one `tool_call` progress event per tool call, with its result summary.
-//! - `result` (last): `subtype`, `is_error`, `result` (the final text), `num_turns`,
-//!   `total_cost_usd`, `usage.{input_tokens, output_tokens, cache_creation_input_tokens,
-//!   cache_read_input_tokens}`.
+//! - `--permission-mode acceptEdits` (+ `--allowedTools` from `executor.claude_allowed_tools`):
+//!   under `-p` the default mode denies every Write, Edit and Bash call and the run still ends
+//!   `success`. A bypass mode is never used (config validation refuses it; the CLI itself
+//!   refuses `--dangerously-skip-permissions` as root).
+//! - `--setting-sources user` and `--strict-mcp-config`: the repository is untrusted; without
+//!   them the CLI runs the workspace's `.claude/settings.json` hooks and honours its `env`
+//!   (including `ANTHROPIC_BASE_URL`, which would send the API key where the repo chose) and
+//!   its `.mcp.json`.
+//! - `--no-session-persistence`: no transcript of task data left under HOME.
+//! - `--max-turns` (`executor.claude_max_turns`), `--max-budget-usd` (the task's remaining
+//!   budget, [`ExecContext::remaining_budget_usd`]).
+//! - `CLAUDE_CODE_MAX_RETRIES` (`executor.claude_api_max_retries`) in the child env: the CLI
+//!   retries 429/5xx/network errors itself (about ten times over ~3 min by default), reporting
+//!   each try as a `system/api_retry` line. That is the one retry layer for API errors; this
+//!   executor only starts a fresh process after a crash (no result line), per
+//!   `claude_retry_delays_ms`, within the same tier deadline.
 //!
-//! Anything else (other types, unparseable lines) is logged at debug and skipped.
+//! # Ending a run
+//!
+//! After the `result` line the process gets `claude_result_grace_ms` to exit, then its group
+//! is stopped: a lingering CLI must not turn a finished run into a timeout. A stream silent for
+//! `claude_idle_timeout_secs` is killed (the reason says so); while a tool call runs (a build
+//! in the Bash tool prints nothing until it ends) ten more minutes of silence are allowed. A run killed at the timeout
+//! reports the cost estimated from the per-message usage seen so far, not zero.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::cost;
 use crate::process::{self, CommandSpec, Exit, Limits};
-use crate::progress::{EventKind, ProgressEvent, ProgressSink};
-use crate::util::{tail_bytes, truncate_chars};
+use crate::progress::{EventKind, ProgressEvent};
 
+use super::claude_stream::{ClaudeFailure, StreamState};
 use super::{Attempt, ExecContext, ExecOutcome, ExecStatus};
 
 /// Runs tasks through the `claude` CLI found at construction.
@@ -68,8 +83,9 @@ impl ClaudeExecutor {
         &self.program
     }
 
-    /// Run one attempt: the CLI, retried after `claude_retry_delays_ms` on failure (never on
-    /// cancellation or timeout). Tokens and cost are summed over the tries.
+    /// Run one attempt: the CLI, started again after `claude_retry_delays_ms` only when it
+    /// crashed (never on a classified failure, cancellation or timeout). Tokens and cost are
+    /// summed over the tries.
     pub async fn execute(&mut self, ctx: &ExecContext, attempt: &Attempt) -> ExecOutcome {
         let started = Instant::now();
         let cfg = &ctx.config.executor;
@@ -83,10 +99,8 @@ impl ClaudeExecutor {
         let end = loop {
             tries += 1;
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let run = self
-                .run_once(ctx, attempt, &model, remaining, &totals)
-                .await;
-            let run = match run {
+            let spec = build_spec(&self.program, ctx, &attempt.prompt, &model);
+            let run = match run_once(ctx, spec, &model, remaining, totals.tokens_out).await {
                 Ok(r) => r,
                 Err(e) => {
                     break End::Failed(format!(
@@ -96,116 +110,257 @@ impl ClaudeExecutor {
                     ))
                 }
             };
-            totals.add(&run.stream, &model);
-            match run.exit {
-                Exit::TimedOut => break End::TimedOut,
-                Exit::Cancelled => break End::Cancelled,
-                _ => {}
-            }
-            let error = run.failure();
-            let Some(error) = error else {
-                break End::Ok(run.stream.output());
-            };
+            totals.add(&run.stream);
             totals.last_output = run.stream.output();
-            let Some(&delay) = delays.get(tries - 1) else {
-                break End::Failed(format!("{error} (gave up after {tries} tries)"));
+            match run.end {
+                RunEnd::TimedOut => break End::TimedOut(timeout_detail(&run.stream)),
+                RunEnd::Cancelled => break End::Cancelled,
+                RunEnd::Idle(secs) => {
+                    break End::Failed(format!(
+                        "claude printed nothing for {secs} s and was killed (executor.claude_idle_timeout_secs){}",
+                        timeout_detail(&run.stream)
+                    ))
+                }
+                RunEnd::Exited { .. } => {}
+            }
+            let Some(failure) = run.failure() else {
+                break End::Ok;
             };
-            tracing::warn!(task_id = %ctx.task.task_id, attempt = attempt.number, tries, delay_ms = delay, %error, "claude run failed; retrying");
+            if !failure.retryable() {
+                tracing::warn!(task_id = %ctx.task.task_id, attempt = attempt.number, class = failure.class(), %failure, "claude run failed; not retried");
+                break End::Failed(failure.to_string());
+            }
+            let Some(&delay) = delays.get(tries - 1) else {
+                break End::Failed(format!("{failure} (gave up after {tries} tries)"));
+            };
+            tracing::warn!(task_id = %ctx.task.task_id, attempt = attempt.number, tries, delay_ms = delay, %failure, "claude crashed; retrying");
             ctx.progress.emit(ProgressEvent::new(
                 EventKind::Error,
-                format!("claude failed ({error}); retry {tries} in {delay} ms"),
+                format!("{failure}; retry {tries} in {delay} ms"),
             ));
             tokio::select! {
                 _ = ctx.cancel.cancelled() => break End::Cancelled,
-                _ = tokio::time::sleep_until(deadline) => break End::TimedOut,
+                _ = tokio::time::sleep_until(deadline) => break End::TimedOut(String::new()),
                 _ = tokio::time::sleep(Duration::from_millis(delay)) => {}
             }
         };
-        let (status, output, error) = match end {
-            End::Ok(out) => (ExecStatus::Succeeded, out, None),
-            End::Failed(e) => (ExecStatus::Failed, totals.last_output.clone(), Some(e)),
-            End::TimedOut => (
+        let mut output = totals.last_output.clone();
+        if !totals.denials.is_empty() {
+            // Some changes went through, some were denied: the result says which, so a
+            // reviewer (or the verification checks) knows what is missing.
+            output.push_str(&format!(
+                "\n[permission denied by claude: {}; allow them in executor.claude_allowed_tools]",
+                totals.denials.join(", ")
+            ));
+        }
+        let (status, error) = match end {
+            End::Ok => (ExecStatus::Succeeded, None),
+            End::Failed(e) => (ExecStatus::Failed, Some(e)),
+            End::TimedOut(detail) => (
                 ExecStatus::TimedOut,
-                totals.last_output.clone(),
                 Some(format!(
-                    "claude timed out after {} s (executor timeout for this tier); its process group was killed",
+                    "claude timed out after {} s (executor timeout for this tier); its process group was killed{detail}",
                     timeout.as_secs()
                 )),
             ),
-            End::Cancelled => (
-                ExecStatus::Cancelled,
-                totals.last_output.clone(),
-                Some("cancelled".into()),
-            ),
+            End::Cancelled => (ExecStatus::Cancelled, Some("cancelled".into())),
         };
-        let cost_usd = totals.cost_usd;
+        if totals.subscription && totals.cost_usd > 0.0 {
+            ctx.progress.emit(ProgressEvent::status(format!(
+                "claude cost ${:.4} is an API-equivalent estimate (subscription login), not spend",
+                totals.cost_usd
+            )));
+        }
         ExecOutcome {
             status,
             output,
             model_used: Some(totals.model.clone().unwrap_or(model)),
             tokens_in: totals.tokens_in,
             tokens_out: totals.tokens_out,
-            cost_usd,
-            equivalent_claude_cost_usd: cost_usd,
+            cost_usd: totals.cost_usd,
+            equivalent_claude_cost_usd: totals.cost_usd,
+            cost_is_estimate: totals.subscription || totals.estimated,
             error,
             execution_ms: started.elapsed().as_millis() as u64,
             termination_reason: None,
             iterations_used: totals.turns,
+            permission_denials: totals.denials,
         }
     }
+}
 
-    async fn run_once(
-        &self,
-        ctx: &ExecContext,
-        attempt: &Attempt,
-        model: &str,
-        timeout: Duration,
-        totals: &Totals,
-    ) -> std::io::Result<RunResult> {
-        let cfg = &ctx.config.executor;
-        let spec = CommandSpec::new(&self.program, &ctx.workspace, ctx.env.clone())
-            .arg("-p")
-            .arg(prompt_arg(&attempt.prompt))
-            .args([
-                "--output-format",
-                "stream-json",
-                "--verbose",
-                "--model",
-                model,
-            ])
-            .args(&cfg.claude_extra_args);
-        let limits = Limits {
-            timeout: Some(timeout),
-            grace: Duration::from_millis(cfg.kill_grace_ms),
-            output_cap: cfg.output_cap_bytes,
-        };
-        let mut stream = StreamState::new(ctx.progress.clone(), model, totals.tokens_out);
-        ctx.progress
-            .emit(ProgressEvent::status(format!("running claude ({model})")));
-        let mut on_line = |line: &str| stream.line(line);
-        let out = process::run_with(&spec, &limits, &ctx.cancel, None, Some(&mut on_line)).await?;
-        stream.flush_pending_tools();
-        Ok(RunResult {
-            exit: out.exit,
-            stderr: out.stderr,
-            stream,
-        })
+/// The argv, cwd, env and stdin of one run (see the module docs for the flags).
+pub fn build_spec(program: &Path, ctx: &ExecContext, prompt: &str, model: &str) -> CommandSpec {
+    let cfg = &ctx.config.executor;
+    let mut spec = CommandSpec::new(program, &ctx.workspace, ctx.env.clone())
+        .args(["-p", "--output-format", "stream-json", "--verbose"])
+        .args(["--model", model])
+        .args(["--permission-mode", "acceptEdits"])
+        .args(safety_args())
+        .arg("--max-turns")
+        .arg(cfg.claude_max_turns.to_string());
+    if let Some(budget) = ctx.remaining_budget_usd {
+        spec = spec
+            .arg("--max-budget-usd")
+            .arg(format!("{:.4}", budget.max(0.0)));
+    }
+    if !cfg.claude_allowed_tools.is_empty() {
+        // Variadic option: one value per tool; the next `--flag` ends the list.
+        spec = spec.arg("--allowedTools").args(&cfg.claude_allowed_tools);
+    }
+    spec = spec.args(&cfg.claude_extra_args);
+    spec.env.set(
+        "CLAUDE_CODE_MAX_RETRIES",
+        &cfg.claude_api_max_retries.to_string(),
+    );
+    spec.stdin = Some(prompt.as_bytes().to_vec());
+    spec
+}
+
+/// Flags that keep repository content from configuring the CLI, and no transcript on disk.
+pub fn safety_args() -> [&'static str; 4] {
+    [
+        "--setting-sources",
+        "user",
+        "--strict-mcp-config",
+        "--no-session-persistence",
+    ]
+}
+
+/// Extra silence allowed while a tool call runs: the CLI's Bash tool may run 10 minutes.
+const TOOL_SILENCE: Duration = Duration::from_secs(600);
+
+/// How one process ended, as far as this executor is concerned.
+enum RunEnd {
+    /// It exited, or was stopped after its result line (`after_result`).
+    Exited {
+        after_result: bool,
+    },
+    TimedOut,
+    Cancelled,
+    /// Killed by the no-output watchdog after this many seconds of silence.
+    Idle(u64),
+}
+
+struct RunResult {
+    end: RunEnd,
+    exit: Exit,
+    stderr: String,
+    stream: StreamState,
+}
+
+impl RunResult {
+    fn failure(&self) -> Option<ClaudeFailure> {
+        let exit_ok =
+            self.exit.success() || matches!(self.end, RunEnd::Exited { after_result: true });
+        self.stream.failure(exit_ok, &self.stderr)
     }
 }
 
-/// The prompt as the CLI's positional argument. A prompt starting with `-` would be parsed
-/// as an option (task text choosing CLI flags), so it gets a leading space, which the
-/// option parser treats as a plain argument and the model ignores.
-fn prompt_arg(prompt: &str) -> String {
-    if prompt.starts_with('-') {
-        format!(" {prompt}")
-    } else {
-        prompt.to_string()
+/// Run `spec` once: stream its lines, stop it a grace period after the result line, kill it
+/// when silent for too long.
+async fn run_once(
+    ctx: &ExecContext,
+    spec: CommandSpec,
+    model: &str,
+    timeout: Duration,
+    tokens_base: u64,
+) -> std::io::Result<RunResult> {
+    let cfg = &ctx.config.executor;
+    let limits = Limits {
+        timeout: Some(timeout),
+        grace: Duration::from_millis(cfg.kill_grace_ms),
+        output_cap: cfg.output_cap_bytes,
+    };
+    ctx.progress
+        .emit(ProgressEvent::status(format!("running claude ({model})")));
+    let stream = Mutex::new(StreamState::new(ctx.progress.clone(), model, tokens_base));
+    // Our own stop (result seen, or silence) cancels only this child, not the task.
+    let child_cancel = ctx.cancel.child_token();
+    let result_seen = CancellationToken::new();
+    let last_line = Mutex::new(tokio::time::Instant::now());
+    let idle_killed = AtomicBool::new(false);
+    let after_result = AtomicBool::new(false);
+    let mut on_line = |line: &str| {
+        *last_line.lock().expect("not poisoned") = tokio::time::Instant::now();
+        if stream.lock().expect("not poisoned").line(line) {
+            result_seen.cancel();
+        }
+    };
+    let idle = Duration::from_secs(cfg.claude_idle_timeout_secs.max(1));
+    let result_grace = Duration::from_millis(cfg.claude_result_grace_ms);
+    // Silence while a tool runs is normal up to the Bash tool's own 10 min limit.
+    let quiet_limit = || {
+        if stream.lock().expect("not poisoned").tool_running() {
+            idle + TOOL_SILENCE
+        } else {
+            idle
+        }
+    };
+    let watchdog = async {
+        loop {
+            let quiet_until = *last_line.lock().expect("not poisoned") + quiet_limit();
+            tokio::select! {
+                _ = result_seen.cancelled() => {
+                    tokio::time::sleep(result_grace).await;
+                    after_result.store(true, Ordering::SeqCst);
+                    child_cancel.cancel();
+                    return std::future::pending::<()>().await;
+                }
+                _ = tokio::time::sleep_until(quiet_until) => {
+                    if *last_line.lock().expect("not poisoned") + quiet_limit() <= tokio::time::Instant::now() {
+                        idle_killed.store(true, Ordering::SeqCst);
+                        child_cancel.cancel();
+                        return std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
+    };
+    let out = tokio::select! {
+        out = process::run_with(&spec, &limits, &child_cancel, None, Some(&mut on_line)) => out?,
+        _ = watchdog => unreachable!("the watchdog never completes"),
+    };
+    let mut stream = stream.into_inner().expect("not poisoned");
+    stream.flush_pending_tools();
+    let end = match out.exit {
+        Exit::TimedOut => RunEnd::TimedOut,
+        Exit::Cancelled if ctx.cancel.is_cancelled() => RunEnd::Cancelled,
+        Exit::Cancelled if idle_killed.load(Ordering::SeqCst) => RunEnd::Idle(idle.as_secs()),
+        Exit::Cancelled => RunEnd::Exited {
+            after_result: after_result.load(Ordering::SeqCst),
+        },
+        _ => RunEnd::Exited {
+            after_result: false,
+        },
+    };
+    if matches!(end, RunEnd::Exited { after_result: true }) {
+        tracing::debug!(task_id = %ctx.task.task_id, "claude lingered after its result line; stopped");
     }
+    Ok(RunResult {
+        end,
+        exit: out.exit,
+        stderr: out.stderr,
+        stream,
+    })
 }
 
-/// Assistant text kept per run (the tail), for the output when no result line comes.
-const MAX_TEXT_BYTES: usize = 1024 * 1024;
+/// For a run that was killed: what it was doing (the API retrying?) and the estimated cost.
+fn timeout_detail(s: &StreamState) -> String {
+    let mut d = String::new();
+    if let Some((status, error)) = &s.last_retry {
+        d.push_str(&format!(
+            "; the API was failing ({error}, status {}) and the CLI had retried {} times",
+            status.map_or("none".into(), |s| s.to_string()),
+            s.retries_seen
+        ));
+    }
+    let (_, _, usd) = s.usage();
+    if usd > 0.0 {
+        d.push_str(&format!("; estimated cost so far ${usd:.4}"));
+    }
+    d
+}
 
 /// `routing_decision.selected_model` when it names a Claude model, else `executor.claude_model`.
 fn select_model(ctx: &ExecContext) -> String {
@@ -224,13 +379,6 @@ fn is_claude_model(m: &str) -> bool {
     !m.is_empty() && (cost::price(m).is_some() || m.to_ascii_lowercase().contains("claude"))
 }
 
-enum End {
-    Ok(String),
-    Failed(String),
-    TimedOut,
-    Cancelled,
-}
-
 /// Sums over the tries of one attempt.
 #[derive(Default)]
 struct Totals {
@@ -240,322 +388,136 @@ struct Totals {
     turns: Option<u32>,
     model: Option<String>,
     last_output: String,
+    denials: Vec<String>,
+    /// A subscription login (`apiKeySource: none`): the CLI's cost is an estimate.
+    subscription: bool,
+    /// Some run had no result line: its cost is estimated from the usage seen.
+    estimated: bool,
 }
 
 impl Totals {
-    fn add(&mut self, s: &StreamState, requested_model: &str) {
-        let model = s.model.as_deref().unwrap_or(requested_model);
-        let (tin, tout) = match &s.result {
-            Some(r) => (r.tokens_in, r.tokens_out),
-            // No result line (crash, kill): count what the assistant messages reported.
-            None => (0, s.tokens_out_seen),
-        };
+    fn add(&mut self, s: &StreamState) {
+        let (tin, tout, usd) = s.usage();
         self.tokens_in += tin;
         self.tokens_out += tout;
-        self.cost_usd += s
+        self.cost_usd += usd;
+        self.estimated |= s.result.is_none() && usd > 0.0;
+        self.subscription |= s.api_key_source.as_deref() == Some("none");
+        // Per message id (one message arrives as one event per content block); the result's
+        // `num_turns` only when no message was seen.
+        let turns = match s.turns() {
+            0 => s.result.as_ref().and_then(|r| r.num_turns).unwrap_or(0),
+            n => n,
+        };
+        if turns > 0 {
+            self.turns = Some(self.turns.unwrap_or(0) + turns);
+        }
+        if let Some(r) = &s.result {
+            self.denials.extend(r.denials.iter().cloned());
+        }
+        if let Some(m) = s
             .result
             .as_ref()
-            .and_then(|r| r.cost_usd)
-            .unwrap_or_else(|| cost::claude_cost(model, tin, tout));
-        if let Some(n) = s.result.as_ref().and_then(|r| r.num_turns) {
-            self.turns = Some(self.turns.unwrap_or(0) + n);
-        }
-        if s.model.is_some() {
-            self.model = s.model.clone();
+            .and_then(|r| r.model.clone())
+            .or(s.model.clone())
+        {
+            self.model = Some(m);
         }
     }
 }
 
-struct RunResult {
-    exit: Exit,
-    stderr: String,
-    stream: StreamState,
-}
-
-impl RunResult {
-    /// `None` on success: a non-error `result` line, or exit 0 without any error signal.
-    fn failure(&self) -> Option<String> {
-        let stderr_tail = || tail_bytes(self.stderr.trim_end(), 1000);
-        match &self.stream.result {
-            Some(r) if r.is_error => Some(format!(
-                "claude reported an error (subtype {}, {}): {}; stderr tail: {}",
-                r.subtype.as_deref().unwrap_or("unknown"),
-                self.exit.describe(),
-                truncate_chars(&r.text, 500),
-                stderr_tail()
-            )),
-            Some(_) => None,
-            None if self.exit.success() => None,
-            None => Some(format!(
-                "claude failed with {} without a result line; stderr tail: {}",
-                self.exit.describe(),
-                stderr_tail()
-            )),
-        }
-    }
-}
-
-/// The final `result` line.
-#[derive(Debug, Default)]
-struct ResultLine {
-    subtype: Option<String>,
-    is_error: bool,
-    text: String,
-    tokens_in: u64,
-    tokens_out: u64,
-    cost_usd: Option<f64>,
-    num_turns: Option<u32>,
-}
-
-/// Parser state for one run's stdout; emits progress as lines arrive.
-struct StreamState {
-    progress: ProgressSink,
-    requested_model: String,
-    model: Option<String>,
-    /// Text of the assistant blocks, the output when no result line came.
-    text: String,
-    /// Output tokens seen in assistant messages (progress `tokens_so_far`).
-    tokens_out_seen: u64,
-    /// Tokens of earlier tries, so progress counts keep rising across retries.
-    tokens_base: u64,
-    turns_seen: u32,
-    /// tool_use id → (name, args summary, turn), until its result arrives.
-    pending_tools: HashMap<String, (String, String, u32)>,
-    result: Option<ResultLine>,
-}
-
-impl StreamState {
-    fn new(progress: ProgressSink, requested_model: &str, tokens_base: u64) -> StreamState {
-        StreamState {
-            progress,
-            requested_model: requested_model.to_string(),
-            model: None,
-            text: String::new(),
-            tokens_out_seen: 0,
-            tokens_base,
-            turns_seen: 0,
-            pending_tools: HashMap::new(),
-            result: None,
-        }
-    }
-
-    fn output(&self) -> String {
-        match &self.result {
-            Some(r) if !r.text.is_empty() => r.text.clone(),
-            _ => self.text.clone(),
-        }
-    }
-
-    fn model_name(&self) -> &str {
-        self.model.as_deref().unwrap_or(&self.requested_model)
-    }
-
-    fn line(&mut self, line: &str) {
-        let line = line.trim();
-        if line.is_empty() {
-            return;
-        }
-        let v: Value = match serde_json::from_str(line) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::debug!(error = %e, line = %truncate_chars(line, 200), "skipping a claude stdout line that is not JSON");
-                return;
-            }
-        };
-        match v.get("type").and_then(Value::as_str) {
-            Some("system") => {
-                if let Some(m) = v.get("model").and_then(Value::as_str) {
-                    self.model = Some(m.to_string());
-                }
-            }
-            Some("assistant") => self.assistant(&v),
-            Some("user") => self.user(&v),
-            Some("result") => self.result(&v),
-            other => {
-                tracing::debug!(kind = ?other, "skipping a claude stream-json line of unknown type")
-            }
-        }
-    }
-
-    fn assistant(&mut self, v: &Value) {
-        self.turns_seen += 1;
-        let msg = &v["message"];
-        if let Some(n) = msg.pointer("/usage/output_tokens").and_then(Value::as_u64) {
-            self.tokens_out_seen += n;
-        }
-        if let Some(m) = msg.get("model").and_then(Value::as_str) {
-            self.model.get_or_insert_with(|| m.to_string());
-        }
-        let Some(blocks) = msg.get("content").and_then(Value::as_array) else {
-            return;
-        };
-        for b in blocks {
-            match b.get("type").and_then(Value::as_str) {
-                Some("text") => {
-                    let t = b.get("text").and_then(Value::as_str).unwrap_or_default();
-                    if t.is_empty() {
-                        continue;
-                    }
-                    if !self.text.is_empty() {
-                        self.text.push('\n');
-                    }
-                    self.text.push_str(t);
-                    if self.text.len() > 2 * MAX_TEXT_BYTES {
-                        self.text = tail_bytes(&self.text, MAX_TEXT_BYTES);
-                    }
-                    let ev = ProgressEvent::new(EventKind::Token, t).with_tokens(
-                        self.tokens_base + self.tokens_out_seen,
-                        Some(self.model_name()),
-                    );
-                    self.progress.emit(ev);
-                }
-                Some("tool_use") => {
-                    let id = b.get("id").and_then(Value::as_str).unwrap_or_default();
-                    let name = b
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("unknown")
-                        .to_string();
-                    let args = summarize_args(b.get("input").unwrap_or(&Value::Null));
-                    self.pending_tools
-                        .insert(id.to_string(), (name, args, self.turns_seen));
-                }
-                _ => {}
-            }
-        }
-    }
-
-    fn user(&mut self, v: &Value) {
-        let Some(blocks) = v.pointer("/message/content").and_then(Value::as_array) else {
-            return;
-        };
-        for b in blocks {
-            if b.get("type").and_then(Value::as_str) != Some("tool_result") {
-                continue;
-            }
-            let id = b
-                .get("tool_use_id")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let (name, args, turn) = self
-                .pending_tools
-                .remove(id)
-                .unwrap_or_else(|| ("unknown".into(), String::new(), self.turns_seen));
-            let mut summary = summarize_result(b.get("content").unwrap_or(&Value::Null));
-            if b.get("is_error").and_then(Value::as_bool) == Some(true) {
-                summary = format!("error: {summary}");
-            }
-            self.emit_tool(&name, &args, &summary, turn);
-        }
-    }
-
-    fn result(&mut self, v: &Value) {
-        let u = |k: &str| {
-            v.pointer(&format!("/usage/{k}"))
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
-        };
-        self.result = Some(ResultLine {
-            subtype: v.get("subtype").and_then(Value::as_str).map(str::to_string),
-            is_error: v.get("is_error").and_then(Value::as_bool).unwrap_or(false),
-            text: v
-                .get("result")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string(),
-            // Cache writes and reads are input the model processed: they count as input.
-            tokens_in: u("input_tokens")
-                + u("cache_creation_input_tokens")
-                + u("cache_read_input_tokens"),
-            tokens_out: u("output_tokens"),
-            cost_usd: v.get("total_cost_usd").and_then(Value::as_f64),
-            num_turns: v
-                .get("num_turns")
-                .and_then(Value::as_u64)
-                .map(|n| n.min(u32::MAX as u64) as u32),
-        });
-    }
-
-    /// Tool calls whose result never came (killed run) still get their event.
-    fn flush_pending_tools(&mut self) {
-        let mut pending: Vec<_> = self.pending_tools.drain().collect();
-        pending.sort_by_key(|(_, (_, _, turn))| *turn);
-        for (_, (name, args, turn)) in pending {
-            self.emit_tool(&name, &args, "(no result)", turn);
-        }
-    }
-
-    fn emit_tool(&self, name: &str, args: &str, result: &str, turn: u32) {
-        let ev = ProgressEvent::new(EventKind::ToolCall, format!("{name}({args})"))
-            .with("tool_name", name)
-            .with("args_summary", args)
-            .with("result_summary", result)
-            .with("iteration", turn)
-            .with_tokens(
-                self.tokens_base + self.tokens_out_seen,
-                Some(self.model_name()),
-            );
-        self.progress.emit(ev);
-    }
-}
-
-/// A short, one-line view of a tool's input: the usual key when there is one, else compact JSON.
-fn summarize_args(input: &Value) -> String {
-    for key in ["command", "file_path", "path", "pattern", "url", "query"] {
-        if let Some(s) = input.get(key).and_then(Value::as_str) {
-            return one_line(s, 120);
-        }
-    }
-    one_line(&input.to_string(), 120)
-}
-
-/// A tool result is a string or a list of `{type: text, text}` blocks.
-fn summarize_result(content: &Value) -> String {
-    let text = match content {
-        Value::String(s) => s.clone(),
-        Value::Array(items) => items
-            .iter()
-            .filter_map(|i| i.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    };
-    one_line(&text, 200)
-}
-
-fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() > max {
-        format!("{}…", truncate_chars(&flat, max))
-    } else {
-        flat
-    }
+enum End {
+    Ok,
+    Failed(String),
+    /// With what the run was doing when killed.
+    TimedOut(String),
+    Cancelled,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::process::ChildEnv;
+    use crate::progress::ProgressSink;
+    use std::sync::Arc;
+
+    fn ctx(edit: impl FnOnce(&mut Config), budget: Option<f64>) -> ExecContext {
+        let mut config = Config::default();
+        edit(&mut config);
+        let task: crate::task::Task =
+            serde_json::from_value(serde_json::json!({"task_id": "t", "description": "d"}))
+                .unwrap();
+        ExecContext {
+            task: Arc::new(task),
+            workspace: PathBuf::from("/w"),
+            config: Arc::new(config),
+            env: ChildEnv::default(),
+            progress: ProgressSink::new(1024),
+            cancel: CancellationToken::new(),
+            remaining_budget_usd: budget,
+        }
+    }
+
+    fn argv(spec: &CommandSpec) -> Vec<String> {
+        spec.args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
 
     #[test]
-    fn parses_the_stream_json_lines() {
-        let sink = ProgressSink::new(8192);
-        let mut s = StreamState::new(sink.clone(), "claude-sonnet-4-5", 0);
-        s.line(r#"{"type":"system","subtype":"init","model":"claude-sonnet-4-5-20250929","tools":["Bash"]}"#);
-        s.line(r#"{"type":"assistant","message":{"role":"assistant","content":[{"type":"text","text":"Looking"},{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls -la"}}],"usage":{"output_tokens":7}}}"#);
-        s.line("not json");
-        s.line(r#"{"type":"user","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"a\nb"}]}}"#);
-        s.line(r#"{"type":"result","subtype":"success","is_error":false,"result":"done","num_turns":2,"total_cost_usd":0.5,"usage":{"input_tokens":10,"cache_creation_input_tokens":5,"cache_read_input_tokens":3,"output_tokens":20}}"#);
-        assert_eq!(s.model.as_deref(), Some("claude-sonnet-4-5-20250929"));
-        let r = s.result.as_ref().unwrap();
-        assert_eq!((r.tokens_in, r.tokens_out, r.num_turns), (18, 20, Some(2)));
-        assert_eq!(s.output(), "done");
-        assert!(s.pending_tools.is_empty());
-        assert_eq!(sink.emitted(), 2);
-        let ev = sink.take_event().unwrap();
-        assert_eq!(ev["tool_name"], "Bash");
-        assert_eq!(ev["args_summary"], "ls -la");
-        assert_eq!(ev["result_summary"], "a b");
+    fn the_prompt_goes_on_stdin_and_the_safety_flags_are_always_there() {
+        let c = ctx(|_| {}, None);
+        let prompt = "-p --dangerously-skip-permissions ".repeat(10_000);
+        let spec = build_spec(Path::new("claude"), &c, &prompt, "claude-sonnet-4-5");
+        let a = argv(&spec);
+        assert_eq!(spec.stdin.as_deref(), Some(prompt.as_bytes()));
+        assert!(!a.iter().any(|x| x.contains("dangerously")), "{a:?}");
+        let joined = a.join(" ");
+        for flag in [
+            "-p --output-format stream-json --verbose",
+            "--model claude-sonnet-4-5",
+            "--permission-mode acceptEdits",
+            "--setting-sources user --strict-mcp-config --no-session-persistence",
+            "--max-turns 50",
+        ] {
+            assert!(joined.contains(flag), "missing `{flag}` in {joined}");
+        }
+        assert!(!joined.contains("--max-budget-usd"), "{joined}");
+        assert!(!joined.contains("--allowedTools"), "{joined}");
+        assert!(spec
+            .env
+            .vars()
+            .iter()
+            .any(|(k, v)| k == "CLAUDE_CODE_MAX_RETRIES" && v == "4"));
+    }
+
+    #[test]
+    fn budget_turns_and_allowed_tools_come_from_config_and_context() {
+        let c = ctx(
+            |c| {
+                c.executor.claude_allowed_tools = vec!["Bash(cargo:*)".into(), "Edit".into()];
+                c.executor.claude_max_turns = 7;
+                c.executor.claude_api_max_retries = 1;
+                c.executor.claude_extra_args = vec!["--effort".into(), "low".into()];
+            },
+            Some(0.25),
+        );
+        let spec = build_spec(Path::new("claude"), &c, "hi", "m");
+        let joined = argv(&spec).join(" ");
+        assert!(joined.contains("--max-turns 7"), "{joined}");
+        assert!(joined.contains("--max-budget-usd 0.2500"), "{joined}");
+        // The tool list is followed by a flag, which ends the variadic option.
+        assert!(
+            joined.ends_with("--allowedTools Bash(cargo:*) Edit --effort low"),
+            "{joined}"
+        );
+        assert!(spec
+            .env
+            .vars()
+            .iter()
+            .any(|(k, v)| k == "CLAUDE_CODE_MAX_RETRIES" && v == "1"));
     }
 
     #[test]

@@ -8,11 +8,13 @@
 //! # Layout
 //!
 //! - [`shell`]: `metadata.shell_command` via `sh -c`, in a process group.
-//! - [`claude`]: the Claude Code CLI, `stream-json` output.
+//! - [`claude`]: the Claude Code CLI: flags, run, stop, retry.
+//! - [`claude_stream`]: its `stream-json` lines, usage and typed failures.
 //! - [`ollama`]: `/api/chat` streaming, and the agentic tool loop.
 //! - [`tools`]: the agentic tools and their workspace sandbox.
 
 pub mod claude;
+pub mod claude_stream;
 pub mod ollama;
 pub mod shell;
 pub mod tools;
@@ -40,6 +42,8 @@ pub struct ExecContext {
     pub progress: ProgressSink,
     /// Cancelled on `task_cancelled`, `state_report_ack{abort}` and forced shutdown.
     pub cancel: CancellationToken,
+    /// What the task may still spend (USD), passed to `claude --max-budget-usd`; `None`: no cap.
+    pub remaining_budget_usd: Option<f64>,
 }
 
 impl ExecContext {
@@ -77,12 +81,19 @@ pub struct ExecOutcome {
     pub cost_usd: f64,
     /// What the tokens would have cost on the reference Claude model.
     pub equivalent_claude_cost_usd: f64,
+    /// The cost is an estimate, not spend: a subscription login (API-equivalent figure) or a
+    /// run killed before it reported its cost.
+    #[serde(default)]
+    pub cost_is_estimate: bool,
     /// Why it failed, for `task_failed` (≤ 2,000 chars is applied when sending).
     pub error: Option<String>,
     pub execution_ms: u64,
     /// Agentic loop: why it stopped (`final_answer`, `max_iterations`, `repetition`, `stall`, …).
     pub termination_reason: Option<String>,
     pub iterations_used: Option<u32>,
+    /// Tool calls the agent's permission mode denied, as `Tool(args)`.
+    #[serde(default)]
+    pub permission_denials: Vec<String>,
 }
 
 impl ExecOutcome {
@@ -96,10 +107,12 @@ impl ExecOutcome {
             tokens_out: 0,
             cost_usd: 0.0,
             equivalent_claude_cost_usd: 0.0,
+            cost_is_estimate: false,
             error,
             execution_ms: 0,
             termination_reason: None,
             iterations_used: None,
+            permission_denials: Vec::new(),
         }
     }
 

@@ -484,9 +484,9 @@ fn list_directory(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
     let mut truncated = false;
     walk(&path, recursive, &mut |p, is_dir| {
         let rel = p.strip_prefix(&path).unwrap_or(p);
-        let matches = matcher.as_ref().map_or(true, |m| {
-            m.is_match(rel) || p.file_name().is_some_and(|n| m.is_match(n))
-        });
+        let matches = matcher
+            .as_ref()
+            .is_none_or(|m| m.is_match(rel) || p.file_name().is_some_and(|n| m.is_match(n)));
         if matches {
             if lines.len() >= MAX_LIST_ENTRIES {
                 truncated = true;

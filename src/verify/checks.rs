@@ -451,6 +451,7 @@ mod tests {
             env: ChildEnv::inherit(),
             progress: ProgressSink::new(8192),
             cancel: tokio_util::sync::CancellationToken::new(),
+            remaining_budget_usd: None,
         }
     }
 

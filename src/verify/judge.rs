@@ -139,6 +139,15 @@ pub fn judge_model(ctx: &ExecContext) -> String {
         .unwrap_or_else(|| ctx.config.executor.ollama_model.clone())
 }
 
+/// What one `llm_judge` check found, and what asking cost (USD; 0 for Ollama), so the loop
+/// can count the judge's spend into the task's caps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgeOutcome {
+    pub status: CheckStatus,
+    pub detail: String,
+    pub cost_usd: f64,
+}
+
 /// Run one `llm_judge` check within `bound`.
 pub async fn judge_check(
     ctx: &ExecContext,
@@ -146,17 +155,35 @@ pub async fn judge_check(
     observations: &[String],
     bound: Duration,
 ) -> (CheckStatus, String) {
+    let o = judge_check_with_cost(ctx, target, observations, bound).await;
+    (o.status, o.detail)
+}
+
+/// [`judge_check`], with the judge's cost.
+pub async fn judge_check_with_cost(
+    ctx: &ExecContext,
+    target: &str,
+    observations: &[String],
+    bound: Duration,
+) -> JudgeOutcome {
+    let done = |status, detail: String, cost_usd| JudgeOutcome {
+        status,
+        detail,
+        cost_usd,
+    };
     if target.trim().is_empty() {
-        return (
+        return done(
             CheckStatus::Error,
             "llm_judge needs a target saying what done means; the target is empty".into(),
+            0.0,
         );
     }
     // Nothing changed: there is nothing to judge, and asking would only invite a guess.
     if observe::is_unchanged(observations) {
-        return (
+        return done(
             CheckStatus::Fail,
             "workspace unchanged: nothing to judge (the judge was not asked)".into(),
+            0.0,
         );
     }
     let prompt = judge_prompt(
@@ -165,19 +192,25 @@ pub async fn judge_check(
         target,
         observations,
     );
-    let answer = match ctx.config.verification.judge_backend.as_str() {
+    let (answer, cost) = match ctx.config.verification.judge_backend.as_str() {
         "claude" => ask_claude(ctx, &prompt, bound).await,
-        "ollama" | "" => ask_ollama(ctx, &prompt, bound).await,
-        other => Err(format!(
-            "unknown judge_backend `{other}`: use \"ollama\" or \"claude\""
-        )),
+        "ollama" | "" => (ask_ollama(ctx, &prompt, bound).await, 0.0),
+        other => (
+            Err(format!(
+                "unknown judge_backend `{other}`: use \"ollama\" or \"claude\""
+            )),
+            0.0,
+        ),
     };
     match answer {
-        Ok(text) => decide(
-            extract_verdict(&text).as_ref(),
-            ctx.config.verification.judge_min_confidence,
-        ),
-        Err(e) => (CheckStatus::Error, e),
+        Ok(text) => {
+            let (status, detail) = decide(
+                extract_verdict(&text).as_ref(),
+                ctx.config.verification.judge_min_confidence,
+            );
+            done(status, detail, cost)
+        }
+        Err(e) => done(CheckStatus::Error, e, cost),
     }
 }
 
@@ -220,7 +253,16 @@ async fn ask_ollama(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<
     }
 }
 
-async fn ask_claude(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<String, String> {
+/// Ask `claude -p` with no tools, from a scratch directory (never the workspace: the judge
+/// must not read the work it judges, nor its `.claude/` settings), with the executor's safety
+/// flags. The answer and the error both come from the stream-json result, not stderr (which
+/// the CLI leaves empty). Returns the answer and what it cost.
+async fn ask_claude(
+    ctx: &ExecContext,
+    prompt: &str,
+    bound: Duration,
+) -> (Result<String, String>, f64) {
+    use crate::executor::claude_stream::StreamState;
     let program = ctx
         .config
         .executor
@@ -228,35 +270,70 @@ async fn ask_claude(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<
         .clone()
         .map(|p| p.into_os_string())
         .unwrap_or_else(|| "claude".into());
-    let full = format!("{SYSTEM}\n\n{prompt}");
-    let spec = CommandSpec::new(program, &ctx.workspace, ctx.env.clone())
-        .arg("-p")
-        .arg(full)
-        .args(["--output-format", "json", "--model"])
-        .arg(judge_model_claude(ctx));
+    let scratch = match tempfile::Builder::new()
+        .prefix("hub-sidecar-judge-")
+        .tempdir()
+    {
+        Ok(d) => d,
+        Err(e) => {
+            return (
+                Err(format!(
+                    "cannot create a scratch dir for the claude judge: {e}"
+                )),
+                0.0,
+            )
+        }
+    };
+    let model = judge_model_claude(ctx);
+    let mut spec = CommandSpec::new(program, scratch.path(), ctx.env.clone())
+        .args([
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+        ])
+        .arg(&model)
+        // `--tools ""`: no tools at all; one turn is all a verdict needs.
+        .args(["--tools", "", "--max-turns", "1"])
+        .args(crate::executor::claude::safety_args());
+    if let Some(budget) = ctx.remaining_budget_usd {
+        spec = spec
+            .arg("--max-budget-usd")
+            .arg(format!("{:.4}", budget.max(0.0)));
+    }
+    spec.env.set(
+        "CLAUDE_CODE_MAX_RETRIES",
+        &ctx.config.executor.claude_api_max_retries.to_string(),
+    );
+    spec.stdin = Some(format!("{SYSTEM}\n\n{prompt}").into_bytes());
     let limits = Limits {
         timeout: Some(bound),
         grace: Duration::from_millis(500),
         output_cap: 1024 * 1024,
     };
-    let out = process::run(&spec, &limits, &ctx.cancel, None)
-        .await
-        .map_err(|e| format!("could not start the claude judge: {e}"))?;
-    match out.exit {
-        Exit::Code(0) => {}
-        Exit::TimedOut => return Err(format!("judge timed out after {} ms", bound.as_millis())),
-        other => {
-            return Err(format!(
-                "claude judge failed ({}): {}",
-                other.describe(),
-                crate::util::tail_bytes(out.stderr.trim(), 500)
-            ))
-        }
+    let mut stream = StreamState::new(ctx.progress.clone(), &model, 0);
+    let mut on_line = |line: &str| {
+        stream.line(line);
+    };
+    let out = match process::run_with(&spec, &limits, &ctx.cancel, None, Some(&mut on_line)).await {
+        Ok(o) => o,
+        Err(e) => return (Err(format!("could not start the claude judge: {e}")), 0.0),
+    };
+    let (_, _, cost) = stream.usage();
+    if out.exit == Exit::TimedOut {
+        return (
+            Err(format!("judge timed out after {} ms", bound.as_millis())),
+            cost,
+        );
     }
-    // `--output-format json` wraps the model's text in {"result": "..."}.
-    Ok(first_json_object(&out.stdout)
-        .and_then(|v| v.get("result").and_then(Value::as_str).map(str::to_string))
-        .unwrap_or(out.stdout))
+    if out.exit == Exit::Cancelled {
+        return (Err("cancelled".into()), cost);
+    }
+    match stream.failure(out.exit.success(), &out.stderr) {
+        Some(f) => (Err(format!("claude judge: {f}")), cost),
+        None => (Ok(stream.output()), cost),
+    }
 }
 
 fn judge_model_claude(ctx: &ExecContext) -> String {

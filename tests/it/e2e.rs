@@ -16,7 +16,7 @@ fn recording_stand_in(dir: &Path, log: &Path) -> std::path::PathBuf {
     let real = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/stand-in-claude/claude");
     let path = dir.join("claude");
     let script = format!(
-        "#!/bin/sh\n# Test double: records the prompt, then runs the stand-in claude.\nprev=\"\"\nfor a in \"$@\"; do\n  if [ \"$prev\" = \"-p\" ]; then printf '%s\\n=====\\n' \"$a\" >> '{}'; fi\n  prev=\"$a\"\ndone\nexec '{}' \"$@\"\n",
+        "#!/bin/sh\n# Test double: records the prompt (stdin), then runs the stand-in claude on it.\np=$(cat)\nprintf '%s\\n=====\\n' \"$p\" >> '{}'\nprintf '%s' \"$p\" | exec '{}' \"$@\"\n",
         log.display(),
         real.display()
     );

@@ -31,6 +31,7 @@ fn ctx_with(ws: &Path, mut task: Value, tweak: impl FnOnce(&mut Config)) -> (Exe
         env: ChildEnv::inherit(),
         progress: ProgressSink::with_observer(8192, move |e| ev.lock().unwrap().push(e.clone())),
         cancel: tokio_util::sync::CancellationToken::new(),
+        remaining_budget_usd: None,
     };
     (ctx, events)
 }
@@ -523,7 +524,7 @@ async fn llm_judge_unchanged_workspace_fails_without_asking() {
 }
 
 #[tokio::test]
-async fn llm_judge_claude_backend_uses_claude_print_json() {
+async fn llm_judge_claude_backend_uses_claude_print_stream_json() {
     let bin = tempfile::tempdir().unwrap();
     let args_file = bin.path().join("args.txt");
     let script = bin.path().join("claude");
@@ -561,7 +562,13 @@ printf '%s\n' '{"type":"result","subtype":"success","is_error":false,"result":"V
     let args: Vec<&str> = args.lines().collect();
     assert_eq!(args[0], "-p");
     assert!(
-        args.windows(2).any(|w| w == ["--output-format", "json"]),
+        args.windows(2)
+            .any(|w| w == ["--output-format", "stream-json"]),
+        "{args:?}"
+    );
+    // The prompt goes on stdin, not in argv.
+    assert!(
+        !args.iter().any(|a| a.contains("Write a greeting file")),
         "{args:?}"
     );
 }
