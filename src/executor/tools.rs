@@ -154,6 +154,33 @@ impl Sandbox {
     }
 
     /// `abs` relative to the root, for messages to the model.
+    /// Open `path` for reading, only if it is a regular file reached without a symlink in
+    /// its last component and, once open, still inside the workspace (the descriptor's real
+    /// path is checked, so a parent swapped for a symlink after [`Sandbox::resolve`] is
+    /// caught). Opened non-blocking, so a FIFO can never hang the daemon. Returns the file
+    /// and its size.
+    fn open_regular(&self, path: &Path) -> std::io::Result<(std::fs::File, u64)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(std::io::Error::other(
+                "not a regular file (FIFOs, sockets and devices are never read)",
+            ));
+        }
+        use std::os::fd::AsRawFd;
+        let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+        if !real.starts_with(&self.root) {
+            return Err(std::io::Error::other(
+                "the file is outside the workspace (a path changed under the tool)",
+            ));
+        }
+        Ok((file, meta.len()))
+    }
+
     fn rel(&self, abs: &Path) -> String {
         match abs.strip_prefix(&self.root) {
             Ok(r) if r.as_os_str().is_empty() => ".".into(),
@@ -370,15 +397,13 @@ fn required_path(sb: &Sandbox, args: &Value, tool: &str) -> Result<PathBuf, Stri
 fn read_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
     let path = required_path(sb, args, "read_file")?;
     let rel = sb.rel(&path);
-    let size = std::fs::metadata(&path)
-        .map_err(|e| format!("cannot read {rel}: {e}"))?
-        .len();
+    let (file, size) = sb.open_regular(&path).map_err(|e| format!("cannot read {rel}: {e}"))?;
     if size > MAX_READ_FILE_BYTES {
         return Err(format!(
             "{rel} is {size} bytes, more than read_file handles ({MAX_READ_FILE_BYTES}); use search_files or run_command (head, sed -n) on it"
         ));
     }
-    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {rel}: {e}"))?;
+    let bytes = read_capped(file, MAX_READ_FILE_BYTES).map_err(|e| format!("cannot read {rel}: {e}"))?;
     let text = String::from_utf8_lossy(&bytes);
     let start = args.get("start_line").and_then(Value::as_u64);
     let end = args.get("end_line").and_then(Value::as_u64);
@@ -402,6 +427,14 @@ fn read_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
         &lines.join("\n"),
         "narrow the line range",
     )))
+}
+
+/// At most `cap` bytes of `file`, whatever its size claims (a file may grow while read).
+fn read_capped(file: std::fs::File, cap: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    file.take(cap).read_to_end(&mut out)?;
+    Ok(out)
 }
 
 /// The start of `text` when it is longer than a tool result may be, with a hint.
@@ -517,8 +550,15 @@ fn search_files(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
         .clamp(1, 500) as usize;
     let mut hits = Vec::new();
     let mut search = |p: &Path| {
-        let small = std::fs::metadata(p).is_ok_and(|m| m.len() <= MAX_SEARCH_FILE_BYTES);
-        let Some(text) = small.then(|| std::fs::read(p).ok()).flatten() else {
+        // Regular files only, never through a symlink: no FIFO that blocks, no device that
+        // never ends, nothing outside the workspace.
+        let Ok((file, size)) = sb.open_regular(p) else {
+            return true;
+        };
+        if size > MAX_SEARCH_FILE_BYTES {
+            return true;
+        }
+        let Ok(text) = read_capped(file, MAX_SEARCH_FILE_BYTES) else {
             return true;
         };
         if text.contains(&0) {
@@ -539,7 +579,7 @@ fn search_files(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
         }
         true
     };
-    if path.is_file() {
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
         search(&path);
     } else {
         walk(&path, true, &mut |p, is_dir| is_dir || search(p));

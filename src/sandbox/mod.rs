@@ -8,7 +8,7 @@
 //! What a sandbox enforces, each where the kernel allows it (see [`Support`]):
 //!
 //! - **Filesystem (Landlock)**: read-write only the workspace, a private per-task `TMPDIR`
-//!   and the CLI's own state (`claude`'s config under HOME); read-only the system
+//!   and the CLI's own state (`claude`'s `CLAUDE_CONFIG_DIR`, pinned to `~/.claude`); read-only the system
 //!   (`/usr`, `/etc`, toolchains on PATH); nothing else: not the daemon's config file, state
 //!   directory (outbox, locks), other workspaces or credentials. With Landlock ABI ≥ 6 the
 //!   children cannot signal processes outside their domain nor reach abstract sockets.
@@ -292,6 +292,18 @@ pub fn confine(
     for k in ["TMPDIR", "TMP", "TEMP"] {
         vars.set(k, &tmp_s);
     }
+    // `claude` keeps its login, settings and state in one directory under HOME: pin it
+    // there (CLAUDE_CONFIG_DIR), so the sandbox can open that one directory and not HOME.
+    if let Some(home) = vars.get("HOME").filter(|h| !h.is_empty()).map(PathBuf::from) {
+        let claude_dir = vars
+            .get("CLAUDE_CONFIG_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.join(".claude"));
+        if std::fs::create_dir_all(&claude_dir).is_ok() {
+            vars.set("CLAUDE_CONFIG_DIR", &claude_dir.to_string_lossy());
+        }
+    }
     let ruleset = if policy.support.landlock_abi > 0 {
         let fs = fs_policy(cfg, &vars, tmp, grants);
         Some(landlock::build(&fs).map_err(ContainmentError::Setup)?)
@@ -375,12 +387,8 @@ fn fs_policy(cfg: &Config, env: &ChildEnv, tmp: &Path, grants: &Grants) -> FsPol
     let mut write = grants.write.clone();
     write.push(tmp.to_path_buf());
     write.extend(DEVICES.iter().map(PathBuf::from));
-    // `claude` keeps its login and settings under HOME: its own, nothing else there.
-    if let Some(h) = &home {
-        write.push(h.join(".claude"));
-        write.push(h.join(".claude.json"));
-        write.push(h.join(".config/claude"));
-    }
+    // `claude`'s own directory (see `confine`): nothing else under HOME.
+    write.extend(var("CLAUDE_CONFIG_DIR"));
     write.extend(cfg.sandbox.write_paths.iter().cloned());
 
     // The daemon's git calls may read HOME, which is the state directory under the unit:

@@ -117,12 +117,13 @@ async fn a_task_cannot_write_outside_its_workspace() {
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
     let before = std::fs::read(&state).unwrap();
+    let tag = unique_sleep();
     let targets = [
         state.clone(),
         dir.path().join("new-in-state-dir"),
         other.path().join("other-workspace-file"),
-        PathBuf::from("/tmp/hub-sidecar-escape-test"),
-        PathBuf::from("/etc/hub-sidecar-escape-test"),
+        PathBuf::from(format!("/tmp/hub-sidecar-escape-{tag}")),
+        PathBuf::from(format!("/etc/hub-sidecar-escape-{tag}")),
     ];
     let mut cmd = String::from(
         "echo inside > inside.txt; echo \"tmp=$TMPDIR\"; echo t > \"$TMPDIR/t\" && echo TMP-OK; ",
@@ -134,7 +135,8 @@ async fn a_task_cannot_write_outside_its_workspace() {
             t.display()
         ));
     }
-    cmd.push_str("ln -s / rootlink 2>/dev/null; echo x > rootlink/tmp/hub-sidecar-escape-link 2>/dev/null && echo WROTE-VIA-LINK; true");
+    let via_link = format!("/tmp/hub-sidecar-escape-link-{tag}");
+    cmd.push_str(&format!("ln -s / rootlink 2>/dev/null; echo x > rootlink{via_link} 2>/dev/null && echo WROTE-VIA-LINK; true"));
     hub.assign(sample_shell_task("writer", &cmd));
     let done = terminal(&hub, "writer").await;
     let out = done["result"]["output"].as_str().unwrap();
@@ -150,7 +152,7 @@ async fn a_task_cannot_write_outside_its_workspace() {
     for t in &targets[1..] {
         assert!(!t.exists(), "{} was created", t.display());
     }
-    assert!(!Path::new("/tmp/hub-sidecar-escape-link").exists());
+    assert!(!Path::new(&via_link).exists());
     // The state file only changed through the daemon (the task moved on): never "pwned".
     let after = std::fs::read_to_string(&state).unwrap_or_default();
     assert!(!after.contains("pwned"), "{after}");

@@ -39,7 +39,7 @@ async fn after_a_hub_restart_a_running_task_is_accepted_again_before_its_state_r
     let dir = tempfile::tempdir().unwrap();
     let d = spawn(cfg(&hub, dir.path()));
     hub.wait_for_type("identify", T).await.unwrap();
-    let marker = dir.path().join("started");
+    let marker = probe(dir.path()).join("started");
     hub.assign(sample_shell_task(
         "long",
         &format!("touch {}; sleep 30", marker.display()),
