@@ -593,6 +593,48 @@ fn search_files(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    /// A workspace with a FIFO, a symlink to /dev/zero, a symlink to a secret outside, and
+    /// a plain file; the secret lives beside the workspace.
+    fn hostile_workspace() -> (tempfile::TempDir, Sandbox) {
+        let d = tempfile::tempdir().unwrap();
+        let ws = d.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::write(d.path().join("secret.txt"), "needle-outside\n").unwrap();
+        std::fs::write(ws.join("plain.txt"), "needle-inside\n").unwrap();
+        let fifo = std::ffi::CString::new(ws.join("pipe").to_str().unwrap()).unwrap();
+        #[allow(unsafe_code)]
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        let r = unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
+        assert_eq!(r, 0);
+        std::os::unix::fs::symlink("/dev/zero", ws.join("zero")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("secret.txt"), ws.join("out.txt")).unwrap();
+        let sb = Sandbox::new(&ws).unwrap();
+        (d, sb)
+    }
+
+    #[test]
+    fn search_files_skips_fifos_devices_and_symlinks_out() {
+        let (_d, sb) = hostile_workspace();
+        // Would hang on the FIFO, never end on /dev/zero, or find the outside needle.
+        let out = search_files(&sb, &json!({"pattern": "needle"})).unwrap();
+        assert!(out.output.contains("plain.txt:1"), "{}", out.output);
+        assert!(!out.output.contains("outside"), "{}", out.output);
+    }
+
+    #[test]
+    fn read_file_refuses_fifos_devices_and_symlinks_out() {
+        let (_d, sb) = hostile_workspace();
+        for p in ["pipe", "zero", "out.txt"] {
+            let r = read_file(&sb, &json!({"path": p}));
+            assert!(r.is_err(), "{p} was read: {:?}", r.map(|o| o.output));
+        }
+        // The FIFO in particular: refused as not a regular file, without blocking.
+        let e = read_file(&sb, &json!({"path": "pipe"})).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
+        assert!(read_file(&sb, &json!({"path": "plain.txt"})).is_ok());
+    }
 
     #[test]
     fn denylist_matches_first_words_of_segments() {
