@@ -85,6 +85,8 @@ pub struct Config {
     pub verification: VerificationConfig,
     pub env: EnvConfig,
     pub git: GitConfig,
+    /// `[recorder]`: the per-task flight record under `state_dir/tasks`.
+    pub recorder: RecorderConfig,
     /// Keys this build does not know (e.g. the Node sidecar's `wake_command`): warned, ignored.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
@@ -132,6 +134,7 @@ impl Default for Config {
             verification: VerificationConfig::default(),
             env: EnvConfig::default(),
             git: GitConfig::default(),
+            recorder: RecorderConfig::default(),
             unknown: BTreeMap::new(),
             origin: None,
         }
@@ -165,6 +168,33 @@ impl Default for ProgressConfig {
             min_interval_ms: 1_500,
             max_text_bytes: 8 * 1024,
             heartbeat_secs: 45,
+        }
+    }
+}
+
+/// `[recorder]`: the flight record each task leaves under `state_dir/tasks/<task id>/`
+/// (read with `hub-sidecar tasks` / `show`). Retention removes the oldest records first.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct RecorderConfig {
+    /// Record tasks at all.
+    pub enabled: bool,
+    /// Most task records kept.
+    pub max_tasks: usize,
+    /// Most bytes all task records may take together.
+    pub max_total_bytes: u64,
+    /// Most bytes of streamed output and events one task's record keeps (its prompts,
+    /// reports, decisions and result are always kept, each string capped at 32 KiB).
+    pub max_task_bytes: u64,
+}
+
+impl Default for RecorderConfig {
+    fn default() -> Self {
+        RecorderConfig {
+            enabled: true,
+            max_tasks: 500,
+            max_total_bytes: 256 * 1024 * 1024,
+            max_task_bytes: 4 * 1024 * 1024,
         }
     }
 }

@@ -21,6 +21,7 @@
 //! - [`progress`]: progress events and their coalescing under the hub's budget.
 //! - [`process`]: child processes in their own process group, capped capture, group kill.
 //! - [`redact`]: secret scrubbing for everything that leaves the process.
+//! - [`recorder`]: the per-task flight record on disk and reading it back (`tasks`, `show`).
 //! - [`cost`]: model prices for estimated and equivalent costs.
 //! - [`ops`]: systemd notify, health and metrics.
 //! - [`mock_hub`]: an in-process hub that validates frames like the real one (tests, demo).
@@ -41,6 +42,7 @@ pub mod mock_hub;
 pub mod ops;
 pub mod process;
 pub mod progress;
+pub mod recorder;
 pub mod redact;
 pub mod runner;
 pub mod state;

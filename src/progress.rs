@@ -122,6 +122,9 @@ struct Shared {
     /// Secrets are scrubbed on the way in, before any cut can slice one (see
     /// [`ProgressSink::set_redactor`]).
     redactor: std::sync::OnceLock<Arc<Redactor>>,
+    /// The flight recorder's tap: sees every event after scrubbing (see
+    /// [`ProgressSink::set_tap`]).
+    tap: std::sync::OnceLock<Observer>,
 }
 
 /// Most structured events kept between two sends before the oldest are folded together.
@@ -163,6 +166,7 @@ impl ProgressSink {
                 max_text: max_text.max(256),
                 observer,
                 redactor: std::sync::OnceLock::new(),
+                tap: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -175,6 +179,13 @@ impl ProgressSink {
         let _ = self.shared.redactor.set(redactor);
     }
 
+    /// Also show every event to `tap` once it is scrubbed (the flight recorder, which must
+    /// never see a secret, unlike the terminal observer that shows local output as is).
+    /// First call wins.
+    pub fn set_tap(&self, tap: impl Fn(&ProgressEvent) + Send + Sync + 'static) {
+        let _ = self.shared.tap.set(Box::new(tap));
+    }
+
     /// Record an event. Memory stays bounded whatever the rate.
     pub fn emit(&self, mut ev: ProgressEvent) {
         if let Some(obs) = &self.shared.observer {
@@ -183,6 +194,9 @@ impl ProgressSink {
         let redactor = self.shared.redactor.get();
         if let Some(r) = redactor {
             r.scrub_in_place(&mut ev.text);
+        }
+        if let Some(tap) = self.shared.tap.get() {
+            tap(&ev);
         }
         let max = self.shared.max_text;
         {

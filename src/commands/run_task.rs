@@ -110,6 +110,7 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         out: Arc::new(Discard),
         ops: Ops::new(),
         daily_spend: Arc::new(DailySpend::new()),
+        recorder: crate::recorder::Recorder::disabled(),
         config: cfg.clone(),
     };
     let line = crate::term::ProgressLine::start(max_attempts);

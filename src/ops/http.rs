@@ -8,6 +8,8 @@
 //! - `GET /healthz`: 200 and [`super::HealthSnapshot`] as JSON while identified with the
 //!   hub, 503 with the same JSON otherwise.
 //! - `GET /metrics`: the Prometheus/OpenMetrics text exposition.
+//! - `GET /status`: [`super::StatusSnapshot`] as JSON (link, current task and attempt with
+//!   elapsed time, today's spend against the daily budget), for `hub-sidecar status`.
 //! - anything else: 404 (405 for methods other than GET/HEAD).
 
 use std::net::SocketAddr;
@@ -129,10 +131,16 @@ pub fn respond(head: &str, ops: &Ops) -> Vec<u8> {
                 (status, "application/json", body)
             }
             "/metrics" => ("200 OK", METRICS_CONTENT_TYPE, ops.metrics().encode()),
+            "/status" => {
+                let body = serde_json::to_string(&ops.status_snapshot())
+                    .expect("status serializes")
+                    + "\n";
+                ("200 OK", "application/json", body)
+            }
             _ => (
                 "404 Not Found",
                 "text/plain; charset=utf-8",
-                "not found: try /healthz or /metrics\n".to_string(),
+                "not found: try /healthz, /metrics or /status\n".to_string(),
             ),
         }
     };
