@@ -9,5 +9,6 @@ mod fakes;
 mod faults;
 mod git;
 mod ops;
+mod recorder;
 mod util;
 mod verify;
