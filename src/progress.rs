@@ -428,6 +428,26 @@ mod tests {
     }
 
     #[test]
+    fn the_tap_sees_events_only_after_scrubbing_and_the_observer_before() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let shown = Arc::new(Mutex::new(Vec::new()));
+        let s = {
+            let shown = shown.clone();
+            ProgressSink::with_observer(1024, move |e| shown.lock().unwrap().push(e.text.clone()))
+        };
+        s.set_redactor(Arc::new(Redactor::new(vec!["tok-UNIQUE-1".to_string()])));
+        let tapped = seen.clone();
+        s.set_tap(move |e| tapped.lock().unwrap().push(e.text.clone()));
+        s.emit(ProgressEvent::status("key tok-UNIQUE-1"));
+        assert_eq!(*seen.lock().unwrap(), ["key [REDACTED]"]);
+        assert_eq!(
+            *shown.lock().unwrap(),
+            ["key tok-UNIQUE-1"],
+            "the local display is unchanged"
+        );
+    }
+
+    #[test]
     fn structured_events_are_merged_not_lost() {
         let s = ProgressSink::new(8192);
         for i in 0..40 {

@@ -224,9 +224,10 @@ struct RecordState {
     stream_kind: Option<EventKind>,
     /// Bytes of output and events written so far (bounded by `max_task_bytes`).
     bulk_bytes: u64,
-    /// Output bytes and events left out once the bound was reached.
+    /// The newest output past the bound (at most one chunk), written when the attempt ends.
+    tail: String,
+    /// Output bytes left out once the bound was reached.
     elided_bytes: u64,
-    elided_events: u64,
     truncation_noted: bool,
 }
 
@@ -258,7 +259,7 @@ impl TaskRecord {
     /// Attempt `n` starts with `prompt`. For `n > 1` the loop decided to retry.
     pub fn attempt_start(&self, n: u32, prompt: &str) {
         let Some(s) = &self.inner else { return };
-        self.flush_stream(true);
+        self.end_output();
         s.state.lock().expect("record lock").attempt = n;
         if n > 1 {
             self.write(
@@ -272,7 +273,7 @@ impl TaskRecord {
 
     /// Attempt `n`'s execution ended (before its verification).
     pub fn attempt_end(&self, n: u32, exec: &crate::executor::ExecOutcome) {
-        self.flush_stream(true);
+        self.end_output();
         self.write(
             "attempt_end",
             json!({
@@ -320,14 +321,14 @@ impl TaskRecord {
 
     /// The terminal frame the runner hands to the outbox (already redacted; scrubbed again).
     pub fn terminal(&self, frame: &crate::hub::proto::Outbound) {
-        self.flush_stream(true);
+        self.end_output();
         let v = serde_json::to_value(frame).unwrap_or(Value::Null);
         self.write("terminal", json!({"frame_type": frame.kind(), "frame": v}));
     }
 
     /// The task ended without a terminal frame (cancelled by the hub or a forced stop).
     pub fn cancelled(&self, why: &str) {
-        self.flush_stream(true);
+        self.end_output();
         self.write("cancelled", json!({"reason": why}));
     }
 
@@ -335,27 +336,26 @@ impl TaskRecord {
     pub fn on_event(&self, ev: &ProgressEvent) {
         let Some(s) = &self.inner else { return };
         if ev.kind.is_stream() {
-            let flush = {
-                let st = s.state.lock().expect("record lock");
-                let switch = st.stream_kind.is_some_and(|k| k != ev.kind);
-                !ev.text.is_empty() && (switch || st.stream.len() >= STREAM_CHUNK)
-            };
-            if flush {
-                self.flush_stream(false);
+            if ev.text.is_empty() {
+                return;
             }
-            let mut st = s.state.lock().expect("record lock");
-            st.stream_kind = Some(ev.kind);
-            st.stream.push_str(&ev.text);
-            // A secret split across two chunks is whole only now.
-            s.redactor.scrub_in_place(&mut st.stream);
-            // Bound memory between writes (the writes themselves are bounded below).
-            if st.stream.len() > 4 * STREAM_CHUNK {
-                let mut cut = st.stream.len() - STREAM_CHUNK;
-                while !st.stream.is_char_boundary(cut) {
-                    cut += 1;
-                }
-                st.stream.drain(..cut);
-                st.elided_bytes += cut as u64;
+            let switch = {
+                let st = s.state.lock().expect("record lock");
+                st.stream_kind.is_some_and(|k| k != ev.kind)
+            };
+            if switch {
+                self.flush_stream(true);
+            }
+            let full = {
+                let mut st = s.state.lock().expect("record lock");
+                st.stream_kind = Some(ev.kind);
+                st.stream.push_str(&ev.text);
+                // A secret split across two chunks is whole only now.
+                s.redactor.scrub_in_place(&mut st.stream);
+                st.stream.len() >= STREAM_CHUNK
+            };
+            if full {
+                self.flush_stream(false);
             }
             return;
         }
@@ -368,7 +368,7 @@ impl TaskRecord {
             "tokens_so_far": ev.tokens_so_far,
             "fields": Value::Object(fields),
         });
-        if self.take_bulk(&body, 1) {
+        if self.take_bulk(&body) {
             self.write("event", body);
         }
     }
@@ -376,11 +376,8 @@ impl TaskRecord {
     /// Write the buffered stream. `all = false` holds back an end that may start a secret.
     fn flush_stream(&self, all: bool) {
         let Some(s) = &self.inner else { return };
-        let (text, kind, attempt, elided) = {
+        let (text, kind, attempt) = {
             let mut st = s.state.lock().expect("record lock");
-            if st.stream.is_empty() {
-                return;
-            }
             let hold = if all {
                 0
             } else {
@@ -393,36 +390,67 @@ impl TaskRecord {
             if all {
                 st.stream_kind = None;
             }
-            (text, kind, st.attempt, std::mem::take(&mut st.elided_bytes))
+            (text, kind, st.attempt)
         };
-        let body = json!({
-            "attempt": attempt,
-            "stream": kind.map(EventKind::as_str),
-            "text": text,
-            "elided_before": elided,
-        });
-        if self.take_bulk(&body, 0) {
-            self.write("output", body);
+        let stream = kind.map(EventKind::as_str);
+        if !text.is_empty() {
+            let body =
+                json!({"attempt": attempt, "stream": stream, "text": text, "elided_before": 0});
+            if self.take_bulk(&body) {
+                self.write("output", body);
+            } else {
+                // Over the bound: keep only the newest chunk, to show how the output ended.
+                let mut st = s.state.lock().expect("record lock");
+                st.tail.push_str(&text);
+                if st.tail.len() > STREAM_CHUNK {
+                    let mut cut = st.tail.len() - STREAM_CHUNK;
+                    while !st.tail.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    st.tail.drain(..cut);
+                    st.elided_bytes += cut as u64;
+                }
+            }
+        }
+    }
+
+    /// An attempt or the task ended: write all buffered output, and the kept end of output
+    /// that went over the task's bound (one chunk per attempt at most).
+    fn end_output(&self) {
+        let Some(s) = &self.inner else { return };
+        self.flush_stream(true);
+        let (tail, elided, attempt) = {
+            let mut st = s.state.lock().expect("record lock");
+            (
+                std::mem::take(&mut st.tail),
+                std::mem::take(&mut st.elided_bytes),
+                st.attempt,
+            )
+        };
+        if !tail.is_empty() {
+            self.write(
+                "output",
+                json!({"attempt": attempt, "text": tail, "elided_before": elided}),
+            );
         }
     }
 
     /// Account `body` against the per-task bound; false (and a one-time note) when over.
-    fn take_bulk(&self, body: &Value, events: u64) -> bool {
+    fn take_bulk(&self, body: &Value) -> bool {
         let Some(s) = &self.inner else { return false };
-        let size = body.to_string().len() as u64;
+        // The line adds `ts`, `kind` and a newline to the body.
+        let size = body.to_string().len() as u64 + 48;
         let mut st = s.state.lock().expect("record lock");
         if st.bulk_bytes + size <= s.recorder.cfg.max_task_bytes {
             st.bulk_bytes += size;
             return true;
         }
-        st.elided_events += events;
-        st.elided_bytes += size;
         let note = !std::mem::replace(&mut st.truncation_noted, true);
         drop(st);
         if note {
             self.write(
                 "truncated",
-                json!({"reason": "recorder.max_task_bytes reached: further output and events of this task are left out",
+                json!({"reason": "recorder.max_task_bytes reached: further output and events of this task are left out (the end of each attempt's output is kept)",
                        "max_task_bytes": s.recorder.cfg.max_task_bytes}),
             );
         }

@@ -84,6 +84,10 @@ async fn output_and_events_stop_at_max_task_bytes_but_decisions_and_results_stay
                 r.on_event(&ProgressEvent::status(format!("tick {i}")));
             }
         }
+        r.attempt_end(
+            1,
+            &ExecOutcome::new(ExecStatus::Succeeded, String::new(), None),
+        );
         r.final_decision(1, "retries_exhausted", json!({}));
         r.terminal(&crate::hub::proto::Outbound::task_failed(
             "big", 1, "gave up",
@@ -96,7 +100,14 @@ async fn output_and_events_stop_at_max_task_bytes_but_decisions_and_results_stay
     assert!(s.truncated);
     assert_eq!(s.stop.as_ref().unwrap()["decision"], "retries_exhausted");
     assert_eq!(s.status, "failed");
-    assert!(s.attempts[0].output.starts_with("line 0 "));
+    let out = &s.attempts[0].output;
+    assert!(out.starts_with("line 0 "), "the head is kept");
+    assert!(out.contains("bytes elided"), "the cut is marked");
+    assert!(
+        out.ends_with(&format!("line 19999 {}\n", "x".repeat(40))),
+        "the end of the output is kept: {}",
+        &out[out.len().saturating_sub(200)..]
+    );
 }
 
 #[test]

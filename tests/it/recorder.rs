@@ -399,3 +399,57 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn a_daemon_killed_mid_task_leaves_a_readable_redacted_record() {
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        &hub,
+        dir.path(),
+        "test-token",
+        &format!("secrets = [\"{SECRET}\"]"),
+    );
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let started = dir.path().join("started");
+    let go = dir.path().join("go");
+    let cmd = format!(
+        "echo using {SECRET}; touch {}; while [ ! -e {} ]; do sleep 0.05; done",
+        started.display(),
+        go.display()
+    );
+    hub.assign(sample_shell_task("crashed-task", &cmd));
+    assert!(wait_until(|| started.exists(), T).await);
+    let state = dir.path().to_path_buf();
+    assert!(
+        wait_until(
+            || record_text(&state, "crashed-task").contains("\"kind\":\"attempt_start\""),
+            T
+        )
+        .await
+    );
+    bin.kill9().await;
+
+    let raw = record_text(dir.path(), "crashed-task");
+    assert!(!raw.contains(SECRET), "{raw}");
+    let s = show_json(dir.path(), "crashed-task").await;
+    assert_eq!(s["status"], "unfinished");
+    assert!(s["terminal"].is_null() && s["acked"].is_null());
+    let prompt = s["attempts"][0]["prompt"].as_str().unwrap();
+    assert!(prompt.contains("echo using [REDACTED];"), "{prompt}");
+    let (code, text, _) = cli(&[
+        "show",
+        "crashed-task",
+        "--state-dir",
+        dir.path().to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(code, Some(0));
+    assert!(
+        text.contains("no result recorded: the task is still running, or the daemon stopped"),
+        "{text}"
+    );
+    // The orphaned task shell ends by itself.
+    std::fs::write(&go, "").unwrap();
+}
