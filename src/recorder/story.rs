@@ -90,11 +90,22 @@ impl TaskStory {
 
     /// Build a story from a record's text.
     pub fn parse(text: &str) -> TaskStory {
+        TaskStory::parse_lines(text, false)
+    }
+
+    /// The story without output and events: enough for [`TaskStory::summary`], and cheap
+    /// (those lines are most of a record). A `"kind":"output"` outside a string can only be
+    /// the key itself: inside one its quotes are escaped.
+    fn parse_lines(text: &str, skip_bulk: bool) -> TaskStory {
         let mut s = TaskStory {
             status: "unfinished".into(),
             ..TaskStory::default()
         };
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let bulk = |l: &str| l.contains("\"kind\":\"output\"") || l.contains("\"kind\":\"event\"");
+        for line in text
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !(skip_bulk && bulk(l)))
+        {
             match serde_json::from_str::<Value>(line) {
                 Ok(v) => s.apply(v),
                 Err(_) => s.unreadable_lines += 1,
@@ -236,7 +247,7 @@ pub fn recent(root: &Path, limit: usize) -> std::io::Result<Vec<TaskSummary>> {
     let mut out: Vec<TaskSummary> = entries
         .flatten()
         .filter_map(|e| std::fs::read_to_string(e.path().join(RECORD_FILE)).ok())
-        .map(|text| TaskStory::parse(&text).summary())
+        .map(|text| TaskStory::parse_lines(&text, true).summary())
         .filter(|s| !s.task_id.is_empty())
         .collect();
     out.sort_by_key(|s| std::cmp::Reverse(s.started_at));

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
-use super::story::TaskStory;
+use super::story::{self, TaskStory};
 use super::*;
 use crate::executor::{ExecOutcome, ExecStatus};
 use crate::progress::ProgressEvent;
@@ -197,4 +197,30 @@ fn dir_names_are_safe() {
     assert_eq!(dir_name("a/../b c"), "a_.._b_c");
     assert_eq!(dir_name(".."), "_");
     assert_eq!(dir_name(""), "_");
+}
+
+#[tokio::test]
+async fn the_summary_skips_output_but_agrees_with_the_full_story() {
+    let dir = tempfile::tempdir().unwrap();
+    record(dir.path(), cfg(1 << 20), "sum", |r| {
+        r.attempt_start(1, "p");
+        // Output that mentions the marker the summary skips by: it stays text.
+        r.on_event(&ProgressEvent::new(
+            EventKind::Stdout,
+            "\"kind\":\"output\"\n",
+        ));
+        let mut out = ExecOutcome::new(ExecStatus::Succeeded, String::new(), None);
+        out.cost_usd = 0.25;
+        r.attempt_end(1, &out);
+        r.final_decision(1, "retries_exhausted", json!({}));
+    })
+    .await;
+    let list = story::recent(dir.path(), 10).unwrap();
+    let full = TaskStory::load(dir.path(), "sum").unwrap();
+    assert_eq!(full.attempts[0].output, "\"kind\":\"output\"\n");
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].task_id, "sum");
+    assert_eq!(list[0].attempts, 1);
+    assert_eq!(list[0].cost_usd, 0.25);
+    assert_eq!(list[0].status, full.summary().status);
 }
