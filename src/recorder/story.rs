@@ -104,7 +104,7 @@ impl TaskStory {
         let bulk = |l: &str| l.contains("\"kind\":\"output\"") || l.contains("\"kind\":\"event\"");
         for line in text
             .lines()
-            .filter(|l| !l.trim().is_empty() && !(skip_bulk && bulk(l)))
+            .filter(|l| !(l.trim().is_empty() || skip_bulk && bulk(l)))
         {
             match serde_json::from_str::<Value>(line) {
                 Ok(v) => s.apply(v),
