@@ -199,6 +199,12 @@ async fn run_daemon(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<Exit
     if let Some(addr) = cfg.metrics_addr {
         crate::ops::http::start(addr, ops.clone(), services.clone(), &tracker).await?;
     }
+    // `hub-sidecar status` without metrics_addr; a failure only costs that command.
+    let socket = crate::ops::socket::path(&cfg.state_dir);
+    if let Err(e) = crate::ops::socket::start(socket, ops.clone(), services.clone(), &tracker).await
+    {
+        tracing::warn!(error = %format!("{e:#}"), "no status socket: `hub-sidecar status` needs metrics_addr");
+    }
     // Fed only while the last pong is younger than two ping intervals.
     tracker.spawn(crate::ops::systemd::watchdog(
         ops.clone(),

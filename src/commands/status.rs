@@ -1,16 +1,17 @@
-//! `hub-sidecar status`: ask the running daemon, over its loopback HTTP endpoint
-//! (`metrics_addr`, route `/status`), for the link state, the current task and attempt with
-//! their elapsed time, and today's spend against the daily budget.
+//! `hub-sidecar status`: ask the running daemon for the link state, the current task and
+//! attempt with their elapsed time, and today's spend against the daily budget.
 //!
-//! Read-only and unauthenticated like `/healthz`: the endpoint should stay on loopback.
+//! It asks `GET /status` on the daemon's unix socket `state_dir/status.sock` (mode 0600:
+//! run it as the service user), else on its loopback HTTP endpoint (`metrics_addr`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::cli::ConfigArgs;
 use crate::ops::StatusSnapshot;
@@ -28,22 +29,50 @@ pub struct StatusArgs {
 /// How long the daemon may take to answer.
 const ANSWER: Duration = Duration::from_secs(5);
 
-pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let addr = match args.config.metrics_addr.as_deref() {
-        Some(a) => a
+/// Where the daemon answers.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Socket(PathBuf),
+    Http(SocketAddr),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Socket(p) => write!(f, "{}", p.display()),
+            Target::Http(a) => write!(f, "http://{a}"),
+        }
+    }
+}
+
+/// `--metrics-addr` when given; else the state directory's socket when it exists; else the
+/// configured `metrics_addr`.
+fn target(args: &ConfigArgs) -> anyhow::Result<Target> {
+    if let Some(a) = args.metrics_addr.as_deref() {
+        let addr = a
             .parse::<SocketAddr>()
-            .with_context(|| format!("--metrics-addr {a} is not an address like 127.0.0.1:9464"))?,
-        None => args
-            .config
-            .load()
-            .context("reading the configuration to find metrics_addr; or pass --metrics-addr")?
-            .metrics_addr
-            .context(
-                "the daemon serves its status on metrics_addr, which is not set in the \
-                 configuration; set metrics_addr = \"127.0.0.1:9464\" and restart it",
-            )?,
+            .with_context(|| format!("--metrics-addr {a} is not an address like 127.0.0.1:9464"))?;
+        return Ok(Target::Http(addr));
+    }
+    let (state_dir, metrics_addr) = match &args.state_dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let cfg = args.load().context(
+                "reading the configuration to find the daemon; or pass --state-dir DIR or \
+                 --metrics-addr ADDR",
+            )?;
+            (cfg.state_dir, cfg.metrics_addr)
+        }
     };
-    let snap = fetch(addr).await?;
+    let sock = crate::ops::socket::path(&state_dir);
+    match (sock.exists(), metrics_addr) {
+        (true, _) | (false, None) => Ok(Target::Socket(sock)),
+        (false, Some(addr)) => Ok(Target::Http(addr)),
+    }
+}
+
+pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let snap = fetch(&target(&args.config)?).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&snap)?);
     } else {
@@ -52,31 +81,41 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `GET /status` from the daemon at `addr`.
-pub async fn fetch(addr: SocketAddr) -> anyhow::Result<StatusSnapshot> {
+/// `GET /status` from the daemon at `target`.
+pub async fn fetch(target: &Target) -> anyhow::Result<StatusSnapshot> {
     let body = tokio::time::timeout(ANSWER, async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await?;
-        Ok::<_, std::io::Error>(out)
+        match target {
+            Target::Socket(p) => exchange(tokio::net::UnixStream::connect(p).await?).await,
+            Target::Http(a) => exchange(tokio::net::TcpStream::connect(a).await?).await,
+        }
     })
     .await
-    .with_context(|| format!("the daemon at {addr} did not answer within {ANSWER:?}"))?
+    .with_context(|| format!("the daemon at {target} did not answer within {ANSWER:?}"))?
     .with_context(|| {
-        format!("cannot reach the daemon at {addr}: is it running with this metrics_addr?")
+        format!(
+            "cannot reach the daemon at {target}: is it running (with this state directory or \
+             metrics_addr)? The socket is only open to the service user: try sudo -u hub-sidecar"
+        )
     })?;
     let text = String::from_utf8_lossy(&body);
     let (head, json) = text
         .split_once("\r\n\r\n")
-        .with_context(|| format!("the answer from {addr} is not HTTP"))?;
+        .with_context(|| format!("the answer from {target} is not HTTP"))?;
     anyhow::ensure!(
         head.starts_with("HTTP/1.1 200"),
-        "the daemon at {addr} answered {}: an older hub-sidecar without /status?",
+        "the daemon at {target} answered {}: an older hub-sidecar without /status?",
         head.lines().next().unwrap_or("")
     );
-    serde_json::from_str(json).with_context(|| format!("the status from {addr} is not valid JSON"))
+    serde_json::from_str(json)
+        .with_context(|| format!("the status from {target} is not valid JSON"))
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> std::io::Result<Vec<u8>> {
+    s.write_all(b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await?;
+    Ok(out)
 }
 
 fn secs(ms: Option<u64>) -> String {

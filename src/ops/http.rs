@@ -16,8 +16,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -72,8 +72,8 @@ pub async fn serve(listener: TcpListener, ops: Ops, cancel: CancellationToken) {
     conns.wait().await;
 }
 
-/// One request, one response.
-async fn handle(mut stream: TcpStream, ops: Ops) {
+/// One request, one response (over TCP, or the unix socket of [`super::socket`]).
+pub(crate) async fn handle<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, ops: Ops) {
     let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
         Ok(Ok(Some(head))) => head,
         _ => return,
@@ -88,7 +88,7 @@ async fn handle(mut stream: TcpStream, ops: Ops) {
 
 /// Read up to the blank line ending the request head; `None` if the client sent too much
 /// or closed early.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<Option<String>> {
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     loop {
@@ -224,7 +224,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
             .await
             .unwrap();

@@ -7,10 +7,12 @@
 //!
 //! - [`metrics`]: the Prometheus registry.
 //! - [`systemd`]: sd_notify readiness, status and watchdog.
-//! - [`http`]: `/healthz` and `/metrics` on `metrics_addr`.
+//! - [`http`]: `/healthz`, `/metrics` and `/status` on `metrics_addr`.
+//! - [`socket`]: the same routes on `state_dir/status.sock` (mode 0600), always on.
 
 pub mod http;
 pub mod metrics;
+pub mod socket;
 pub mod systemd;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -324,6 +324,18 @@ async fn status_reports_the_link_the_running_attempt_and_the_spend_against_the_b
     assert!(snap["attempt_elapsed_ms"].is_u64() && snap["task_elapsed_ms"].is_u64());
     assert_eq!(snap["daily_budget_usd"], 2.5);
     assert_eq!(snap["spent_today_usd"], 0.0);
+    // The same answer on the state directory's socket (0600), without metrics_addr.
+    let (code, out, err) = cli(&[
+        "status",
+        "--json",
+        "--state-dir",
+        dir.path().to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let by_socket: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(by_socket["active_task"], "status-task");
+    assert_eq!(by_socket["attempt"], 1);
     let (code, text, err) = cli(&["status", "--metrics-addr", &addr]).await;
     assert_eq!(code, Some(0), "{err}");
     assert!(text.contains("hub:    connected"), "{text}");
@@ -362,6 +374,10 @@ async fn status_reports_the_link_the_running_attempt_and_the_spend_against_the_b
     let (code, _, err) = cli(&["status", "--metrics-addr", &addr]).await;
     assert_eq!(code, Some(1));
     assert!(err.contains("cannot reach the daemon"), "{err}");
+    assert!(
+        !dir.path().join("status.sock").exists(),
+        "the socket goes with the daemon"
+    );
     let (code, out, _) = cli(&[
         "show",
         "status-task",
