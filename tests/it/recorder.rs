@@ -469,3 +469,35 @@ async fn a_daemon_killed_mid_task_leaves_a_readable_redacted_record() {
     // The orphaned task shell ends by itself.
     std::fs::write(&go, "").unwrap();
 }
+
+#[tokio::test]
+async fn retention_through_the_daemon_keeps_the_newest_records() {
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.recorder.max_tasks = 2;
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    for id in ["keep-0", "keep-1", "keep-2"] {
+        hub.assign(sample_shell_task(id, &format!("echo {id}")));
+        assert!(wait_until(|| hub.acked_terminal(id) == 1, T).await, "{id}");
+    }
+    d.stop().await;
+    let (code, out, err) = cli(&[
+        "tasks",
+        "--json",
+        "--state-dir",
+        dir.path().to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let list: Value = serde_json::from_str(&out).unwrap();
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["keep-2", "keep-1"], "the oldest record went");
+    assert!(!dir.path().join("tasks").join("keep-0").exists());
+}
