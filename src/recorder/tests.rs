@@ -224,3 +224,32 @@ async fn the_summary_skips_output_but_agrees_with_the_full_story() {
     assert_eq!(list[0].cost_usd, 0.25);
     assert_eq!(list[0].status, full.summary().status);
 }
+
+#[tokio::test]
+async fn a_secret_cut_by_a_chunk_boundary_is_held_back_then_redacted_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = record(dir.path(), cfg(1 << 20), "edge", |r| {
+        r.attempt_start(1, "p");
+        // A full chunk ending in the start of the secret: written now, minus that start.
+        let filler = "y".repeat(STREAM_CHUNK);
+        r.on_event(&ProgressEvent::new(
+            EventKind::Stdout,
+            format!("{filler}tok-SEC"),
+        ));
+        r.on_event(&ProgressEvent::new(EventKind::Stdout, "RET-4711 end\n"));
+        r.attempt_end(1, &ExecOutcome::new(ExecStatus::Succeeded, String::new(), None));
+    })
+    .await;
+    assert!(
+        !text.contains("tok-SEC") && !text.contains("RET-4711"),
+        "{text}"
+    );
+    let out = &TaskStory::parse(&text).attempts[0].output;
+    assert!(
+        out.ends_with("y[REDACTED] end\n"),
+        "{}",
+        &out[out.len() - 40..]
+    );
+    // It really was written in two pieces.
+    assert_eq!(text.matches("\"kind\":\"output\"").count(), 2, "{text}");
+}
