@@ -14,8 +14,8 @@
 //! `state_dir/tasks/<task id>/record.jsonl`: one JSON object per line, each with `ts` (ms)
 //! and `kind` (`assigned`, `attempt_start`, `output`, `event`, `attempt_end`,
 //! `verification`, `decision`, `terminal`, `cancelled`, `acked`, `truncated`). Lines are
-//! appended and flushed one by one as the task runs, so a crash leaves every line written
-//! before it readable.
+//! appended one by one (one `write` each) as the task runs, so a crash of the daemon leaves
+//! every line written before it readable; the result and ack lines are also fsynced.
 //!
 //! # Guarantees
 //!
@@ -84,9 +84,13 @@ pub fn root(state_dir: &Path) -> PathBuf {
 }
 
 enum Msg {
-    /// Append one line to a task's record (creating it).
-    Line { dir: String, line: Vec<u8> },
-    /// Append only if the record exists (an ack for a task we recorded).
+    /// Append one line to a task's record (creating it); `sync`: fsync after it.
+    Line {
+        dir: String,
+        line: Vec<u8>,
+        sync: bool,
+    },
+    /// Append only if the record exists (an ack for a task we recorded), and fsync.
     LineIfExists { dir: String, line: Vec<u8> },
     /// The task's runner is done with its record: retention may run.
     Done { dir: String },
@@ -247,11 +251,14 @@ impl TaskRecord {
         }
         s.redactor.scrub_value(&mut v);
         cap_strings(&mut v, MAX_STRING);
+        // The end of a task's story survives a power cut, not only a crash of the daemon.
+        let sync = matches!(kind, "terminal" | "cancelled");
         send(
             &s.recorder,
             Msg::Line {
                 dir: s.dir.clone(),
                 line: encode(v),
+                sync,
             },
         );
     }
@@ -495,11 +502,11 @@ impl Writer {
         self.prune();
         while let Some(msg) = rx.blocking_recv() {
             match msg {
-                Msg::Line { dir, line } => {
-                    self.append(&dir, &line, true);
+                Msg::Line { dir, line, sync } => {
+                    self.append(&dir, &line, true, sync);
                     self.open.insert(dir);
                 }
-                Msg::LineIfExists { dir, line } => self.append(&dir, &line, false),
+                Msg::LineIfExists { dir, line } => self.append(&dir, &line, false, true),
                 Msg::Done { dir } => {
                     self.open.remove(&dir);
                     self.prune();
@@ -508,7 +515,7 @@ impl Writer {
         }
     }
 
-    fn append(&mut self, dir: &str, line: &[u8], create: bool) {
+    fn append(&mut self, dir: &str, line: &[u8], create: bool, sync: bool) {
         let d = self.root.join(dir);
         let path = d.join(RECORD_FILE);
         if !create && !path.exists() {
@@ -523,7 +530,10 @@ impl Writer {
                 .append(true)
                 .open(&path)?;
             f.write_all(line)?;
-            f.flush()
+            if sync {
+                f.sync_data()?;
+            }
+            Ok(())
         })();
         if let Err(e) = res {
             if !std::mem::replace(&mut self.warned, true) {

@@ -237,7 +237,10 @@ async fn a_secret_cut_by_a_chunk_boundary_is_held_back_then_redacted_whole() {
             format!("{filler}tok-SEC"),
         ));
         r.on_event(&ProgressEvent::new(EventKind::Stdout, "RET-4711 end\n"));
-        r.attempt_end(1, &ExecOutcome::new(ExecStatus::Succeeded, String::new(), None));
+        r.attempt_end(
+            1,
+            &ExecOutcome::new(ExecStatus::Succeeded, String::new(), None),
+        );
     })
     .await;
     assert!(
