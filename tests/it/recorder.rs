@@ -37,6 +37,15 @@ async fn cli(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// `dir/probe`: where a task may leave markers for the test. Tasks are confined to their
+/// workspace once containment is on; the test configs grant this one directory
+/// (`sandbox.write_paths`), never the state directory itself.
+fn markers(dir: &Path) -> PathBuf {
+    let p = dir.join("probe");
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
 fn record_text(state: &Path, task_id: &str) -> String {
     std::fs::read_to_string(state.join("tasks").join(task_id).join("record.jsonl"))
         .unwrap_or_default()
@@ -295,8 +304,8 @@ async fn status_reports_the_link_the_running_attempt_and_the_spend_against_the_b
         .unwrap()
         .to_string();
     hub.wait_for_type("identify", T).await.unwrap();
-    let started = dir.path().join("started");
-    let go = dir.path().join("go");
+    let started = markers(dir.path()).join("started");
+    let go = markers(dir.path()).join("go");
     let cmd = format!(
         "touch {}; while [ ! -e {} ]; do sleep 0.05; done; echo finished",
         started.display(),
@@ -428,8 +437,8 @@ async fn a_daemon_killed_mid_task_leaves_a_readable_redacted_record() {
     );
     let mut bin = Bin::start(dir.path(), &config, &[]);
     hub.wait_for_type("identify", T).await.unwrap();
-    let started = dir.path().join("started");
-    let go = dir.path().join("go");
+    let started = markers(dir.path()).join("started");
+    let go = markers(dir.path()).join("go");
     let cmd = format!(
         "echo using {SECRET}; touch {}; while [ ! -e {} ]; do sleep 0.05; done",
         started.display(),
