@@ -48,7 +48,13 @@ impl Cli {
             (
                 None,
                 Some(
-                    Command::Demo(_) | Command::Check(_) | Command::RunTask(_) | Command::Verify(_),
+                    Command::Demo(_)
+                    | Command::Check(_)
+                    | Command::RunTask(_)
+                    | Command::Verify(_)
+                    | Command::Tasks(_)
+                    | Command::Show(_)
+                    | Command::Status(_),
                 ),
             ) => "warn",
             _ => "info",
@@ -89,6 +95,15 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Run the real daemon against an embedded mock hub with a sample task, and print the result.
     Demo(DemoArgs),
+    /// List recent tasks from the flight records: when, executor, duration, attempts,
+    /// status, cost. Reads only files; works whether the daemon runs or not.
+    Tasks(crate::commands::show::TasksArgs),
+    /// Tell one task's story from its flight record: each attempt's prompt, what changed,
+    /// which checks failed, why the loop stopped, the result and its acknowledgement.
+    Show(crate::commands::show::ShowArgs),
+    /// Ask the running daemon (on its loopback metrics_addr) for the link state, the
+    /// current task and attempt, and today's spend against the daily budget.
+    Status(crate::commands::status::StatusArgs),
 }
 
 impl Default for Command {
@@ -194,6 +209,9 @@ pub async fn run(cli: Cli, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
         Command::RunTask(args) => crate::commands::run_task::run(args).await,
         Command::Verify(args) => crate::commands::verify::run(args).await,
         Command::Demo(args) => crate::demo::run(args).await,
+        Command::Tasks(args) => crate::commands::show::run_tasks(args).await,
+        Command::Show(args) => crate::commands::show::run_show(args).await,
+        Command::Status(args) => crate::commands::status::run(args).await,
     }
 }
 
@@ -210,6 +228,12 @@ async fn run_daemon(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<Exit
     let tracker = TaskTracker::new();
     if let Some(addr) = cfg.metrics_addr {
         crate::ops::http::start(addr, ops.clone(), services.clone(), &tracker).await?;
+    }
+    // `hub-sidecar status` without metrics_addr; a failure only costs that command.
+    let socket = crate::ops::socket::path(&cfg.state_dir);
+    if let Err(e) = crate::ops::socket::start(socket, ops.clone(), services.clone(), &tracker).await
+    {
+        tracing::warn!(error = %format!("{e:#}"), "no status socket: `hub-sidecar status` needs metrics_addr");
     }
     // Fed only while the last pong is younger than two ping intervals.
     tracker.spawn(crate::ops::systemd::watchdog(

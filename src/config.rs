@@ -87,6 +87,8 @@ pub struct Config {
     pub containment: Option<crate::sandbox::Containment>,
     /// Paths and limits of containment.
     pub sandbox: crate::sandbox::SandboxConfig,
+    /// `[recorder]`: the per-task flight record under `state_dir/tasks`.
+    pub recorder: RecorderConfig,
     /// Keys this build does not know (e.g. the Node sidecar's `wake_command`): warned, ignored.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
@@ -135,6 +137,7 @@ impl Default for Config {
             git: GitConfig::default(),
             containment: None,
             sandbox: crate::sandbox::SandboxConfig::default(),
+            recorder: RecorderConfig::default(),
             unknown: BTreeMap::new(),
             origin: None,
         }
@@ -168,6 +171,33 @@ impl Default for ProgressConfig {
             min_interval_ms: 1_500,
             max_text_bytes: 8 * 1024,
             heartbeat_secs: 45,
+        }
+    }
+}
+
+/// `[recorder]`: the flight record each task leaves under `state_dir/tasks/<task id>/`
+/// (read with `hub-sidecar tasks` / `show`). Retention removes the oldest records first.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct RecorderConfig {
+    /// Record tasks at all.
+    pub enabled: bool,
+    /// Most task records kept.
+    pub max_tasks: usize,
+    /// Most bytes all task records may take together.
+    pub max_total_bytes: u64,
+    /// Most bytes of streamed output and events one task's record keeps (its prompts,
+    /// reports, decisions and result are always kept, each string capped at 32 KiB).
+    pub max_task_bytes: u64,
+}
+
+impl Default for RecorderConfig {
+    fn default() -> Self {
+        RecorderConfig {
+            enabled: true,
+            max_tasks: 500,
+            max_total_bytes: 256 * 1024 * 1024,
+            max_task_bytes: 4 * 1024 * 1024,
         }
     }
 }

@@ -25,6 +25,7 @@ use crate::hub::proto::{Inbound, Outbound};
 use crate::ops::Ops;
 use crate::process::ChildEnv;
 use crate::progress::{ProgressEvent, ProgressSink};
+use crate::recorder::Recorder;
 use crate::redact::Redactor;
 use crate::runner::{self, RunnerDeps, TaskOutcome};
 use crate::state::{ActiveTask, OutboxEntry, PersistedState, Phase, StateStore};
@@ -104,6 +105,10 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     ));
     let redactor = Arc::new(Redactor::from_config(&cfg));
     let containment = Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await);
+    let (recorder, recorder_writer) =
+        Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
+    let daily_spend = Arc::new(crate::verify::retry_loop::DailySpend::new());
+    ops.set_daily_spend(daily_spend.clone(), cfg.verification.max_cost_usd_per_day);
     let deps = RunnerDeps {
         config: cfg.clone(),
         env: ChildEnv::from_config(&cfg),
@@ -111,7 +116,8 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         budget,
         out: Arc::new(handle.clone()),
         ops: ops.clone(),
-        daily_spend: Arc::new(crate::verify::retry_loop::DailySpend::new()),
+        daily_spend,
+        recorder,
         containment,
     };
     let mut d = Daemon {
@@ -137,6 +143,9 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     d.ops.stopping();
     link_cancel.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), link_task).await;
+    // The recorder's writer ends once its last handle is gone: let it write its last lines.
+    drop(d);
+    let _ = tokio::time::timeout(Duration::from_secs(5), recorder_writer).await;
     Ok(reason)
 }
 
@@ -376,6 +385,7 @@ impl Daemon {
                 }
                 if self.state.outbox.len() != before {
                     tracing::info!(task_id = %task_id, status = ?status, "result acknowledged by the hub");
+                    self.deps.recorder.acked(&task_id, status.as_deref());
                     self.save().await;
                 }
                 self.pump_outbox();

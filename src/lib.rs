@@ -23,6 +23,7 @@
 //! - [`process`]: the one spawn path: process groups, capped capture, group kill, sandbox.
 //! - [`sandbox`]: containment of what tasks run: Landlock, namespaces, limits.
 //! - [`redact`]: secret scrubbing for everything that leaves the process.
+//! - [`recorder`]: the per-task flight record on disk and reading it back (`tasks`, `show`).
 //! - [`cost`]: model prices for estimated and equivalent costs.
 //! - [`ops`]: systemd notify, health and metrics.
 //! - [`mock_hub`]: an in-process hub that validates frames like the real one (tests, demo).
@@ -44,6 +45,7 @@ pub mod mock_hub;
 pub mod ops;
 pub mod process;
 pub mod progress;
+pub mod recorder;
 pub mod redact;
 pub mod runner;
 pub mod sandbox;

@@ -130,6 +130,9 @@ struct Shared {
     /// Secrets are scrubbed on the way in, before any cut can slice one (see
     /// [`ProgressSink::set_redactor`]).
     redactor: std::sync::OnceLock<Arc<Redactor>>,
+    /// The flight recorder's tap: sees every event after scrubbing (see
+    /// [`ProgressSink::set_tap`]).
+    tap: std::sync::OnceLock<Observer>,
 }
 
 /// Most structured events kept between two sends before the oldest are folded together.
@@ -171,6 +174,7 @@ impl ProgressSink {
                 max_text: max_text.max(256),
                 observer,
                 redactor: std::sync::OnceLock::new(),
+                tap: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -183,6 +187,13 @@ impl ProgressSink {
         let _ = self.shared.redactor.set(redactor);
     }
 
+    /// Also show every event to `tap` once it is scrubbed (the flight recorder, which must
+    /// never see a secret, unlike the terminal observer that shows local output as is).
+    /// First call wins.
+    pub fn set_tap(&self, tap: impl Fn(&ProgressEvent) + Send + Sync + 'static) {
+        let _ = self.shared.tap.set(Box::new(tap));
+    }
+
     /// Record an event. Memory stays bounded whatever the rate.
     pub fn emit(&self, mut ev: ProgressEvent) {
         if let Some(obs) = &self.shared.observer {
@@ -191,6 +202,9 @@ impl ProgressSink {
         let redactor = self.shared.redactor.get();
         if let Some(r) = redactor {
             r.scrub_in_place(&mut ev.text);
+        }
+        if let Some(tap) = self.shared.tap.get() {
+            tap(&ev);
         }
         let max = self.shared.max_text;
         {
@@ -429,6 +443,26 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(!text.contains("UNIQUE"), "{text}");
+    }
+
+    #[test]
+    fn the_tap_sees_events_only_after_scrubbing_and_the_observer_before() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let shown = Arc::new(Mutex::new(Vec::new()));
+        let s = {
+            let shown = shown.clone();
+            ProgressSink::with_observer(1024, move |e| shown.lock().unwrap().push(e.text.clone()))
+        };
+        s.set_redactor(Arc::new(Redactor::new(vec!["tok-UNIQUE-1".to_string()])));
+        let tapped = seen.clone();
+        s.set_tap(move |e| tapped.lock().unwrap().push(e.text.clone()));
+        s.emit(ProgressEvent::status("key tok-UNIQUE-1"));
+        assert_eq!(*seen.lock().unwrap(), ["key [REDACTED]"]);
+        assert_eq!(
+            *shown.lock().unwrap(),
+            ["key tok-UNIQUE-1"],
+            "the local display is unchanged"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::executor::{ExecContext, ExecStatus, Executor};
+use crate::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus, Executor};
 use crate::git::branch::TaskBranch;
 use crate::git::publish::{self, Publish};
 use crate::git::{url::url_secrets, GitRunner};
@@ -24,10 +24,11 @@ use crate::hub::proto::Outbound;
 use crate::ops::Ops;
 use crate::process::ChildEnv;
 use crate::progress::{FrameSender, ProgressEvent, ProgressSink, Pump};
+use crate::recorder::{Recorder, TaskRecord};
 use crate::redact::Redactor;
 use crate::sandbox::{self, Grants};
 use crate::task::Task;
-use crate::verify::retry_loop::{self, DailySpend, LoopOptions, LoopOutcome};
+use crate::verify::retry_loop::{self, Attempter, DailySpend, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
 use crate::workspace::{self, Workspace, WorkspaceKind};
 
@@ -44,6 +45,8 @@ pub struct RunnerDeps {
     pub daily_spend: Arc<DailySpend>,
     /// How tasks are confined, decided once at start.
     pub containment: Arc<sandbox::Policy>,
+    /// The flight recorder (disabled for offline runs).
+    pub recorder: Recorder,
 }
 
 /// How a task run ended.
@@ -65,7 +68,6 @@ pub async fn run_task(
     progress: ProgressSink,
     cancel: CancellationToken,
 ) -> TaskOutcome {
-    let cfg = deps.config.clone();
     // A password in the task's repo URL is this task's secret: scrubbed from all it sends.
     let redactor = Arc::new(match task.repo.as_deref() {
         Some(url) => deps.redactor.with_extra(url_secrets(url)),
@@ -73,6 +75,38 @@ pub async fn run_task(
     });
     // Secrets are scrubbed as output arrives, so none can leave split across two frames.
     progress.set_redactor(redactor.clone());
+    let executor_name = task
+        .executor_kind()
+        .ok()
+        .and_then(|k| serde_json::to_value(k).ok())
+        .and_then(|v| v.as_str().map(str::to_string));
+    let record = deps
+        .recorder
+        .open(&task, executor_name.as_deref(), redactor.clone());
+    {
+        let record = record.clone();
+        progress.set_tap(move |ev| record.on_event(ev));
+    }
+    let outcome = run_recorded(task, &deps, progress, cancel, redactor, &record).await;
+    match &outcome {
+        TaskOutcome::Terminal(frame) => record.terminal(frame),
+        TaskOutcome::Cancelled => {
+            record.cancelled("cancelled by the hub or stopped by a forced shutdown")
+        }
+    }
+    outcome
+}
+
+/// [`run_task`] once the task's flight record is open.
+async fn run_recorded(
+    task: Arc<Task>,
+    deps: &RunnerDeps,
+    progress: ProgressSink,
+    cancel: CancellationToken,
+    redactor: Arc<Redactor>,
+    record: &TaskRecord,
+) -> TaskOutcome {
+    let cfg = deps.config.clone();
     // The pump starts first: its heartbeat keeps the task fresh at the hub during a long clone.
     let pump_cancel = cancel.child_token();
     let pump = Pump {
@@ -172,7 +206,15 @@ pub async fn run_task(
             let opts = LoopOptions {
                 daily_spend: Some(deps.daily_spend.clone()),
             };
-            let lo = retry_loop::run_with_options(&mut executor, &ctx, &opts).await;
+            let is_llm = executor.is_llm();
+            let mut attempter = RecordingAttempter {
+                executor: &mut executor,
+                ctx: &ctx,
+                record,
+                ops: &deps.ops,
+            };
+            let lo = retry_loop::run_with(&mut attempter, is_llm, &ctx, &opts).await;
+            record_loop(record, &lo);
             record_metrics(&deps.ops, &lo);
             if cancel.is_cancelled() || lo.last_exec.status == ExecStatus::Cancelled {
                 None
@@ -325,6 +367,45 @@ fn failed(task: &Task, r: &Redactor, reason: &str, cancel: &CancellationToken) -
     let mut frame = Outbound::task_failed(&task.task_id, task.generation, reason);
     redact_frame(r, &mut frame);
     TaskOutcome::Terminal(frame)
+}
+
+/// The task's [`Executor`] with each attempt's prompt and outcome written to the record as
+/// it happens (the loop itself stays unaware of the recorder).
+struct RecordingAttempter<'a> {
+    executor: &'a mut Executor,
+    ctx: &'a ExecContext,
+    record: &'a TaskRecord,
+    ops: &'a Ops,
+}
+
+impl Attempter for RecordingAttempter<'_> {
+    async fn attempt(&mut self, attempt: Attempt) -> ExecOutcome {
+        let n = attempt.number;
+        self.record.attempt_start(n, &attempt.prompt);
+        self.ops.attempt_started(n);
+        let out = self.executor.execute(self.ctx, &attempt).await;
+        self.record.attempt_end(n, &out);
+        out
+    }
+}
+
+/// Each attempt's full report and observations, and why the loop stopped.
+fn record_loop(record: &TaskRecord, lo: &LoopOutcome) {
+    for a in &lo.attempts {
+        let report = serde_json::to_value(&a.report).unwrap_or(Value::Null);
+        record.verification(a.report.run_number, report, &a.observations);
+    }
+    record.final_decision(
+        lo.executions,
+        &lo.termination_reason,
+        json!({
+            "verification_status": lo.verification_status,
+            "cost_usd": lo.cost_usd,
+            "tokens": lo.tokens_in + lo.tokens_out,
+            "executions": lo.executions,
+            "oscillation": lo.oscillation,
+        }),
+    );
 }
 
 fn record_metrics(ops: &Ops, lo: &LoopOutcome) {

@@ -5,11 +5,15 @@
 //! - [`check`]: `hub-sidecar check`: validate the config and probe everything it points at.
 //! - [`run_task`]: `hub-sidecar run-task`: one task, no hub: executor, checks, retry loop.
 //! - [`verify`]: `hub-sidecar verify`: only a task's checks against a workspace.
+//! - [`show`]: `hub-sidecar tasks` and `hub-sidecar show`: the flight records, read back.
+//! - [`status`]: `hub-sidecar status`: ask the running daemon how it is doing.
 //!
 //! `run` (the daemon) and `demo` live in [`crate::cli`] and [`crate::demo`].
 
 pub mod check;
 pub mod run_task;
+pub mod show;
+pub mod status;
 pub mod verify;
 
 use std::path::Path;

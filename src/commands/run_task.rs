@@ -111,6 +111,7 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         ops: Ops::new(),
         daily_spend: Arc::new(DailySpend::new()),
         containment: Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await),
+        recorder: crate::recorder::Recorder::disabled(),
         config: cfg.clone(),
     };
     let line = crate::term::ProgressLine::start(max_attempts);

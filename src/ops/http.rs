@@ -8,14 +8,16 @@
 //! - `GET /healthz`: 200 and [`super::HealthSnapshot`] as JSON while identified with the
 //!   hub, 503 with the same JSON otherwise.
 //! - `GET /metrics`: the Prometheus/OpenMetrics text exposition.
+//! - `GET /status`: [`super::StatusSnapshot`] as JSON (link, current task and attempt with
+//!   elapsed time, today's spend against the daily budget), for `hub-sidecar status`.
 //! - anything else: 404 (405 for methods other than GET/HEAD).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -70,8 +72,8 @@ pub async fn serve(listener: TcpListener, ops: Ops, cancel: CancellationToken) {
     conns.wait().await;
 }
 
-/// One request, one response.
-async fn handle(mut stream: TcpStream, ops: Ops) {
+/// One request, one response (over TCP, or the unix socket of [`super::socket`]).
+pub(crate) async fn handle<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, ops: Ops) {
     let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
         Ok(Ok(Some(head))) => head,
         _ => return,
@@ -86,7 +88,7 @@ async fn handle(mut stream: TcpStream, ops: Ops) {
 
 /// Read up to the blank line ending the request head; `None` if the client sent too much
 /// or closed early.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<Option<String>> {
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     loop {
@@ -129,10 +131,16 @@ pub fn respond(head: &str, ops: &Ops) -> Vec<u8> {
                 (status, "application/json", body)
             }
             "/metrics" => ("200 OK", METRICS_CONTENT_TYPE, ops.metrics().encode()),
+            "/status" => {
+                let body = serde_json::to_string(&ops.status_snapshot())
+                    .expect("status serializes")
+                    + "\n";
+                ("200 OK", "application/json", body)
+            }
             _ => (
                 "404 Not Found",
                 "text/plain; charset=utf-8",
-                "not found: try /healthz or /metrics\n".to_string(),
+                "not found: try /healthz, /metrics or /status\n".to_string(),
             ),
         }
     };
@@ -216,7 +224,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
             .await
             .unwrap();

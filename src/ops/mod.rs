@@ -7,10 +7,12 @@
 //!
 //! - [`metrics`]: the Prometheus registry.
 //! - [`systemd`]: sd_notify readiness, status and watchdog.
-//! - [`http`]: `/healthz` and `/metrics` on `metrics_addr`.
+//! - [`http`]: `/healthz`, `/metrics` and `/status` on `metrics_addr`.
+//! - [`socket`]: the same routes on `state_dir/status.sock` (mode 0600), always on.
 
 pub mod http;
 pub mod metrics;
+pub mod socket;
 pub mod systemd;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
+use crate::verify::retry_loop::DailySpend;
 use metrics::Metrics;
 
 /// Facts for `/healthz` and the watchdog.
@@ -26,6 +29,13 @@ struct Health {
     identified: bool,
     last_pong: Option<Instant>,
     active_task: Option<String>,
+    /// When the active task started.
+    task_started: Option<Instant>,
+    /// The attempt running now and when it started.
+    attempt: Option<(u32, Instant)>,
+    /// Today's spend across tasks and the daily cap, for `/status`.
+    daily_spend: Option<Arc<DailySpend>>,
+    daily_budget_usd: Option<f64>,
 }
 
 /// The handle. Clone freely.
@@ -43,6 +53,23 @@ pub struct HealthSnapshot {
     pub identified: bool,
     pub active_task: Option<String>,
     pub last_pong_age_ms: Option<u64>,
+}
+
+/// A snapshot for `/status` (`hub-sidecar status`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct StatusSnapshot {
+    /// Identified with the hub now.
+    pub identified: bool,
+    pub last_pong_age_ms: Option<u64>,
+    pub active_task: Option<String>,
+    pub task_elapsed_ms: Option<u64>,
+    /// The attempt of the active task running now (1-based).
+    pub attempt: Option<u32>,
+    pub attempt_elapsed_ms: Option<u64>,
+    /// Spent today (UTC day) across all tasks, USD.
+    pub spent_today_usd: f64,
+    /// `verification.max_cost_usd_per_day`, when set.
+    pub daily_budget_usd: Option<f64>,
 }
 
 impl Ops {
@@ -84,7 +111,37 @@ impl Ops {
     }
 
     pub fn set_active_task(&self, task_id: Option<&str>) {
-        self.health().active_task = task_id.map(str::to_string);
+        let mut h = self.health();
+        h.active_task = task_id.map(str::to_string);
+        h.task_started = task_id.map(|_| Instant::now());
+        h.attempt = None;
+    }
+
+    /// Attempt `n` of the active task started.
+    pub fn attempt_started(&self, n: u32) {
+        self.health().attempt = Some((n, Instant::now()));
+    }
+
+    /// Where `/status` reads today's spend, and the daily cap it is compared with.
+    pub fn set_daily_spend(&self, spend: Arc<DailySpend>, budget_usd: Option<f64>) {
+        let mut h = self.health();
+        h.daily_spend = Some(spend);
+        h.daily_budget_usd = budget_usd;
+    }
+
+    pub fn status_snapshot(&self) -> StatusSnapshot {
+        let h = self.health();
+        let ms = |t: Instant| t.elapsed().as_millis() as u64;
+        StatusSnapshot {
+            identified: h.identified,
+            last_pong_age_ms: h.last_pong.map(ms),
+            active_task: h.active_task.clone(),
+            task_elapsed_ms: h.task_started.map(ms),
+            attempt: h.attempt.map(|a| a.0),
+            attempt_elapsed_ms: h.attempt.map(|a| ms(a.1)),
+            spent_today_usd: h.daily_spend.as_ref().map_or(0.0, |d| d.spent_today()),
+            daily_budget_usd: h.daily_budget_usd,
+        }
     }
 
     /// `READY=1`, once, after the first `identified`.

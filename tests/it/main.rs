@@ -14,5 +14,6 @@ mod hub_restart;
 mod manifest;
 mod ops;
 mod real_claude;
+mod recorder;
 mod util;
 mod verify;

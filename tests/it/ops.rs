@@ -692,7 +692,7 @@ async fn run_task_fixes_the_failing_test_with_the_stand_in_claude() {
 }
 
 #[test]
-fn the_systemd_units_pass_systemd_analyze_verify() {
+fn the_systemd_units_pass_systemd_analyze_verify_and_score_at_most_3_exposure() {
     let Ok(which) = std::process::Command::new("systemd-analyze")
         .arg("--version")
         .output()
@@ -737,6 +737,36 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
             out.status.success() && ours.is_empty(),
             "systemd-analyze verify {unit} failed ({}):\n{stderr}",
             out.status
+        );
+        // Locked down (issue 16): the unit's exposure score stays at 3.0 or below.
+        let sec = std::process::Command::new("systemd-analyze")
+            .args(["security", "--offline=true", "--no-pager"])
+            .arg(&target)
+            .env("SYSTEMD_LOG_LEVEL", "warning")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&sec.stdout);
+        let Some(score) = text
+            .lines()
+            .find_map(|l| l.split("Overall exposure level for ").nth(1))
+            .and_then(|l| l.split(": ").nth(1))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse::<f64>().ok())
+        else {
+            // systemd-analyze older than 250 has no --offline.
+            eprintln!(
+                "SKIPPED the exposure check for {unit}: no score in `systemd-analyze security --offline=true` output:\n{text}{}",
+                String::from_utf8_lossy(&sec.stderr)
+            );
+            continue;
+        };
+        assert!(
+            score <= 3.0,
+            "{unit}: exposure {score} > 3.0; what is open:\n{}",
+            text.lines()
+                .filter(|l| l.starts_with('✗'))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
 }

@@ -1,0 +1,613 @@
+//! The flight recorder: for every task, a bounded, redacted, append-only story on disk that
+//! an operator reads afterwards with `hub-sidecar tasks` and `hub-sidecar show`.
+//!
+//! # Layout
+//!
+//! - this file: [`Recorder`] (the daemon-wide handle), [`TaskRecord`] (one task's writer
+//!   side: redaction, bounds, the stream buffer) and the writer thread that owns the files
+//!   and retention.
+//! - [`story`]: reading a record back into a [`story::TaskStory`] (tolerant of a record cut
+//!   short by a crash) and the list of recent tasks.
+//!
+//! # On disk
+//!
+//! `state_dir/tasks/<task id>/record.jsonl`: one JSON object per line, each with `ts` (ms)
+//! and `kind` (`assigned`, `attempt_start`, `output`, `event`, `attempt_end`,
+//! `verification`, `decision`, `terminal`, `cancelled`, `acked`, `truncated`). Lines are
+//! appended one by one (one `write` each) as the task runs, so a crash of the daemon leaves
+//! every line written before it readable; the result and ack lines are also fsynced.
+//!
+//! # Guarantees
+//!
+//! - Secrets never reach the disk: every record passes through the task's [`Redactor`]
+//!   (the daemon's secrets plus the password of the task's repository URL) before it is
+//!   queued; streamed output is scrubbed as a whole buffer, so a secret split across two
+//!   chunks is caught, and a possible secret prefix at a buffer's end is held back.
+//! - Bounded: every string in a record is capped; streamed output and events together are
+//!   capped per task (`recorder.max_task_bytes`, keeping the head and the last chunk);
+//!   records are queued on a bounded channel and dropped (counted) rather than blocking a
+//!   task; retention keeps at most `recorder.max_tasks` records and `recorder.max_total_bytes`
+//!   in total, oldest removed first, checked at start and after every task.
+//! - No blocking on the runtime: files are written by one `spawn_blocking` writer that ends
+//!   when every handle is dropped.
+
+pub mod story;
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::config::RecorderConfig;
+use crate::progress::{EventKind, ProgressEvent};
+use crate::redact::Redactor;
+use crate::task::Task;
+use crate::util::now_ms;
+
+/// The record file inside a task's directory.
+pub const RECORD_FILE: &str = "record.jsonl";
+/// Records waiting for the writer; beyond this they are dropped and counted.
+const QUEUE: usize = 2048;
+/// Streamed output is written in chunks of about this size.
+const STREAM_CHUNK: usize = 8 * 1024;
+/// Cap on any one string in a record (prompts, reports, frames keep head and tail).
+const MAX_STRING: usize = 32 * 1024;
+/// Cap on one event's text.
+const MAX_EVENT_TEXT: usize = 2 * 1024;
+
+/// The directory name for a task id: safe characters only, bounded.
+pub fn dir_name(task_id: &str) -> String {
+    let safe: String = task_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect();
+    match safe.as_str() {
+        "" | "." | ".." => "_".to_string(),
+        _ => safe,
+    }
+}
+
+/// The records' root: `state_dir/tasks`.
+pub fn root(state_dir: &Path) -> PathBuf {
+    state_dir.join("tasks")
+}
+
+enum Msg {
+    /// Append one line to a task's record (creating it); `sync`: fsync after it.
+    Line {
+        dir: String,
+        line: Vec<u8>,
+        sync: bool,
+    },
+    /// Append only if the record exists (an ack for a task we recorded), and fsync.
+    LineIfExists { dir: String, line: Vec<u8> },
+    /// The task's runner is done with its record: retention may run.
+    Done { dir: String },
+}
+
+/// The daemon-wide handle. Cheap to clone; a disabled one records nothing.
+#[derive(Clone)]
+pub struct Recorder {
+    inner: Option<Arc<Shared>>,
+}
+
+struct Shared {
+    tx: mpsc::Sender<Msg>,
+    cfg: RecorderConfig,
+    /// Records dropped because the writer fell behind (never expected; reported in logs).
+    dropped: AtomicU64,
+}
+
+impl Recorder {
+    /// A recorder that records nothing (offline commands, tests of other parts).
+    pub fn disabled() -> Recorder {
+        Recorder { inner: None }
+    }
+
+    /// Start the writer for records under `root`. Retention runs once at start. The
+    /// returned handle ends when every clone of the recorder (and every [`TaskRecord`]) is
+    /// dropped; await it so the last lines reach the disk.
+    pub fn start(root: PathBuf, cfg: RecorderConfig) -> (Recorder, tokio::task::JoinHandle<()>) {
+        if !cfg.enabled {
+            return (Recorder::disabled(), tokio::spawn(async {}));
+        }
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let writer = Writer {
+            root,
+            max_tasks: cfg.max_tasks,
+            max_total_bytes: cfg.max_total_bytes,
+            open: HashSet::new(),
+            warned: false,
+        };
+        let handle = tokio::task::spawn_blocking(move || writer.run(rx));
+        let shared = Shared {
+            tx,
+            cfg,
+            dropped: AtomicU64::new(0),
+        };
+        (
+            Recorder {
+                inner: Some(Arc::new(shared)),
+            },
+            handle,
+        )
+    }
+
+    /// Open the record of `task` (appending when it already has one, e.g. a task run again
+    /// after recovery) and write its assignment.
+    pub fn open(&self, task: &Task, executor: Option<&str>, redactor: Arc<Redactor>) -> TaskRecord {
+        let Some(shared) = &self.inner else {
+            return TaskRecord { inner: None };
+        };
+        let rec = TaskRecord {
+            inner: Some(Arc::new(RecordShared {
+                recorder: shared.clone(),
+                dir: dir_name(&task.task_id),
+                redactor,
+                state: Mutex::new(RecordState::default()),
+            })),
+        };
+        let task_json = serde_json::to_value(task).unwrap_or(Value::Null);
+        rec.write(
+            "assigned",
+            json!({
+                "task_id": task.task_id,
+                "generation": task.generation,
+                "executor": executor,
+                "task": task_json,
+            }),
+        );
+        rec
+    }
+
+    /// The hub acknowledged the task's terminal frame (`task_ack`).
+    pub fn acked(&self, task_id: &str, status: Option<&str>) {
+        let Some(shared) = &self.inner else {
+            return;
+        };
+        let line = encode(json!({"ts": now_ms(), "kind": "acked", "status": status}));
+        send(
+            shared,
+            Msg::LineIfExists {
+                dir: dir_name(task_id),
+                line,
+            },
+        );
+    }
+}
+
+fn send(shared: &Shared, msg: Msg) {
+    if shared.tx.try_send(msg).is_err() {
+        let n = shared.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(
+                dropped = n,
+                "flight recorder falling behind: records dropped"
+            );
+        }
+    }
+}
+
+fn encode(v: Value) -> Vec<u8> {
+    let mut line = serde_json::to_vec(&v).expect("records serialize");
+    line.push(b'\n');
+    line
+}
+
+/// One task's record: what the runner, the retry loop's attempter and the progress tap
+/// write into. Cheap to clone; a disabled one records nothing.
+#[derive(Clone)]
+pub struct TaskRecord {
+    inner: Option<Arc<RecordShared>>,
+}
+
+struct RecordShared {
+    recorder: Arc<Shared>,
+    dir: String,
+    redactor: Arc<Redactor>,
+    state: Mutex<RecordState>,
+}
+
+#[derive(Default)]
+struct RecordState {
+    /// The attempt now running (0 before the first).
+    attempt: u32,
+    /// Streamed text not yet written (scrubbed as a whole).
+    stream: String,
+    stream_kind: Option<EventKind>,
+    /// Bytes of output and events written so far (bounded by `max_task_bytes`).
+    bulk_bytes: u64,
+    /// The newest output past the bound (at most one chunk), written when the attempt ends.
+    tail: String,
+    /// Output bytes left out once the bound was reached.
+    elided_bytes: u64,
+    truncation_noted: bool,
+}
+
+impl TaskRecord {
+    /// A record that writes nothing.
+    pub fn disabled() -> TaskRecord {
+        TaskRecord { inner: None }
+    }
+
+    /// Append one record of `kind`: scrubbed, strings capped, timestamped.
+    fn write(&self, kind: &str, body: Value) {
+        let Some(s) = &self.inner else { return };
+        let mut v = body;
+        if let Value::Object(m) = &mut v {
+            m.insert("ts".into(), json!(now_ms()));
+            m.insert("kind".into(), json!(kind));
+        }
+        s.redactor.scrub_value(&mut v);
+        cap_strings(&mut v, MAX_STRING);
+        // The end of a task's story survives a power cut, not only a crash of the daemon.
+        let sync = matches!(kind, "terminal" | "cancelled");
+        send(
+            &s.recorder,
+            Msg::Line {
+                dir: s.dir.clone(),
+                line: encode(v),
+                sync,
+            },
+        );
+    }
+
+    /// Attempt `n` starts with `prompt`. For `n > 1` the loop decided to retry.
+    pub fn attempt_start(&self, n: u32, prompt: &str) {
+        let Some(s) = &self.inner else { return };
+        self.end_output();
+        s.state.lock().expect("record lock").attempt = n;
+        if n > 1 {
+            self.write(
+                "decision",
+                json!({"after_attempt": n - 1, "decision": "retry",
+                       "reason": "verification failed and retries remain: corrective prompt sent"}),
+            );
+        }
+        self.write("attempt_start", json!({"attempt": n, "prompt": prompt}));
+    }
+
+    /// Attempt `n`'s execution ended (before its verification).
+    pub fn attempt_end(&self, n: u32, exec: &crate::executor::ExecOutcome) {
+        self.end_output();
+        self.write(
+            "attempt_end",
+            json!({
+                "attempt": n,
+                "status": exec.status,
+                "error": exec.error,
+                "model": exec.model_used,
+                "tokens_in": exec.tokens_in,
+                "tokens_out": exec.tokens_out,
+                "cost_usd": exec.cost_usd,
+                "execution_ms": exec.execution_ms,
+                "termination_reason": exec.termination_reason,
+                "output": crate::runner::head_tail(&exec.output, 16 * 1024),
+            }),
+        );
+    }
+
+    /// The full verification report and workspace observations of attempt `n`.
+    pub fn verification(&self, n: u32, report: Value, observations: &[String]) {
+        self.write(
+            "verification",
+            json!({"attempt": n, "report": report, "observations": observations}),
+        );
+    }
+
+    /// The loop stopped after attempt `after_attempt` for `decision` (its termination reason).
+    pub fn final_decision(&self, after_attempt: u32, decision: &str, detail: Value) {
+        let reason = match decision {
+            "verified" => "every check passed",
+            "no_progress" => {
+                "the attempt changed nothing in the workspace and failed the same way as before"
+            }
+            "budget_exhausted" => "the per-task or per-day cost cap was reached",
+            "retries_exhausted" => "verification still failed after the last allowed retry",
+            "execution_failed" => "the executor itself failed (no verification ran)",
+            "cancelled" => "the task was cancelled",
+            _ => "",
+        };
+        self.write(
+            "decision",
+            json!({"after_attempt": after_attempt, "decision": decision,
+                   "reason": reason, "final": true, "detail": detail}),
+        );
+    }
+
+    /// The terminal frame the runner hands to the outbox (already redacted; scrubbed again).
+    pub fn terminal(&self, frame: &crate::hub::proto::Outbound) {
+        self.end_output();
+        let v = serde_json::to_value(frame).unwrap_or(Value::Null);
+        self.write("terminal", json!({"frame_type": frame.kind(), "frame": v}));
+    }
+
+    /// The task ended without a terminal frame (cancelled by the hub or a forced stop).
+    pub fn cancelled(&self, why: &str) {
+        self.end_output();
+        self.write("cancelled", json!({"reason": why}));
+    }
+
+    /// A progress event, after the sink scrubbed it: streams are buffered, the rest written.
+    pub fn on_event(&self, ev: &ProgressEvent) {
+        let Some(s) = &self.inner else { return };
+        if ev.kind.is_stream() {
+            if ev.text.is_empty() {
+                return;
+            }
+            let switch = {
+                let st = s.state.lock().expect("record lock");
+                st.stream_kind.is_some_and(|k| k != ev.kind)
+            };
+            if switch {
+                self.flush_stream(true);
+            }
+            let full = {
+                let mut st = s.state.lock().expect("record lock");
+                st.stream_kind = Some(ev.kind);
+                st.stream.push_str(&ev.text);
+                // A secret split across two chunks is whole only now.
+                s.redactor.scrub_in_place(&mut st.stream);
+                st.stream.len() >= STREAM_CHUNK
+            };
+            if full {
+                self.flush_stream(false);
+            }
+            return;
+        }
+        self.flush_stream(true);
+        let mut fields = ev.fields.clone();
+        fields.remove("text");
+        let body = json!({
+            "event_type": ev.kind.as_str(),
+            "text": crate::util::truncate_chars(&ev.text, MAX_EVENT_TEXT),
+            "tokens_so_far": ev.tokens_so_far,
+            "fields": Value::Object(fields),
+        });
+        if self.take_bulk(&body) {
+            self.write("event", body);
+        }
+    }
+
+    /// Write the buffered stream. `all = false` holds back an end that may start a secret.
+    fn flush_stream(&self, all: bool) {
+        let Some(s) = &self.inner else { return };
+        let (text, kind, attempt) = {
+            let mut st = s.state.lock().expect("record lock");
+            let hold = if all {
+                0
+            } else {
+                s.redactor.partial_suffix_len(&st.stream)
+            };
+            let keep = st.stream.len() - hold;
+            let held = st.stream.split_off(keep);
+            let text = std::mem::replace(&mut st.stream, held);
+            let kind = st.stream_kind;
+            if all {
+                st.stream_kind = None;
+            }
+            (text, kind, st.attempt)
+        };
+        let stream = kind.map(EventKind::as_str);
+        if !text.is_empty() {
+            let body =
+                json!({"attempt": attempt, "stream": stream, "text": text, "elided_before": 0});
+            if self.take_bulk(&body) {
+                self.write("output", body);
+            } else {
+                // Over the bound: keep only the newest chunk, to show how the output ended.
+                let mut st = s.state.lock().expect("record lock");
+                st.tail.push_str(&text);
+                if st.tail.len() > STREAM_CHUNK {
+                    let mut cut = st.tail.len() - STREAM_CHUNK;
+                    while !st.tail.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    st.tail.drain(..cut);
+                    st.elided_bytes += cut as u64;
+                }
+            }
+        }
+    }
+
+    /// An attempt or the task ended: write all buffered output, and the kept end of output
+    /// that went over the task's bound (one chunk per attempt at most).
+    fn end_output(&self) {
+        let Some(s) = &self.inner else { return };
+        self.flush_stream(true);
+        let (tail, elided, attempt) = {
+            let mut st = s.state.lock().expect("record lock");
+            (
+                std::mem::take(&mut st.tail),
+                std::mem::take(&mut st.elided_bytes),
+                st.attempt,
+            )
+        };
+        if !tail.is_empty() {
+            self.write(
+                "output",
+                json!({"attempt": attempt, "text": tail, "elided_before": elided}),
+            );
+        }
+    }
+
+    /// Account `body` against the per-task bound; false (and a one-time note) when over.
+    fn take_bulk(&self, body: &Value) -> bool {
+        let Some(s) = &self.inner else { return false };
+        // The line adds `ts`, `kind` and a newline to the body.
+        let size = body.to_string().len() as u64 + 48;
+        let mut st = s.state.lock().expect("record lock");
+        if st.bulk_bytes + size <= s.recorder.cfg.max_task_bytes {
+            st.bulk_bytes += size;
+            return true;
+        }
+        let note = !std::mem::replace(&mut st.truncation_noted, true);
+        drop(st);
+        if note {
+            self.write(
+                "truncated",
+                json!({"reason": "recorder.max_task_bytes reached: further output and events of this task are left out (the end of each attempt's output is kept)",
+                       "max_task_bytes": s.recorder.cfg.max_task_bytes}),
+            );
+        }
+        false
+    }
+}
+
+impl Drop for RecordShared {
+    fn drop(&mut self) {
+        // The last handle of this task's record is gone: the writer may apply retention.
+        send(
+            &self.recorder,
+            Msg::Done {
+                dir: self.dir.clone(),
+            },
+        );
+    }
+}
+
+/// Cap every string in `v` at about `max` bytes (head and tail kept).
+fn cap_strings(v: &mut Value, max: usize) {
+    match v {
+        Value::String(s) if s.len() > max => *s = crate::runner::head_tail(s, max),
+        Value::Array(a) => a.iter_mut().for_each(|x| cap_strings(x, max)),
+        Value::Object(m) => m.values_mut().for_each(|x| cap_strings(x, max)),
+        _ => {}
+    }
+}
+
+/// Owns the files: appends lines, applies retention. Runs on a blocking thread.
+struct Writer {
+    root: PathBuf,
+    max_tasks: usize,
+    max_total_bytes: u64,
+    /// Records still being written: never removed by retention.
+    open: HashSet<String>,
+    warned: bool,
+}
+
+impl Writer {
+    fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+        self.prune();
+        while let Some(msg) = rx.blocking_recv() {
+            match msg {
+                Msg::Line { dir, line, sync } => {
+                    self.append(&dir, &line, true, sync);
+                    self.open.insert(dir);
+                }
+                Msg::LineIfExists { dir, line } => self.append(&dir, &line, false, true),
+                Msg::Done { dir } => {
+                    self.open.remove(&dir);
+                    self.prune();
+                }
+            }
+        }
+    }
+
+    fn append(&mut self, dir: &str, line: &[u8], create: bool, sync: bool) {
+        let d = self.root.join(dir);
+        let path = d.join(RECORD_FILE);
+        if !create && !path.exists() {
+            return;
+        }
+        let res = (|| -> std::io::Result<()> {
+            if create {
+                std::fs::create_dir_all(&d)?;
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .create(create)
+                .append(true)
+                .open(&path)?;
+            f.write_all(line)?;
+            if sync {
+                f.sync_data()?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            if !std::mem::replace(&mut self.warned, true) {
+                tracing::warn!(path = %path.display(), error = %e, "flight recorder cannot write; check the state directory's permissions and free space");
+            }
+        }
+    }
+
+    fn prune(&self) {
+        match prune(&self.root, self.max_tasks, self.max_total_bytes, &self.open) {
+            Ok(removed) if !removed.is_empty() => {
+                tracing::debug!(
+                    removed = removed.len(),
+                    "flight recorder retention removed old task records"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(root = %self.root.display(), error = %e, "flight recorder retention failed")
+            }
+        }
+    }
+}
+
+/// Remove the oldest task records (by last write) until at most `max_tasks` remain and they
+/// total at most `max_total_bytes`; records in `keep` are never removed. Returns what went.
+pub fn prune(
+    root: &Path,
+    max_tasks: usize,
+    max_total_bytes: u64,
+    keep: &HashSet<String>,
+) -> std::io::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    // (last write, name, bytes)
+    let mut tasks: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
+    for e in entries.flatten() {
+        let Ok(meta) = e.metadata() else { continue };
+        if !meta.is_dir() {
+            continue;
+        }
+        let name = e.file_name().to_string_lossy().into_owned();
+        // Age is the last write to the record's files (the directory's own time changes
+        // when a file is created, not when one is appended to).
+        let (mut bytes, mut newest) = (0u64, None);
+        for f in std::fs::read_dir(e.path())?.flatten() {
+            if let Ok(m) = f.metadata() {
+                bytes += m.len();
+                newest = newest.max(m.modified().ok());
+            }
+        }
+        let newest = newest.unwrap_or_else(|| meta.modified().unwrap_or(std::time::UNIX_EPOCH));
+        tasks.push((newest, name, bytes));
+    }
+    // Newest first; ties broken by name so the order is stable.
+    tasks.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| b.1.cmp(&a.1)));
+    let mut removed = Vec::new();
+    let (mut count, mut total, mut full) = (0usize, 0u64, false);
+    for (_, name, bytes) in tasks {
+        // Once one record does not fit, every older one goes too: oldest first, no gaps.
+        full = full || count >= max_tasks || total + bytes > max_total_bytes;
+        if keep.contains(&name) || !full {
+            count += 1;
+            total += bytes;
+            continue;
+        }
+        std::fs::remove_dir_all(root.join(&name))?;
+        removed.push(name);
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests;
