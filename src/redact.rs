@@ -12,6 +12,30 @@ use serde_json::Value;
 
 pub const MARK: &str = "[REDACTED]";
 
+/// What every truncation in the daemon writes where it cut: `[… N bytes elided …]`.
+const ELISION: &str = " bytes elided …]";
+
+/// The shortest piece of a cut secret that is redacted at an elision: shorter pieces are
+/// too likely to be ordinary text, and too short to be worth anything to a reader.
+const MIN_PIECE: usize = 4;
+
+/// The base64 of `secret` as it appears inside a longer base64 stream at each of the three
+/// byte alignments: only the characters that depend on the secret's bits alone.
+fn base64_cores(secret: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    for k in 0..3usize {
+        let mut buf = vec![0u8; k];
+        buf.extend_from_slice(secret);
+        let enc = base64::engine::general_purpose::STANDARD.encode(&buf);
+        let start = (4 * k).div_ceil(3);
+        let end = 4 * (k + secret.len()) / 3;
+        if end > start + 7 {
+            out.push(enc[start..end].to_string());
+        }
+    }
+    out
+}
+
 /// Replaces known secret values with [`MARK`].
 #[derive(Debug, Clone, Default)]
 pub struct Redactor {
@@ -28,7 +52,9 @@ impl Redactor {
             let b64 = base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
             let b64_trim = b64.trim_end_matches('=').to_string();
             let url = url_encode(&s);
-            for n in [s, b64, b64_trim, url] {
+            let mut forms = vec![s.clone(), b64, b64_trim, url];
+            forms.extend(base64_cores(s.as_bytes()));
+            for n in forms {
                 if n.len() >= 6 && !needles.contains(&n) {
                     needles.push(n);
                 }
@@ -59,7 +85,8 @@ impl Redactor {
         self.needles.is_empty()
     }
 
-    /// `s` with every secret and every URL userinfo replaced.
+    /// `s` with every secret and every URL userinfo replaced, and with what is left of a
+    /// secret cut in two by an elision (`[… N bytes elided …]`) replaced on both sides of it.
     pub fn scrub(&self, s: &str) -> String {
         let mut out = s.to_string();
         for n in &self.needles {
@@ -67,18 +94,75 @@ impl Redactor {
                 out = out.replace(n.as_str(), MARK);
             }
         }
+        if out.contains(ELISION) {
+            out = self.scrub_around_elisions(&out);
+        }
         scrub_url_userinfo(&out)
     }
 
     fn needs_scrub(&self, s: &str) -> bool {
-        self.needles.iter().any(|n| s.contains(n.as_str())) || may_hold_userinfo(s)
+        self.needles.iter().any(|n| s.contains(n.as_str()))
+            || may_hold_userinfo(s)
+            || (!self.needles.is_empty() && s.contains(ELISION))
     }
 
     /// Scrub `s` in place; no allocation when it holds no secret.
     pub fn scrub_in_place(&self, s: &mut String) {
-        if self.needles.iter().any(|n| s.contains(n.as_str())) {
+        if self.needs_scrub(s) {
             *s = self.scrub(s);
         }
+    }
+
+    /// Truncation keeps a head and a tail: a secret straddling the cut leaves its start at
+    /// the end of the head and its end at the start of the tail, neither of which matches
+    /// whole. Both halves go (any piece of at least [`MIN_PIECE`] bytes).
+    fn scrub_around_elisions(&self, s: &str) -> String {
+        let mut out = String::with_capacity(s.len());
+        let mut rest = s;
+        while let Some(at) = rest.find(ELISION) {
+            // The marker starts at its `[`; the text before it may end with a newline.
+            let open = rest[..at].rfind('[').unwrap_or(at);
+            let close = at + ELISION.len();
+            let (before, marker) = (&rest[..open], &rest[open..close]);
+            let trimmed = before.strip_suffix('\n').unwrap_or(before);
+            let cut = self.partial_suffix_len(trimmed);
+            if cut >= MIN_PIECE {
+                out.push_str(&trimmed[..trimmed.len() - cut]);
+                out.push_str(MARK);
+                out.push_str(&before[trimmed.len()..]);
+            } else {
+                out.push_str(before);
+            }
+            out.push_str(marker);
+            rest = &rest[close..];
+            let lead = rest.len() - rest.trim_start_matches('\n').len();
+            let after = &rest[lead..];
+            let cut = self.partial_prefix_len(after);
+            out.push_str(&rest[..lead]);
+            if cut >= MIN_PIECE {
+                out.push_str(MARK);
+                rest = &after[cut..];
+            } else {
+                rest = after;
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// Length of the longest start of `s` that is the end of a secret (in any form).
+    fn partial_prefix_len(&self, s: &str) -> usize {
+        let mut best = 0;
+        for n in &self.needles {
+            for k in (best + 1..n.len().min(s.len() + 1)).rev() {
+                let start = n.len() - k;
+                if n.is_char_boundary(start) && s.starts_with(&n[start..]) {
+                    best = k;
+                    break;
+                }
+            }
+        }
+        best
     }
 
     /// Length of the longest end of `s` that is the start of a secret (in any form): text
@@ -164,6 +248,42 @@ mod tests {
         let mut v = json!({"x": ["s3cr3t/tok+en"], "n": 1});
         r.scrub_value(&mut v);
         assert_eq!(v, json!({"x": ["[REDACTED]"], "n": 1}));
+    }
+
+    #[test]
+    fn scrubs_base64_at_every_alignment_inside_a_longer_blob() {
+        let secret = "tok-7f3a9c2e1d5b4a68";
+        let r = Redactor::new([secret.to_string()]);
+        for lead in ["", "a", "ab", "abc", "abcd"] {
+            let blob = base64::engine::general_purpose::STANDARD
+                .encode(format!("{lead}{secret}tail-bytes"));
+            let out = r.scrub(&blob);
+            assert!(
+                out.contains(MARK),
+                "alignment {}: {blob} -> {out}",
+                lead.len()
+            );
+        }
+    }
+
+    #[test]
+    fn a_secret_cut_by_an_elision_leaves_nothing_of_itself_on_either_side() {
+        let secret = "tok-7f3a9c2e1d5b4a68";
+        let r = Redactor::new([secret.to_string()]);
+        // The cut falls in the middle of the secret: head ends with its start, tail starts
+        // with its end, exactly as a head+tail capture would keep them.
+        let text = format!("before tok-7f3a9c\n[… 1000 bytes elided …]\n2e1d5b4a68 after");
+        let out = r.scrub(&text);
+        assert!(!out.contains("7f3a9c"), "{out}");
+        assert!(!out.contains("2e1d5b4a68"), "{out}");
+        assert!(
+            out.starts_with("before ") && out.ends_with(" after"),
+            "{out}"
+        );
+        assert!(out.contains("bytes elided"), "{out}");
+        // Ordinary text around a marker is left alone.
+        let plain = "ok\n[… 10 bytes elided …]\nfine";
+        assert_eq!(r.scrub(plain), plain);
     }
 
     #[test]

@@ -161,7 +161,38 @@ pub async fn probe_all(cfg: &Config) -> Vec<Item> {
         Item::new("git", false, git),
         claude,
         ollama,
+        containment_item(cfg).await,
     ]
+}
+
+/// What containment this machine allows against what the config asks; required when the
+/// config asks for `strict` (every task would be refused otherwise).
+async fn containment_item(cfg: &Config) -> Item {
+    use crate::sandbox::{Containment, Support};
+    let support = tokio::task::spawn_blocking(Support::probe)
+        .await
+        .unwrap_or_else(|_| Support::none());
+    let missing = support.missing();
+    let res = match (cfg.containment, missing.is_empty()) {
+        (Some(Containment::Off), _) => Err(
+            "off: tasks run with the daemon's full privileges (set containment = \"strict\")"
+                .into(),
+        ),
+        (_, true) => Ok(format!("strict available: {}", support.describe())),
+        (Some(Containment::BestEffort), false) | (None, false) => Err(format!(
+            "best-effort only, NOT enforced: {}",
+            missing.join("; ")
+        )),
+        (Some(Containment::Strict), false) => Err(format!(
+            "strict is configured but unavailable, every task will be refused: {}",
+            missing.join("; ")
+        )),
+    };
+    Item::new(
+        "containment",
+        cfg.containment == Some(Containment::Strict),
+        res,
+    )
 }
 
 async fn probe_hub(cfg: &Config) -> Result<String, String> {

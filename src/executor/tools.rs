@@ -397,13 +397,16 @@ fn required_path(sb: &Sandbox, args: &Value, tool: &str) -> Result<PathBuf, Stri
 fn read_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
     let path = required_path(sb, args, "read_file")?;
     let rel = sb.rel(&path);
-    let (file, size) = sb.open_regular(&path).map_err(|e| format!("cannot read {rel}: {e}"))?;
+    let (file, size) = sb
+        .open_regular(&path)
+        .map_err(|e| format!("cannot read {rel}: {e}"))?;
     if size > MAX_READ_FILE_BYTES {
         return Err(format!(
             "{rel} is {size} bytes, more than read_file handles ({MAX_READ_FILE_BYTES}); use search_files or run_command (head, sed -n) on it"
         ));
     }
-    let bytes = read_capped(file, MAX_READ_FILE_BYTES).map_err(|e| format!("cannot read {rel}: {e}"))?;
+    let bytes =
+        read_capped(file, MAX_READ_FILE_BYTES).map_err(|e| format!("cannot read {rel}: {e}"))?;
     let text = String::from_utf8_lossy(&bytes);
     let start = args.get("start_line").and_then(Value::as_u64);
     let end = args.get("end_line").and_then(Value::as_u64);

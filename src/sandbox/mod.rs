@@ -294,7 +294,11 @@ pub fn confine(
     }
     // `claude` keeps its login, settings and state in one directory under HOME: pin it
     // there (CLAUDE_CONFIG_DIR), so the sandbox can open that one directory and not HOME.
-    if let Some(home) = vars.get("HOME").filter(|h| !h.is_empty()).map(PathBuf::from) {
+    if let Some(home) = vars
+        .get("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+    {
         let claude_dir = vars
             .get("CLAUDE_CONFIG_DIR")
             .filter(|d| !d.is_empty())
