@@ -1,0 +1,99 @@
+//! What containment costs per child: `true` spawned through the daemon's one spawn path
+//! (`process::run`), unconfined and inside a task sandbox (Landlock ruleset, user + PID
+//! namespace with its supervisor, rlimits), plus the one-off cost of building a task's
+//! sandbox. Prints min / median / p99 / max in microseconds.
+//!
+//! `cargo run --release --example bench_spawn -- [--runs N]` (or `bash scripts/bench-containment.sh`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hub_sidecar::config::Config;
+use hub_sidecar::process::{self, ChildEnv, CommandSpec, Limits};
+use hub_sidecar::sandbox::{self, Grants, Policy, Support};
+use tokio_util::sync::CancellationToken;
+
+fn stats(name: &str, mut v: Vec<Duration>) {
+    v.sort();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let pick = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "| {name} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
+        v.len(),
+        us(v[0]),
+        us(pick(0.5)),
+        us(pick(0.99)),
+        us(v[v.len() - 1])
+    );
+}
+
+async fn spawn_times(env: &ChildEnv, ws: &PathBuf, runs: usize) -> Vec<Duration> {
+    let limits = Limits::default();
+    let cancel = CancellationToken::new();
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let spec = CommandSpec::new("/bin/true", ws, env.clone());
+        let t = Instant::now();
+        let out = process::run(&spec, &limits, &cancel, None)
+            .await
+            .expect("spawn /bin/true");
+        times.push(t.elapsed());
+        assert!(out.exit.success(), "{:?}", out.exit);
+    }
+    times
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let runs: usize = std::env::args()
+        .skip_while(|a| a != "--runs")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).expect("workspace");
+    let cfg = Config::for_hub("ws://127.0.0.1:9/ws", &dir.path().join("state"));
+    let support = Support::probe();
+    let missing = support.missing();
+    if !missing.is_empty() {
+        eprintln!("bench_spawn: this machine cannot confine: {}", missing.join("; "));
+        std::process::exit(2);
+    }
+    let policy = Policy::decide(None, support);
+    let base = ChildEnv::from_config(&cfg);
+    let grants = Grants {
+        write: vec![ws.clone()],
+        ..Grants::default()
+    };
+    let tmp = dir.path().join("state/tmp/t");
+
+    // Warm the page cache and the binary.
+    let _ = spawn_times(&base, &ws, 20).await;
+    let mut builds = Vec::new();
+    let mut confined = None;
+    for _ in 0..50 {
+        let t = Instant::now();
+        let env = sandbox::confine(&cfg, &policy, &base, &tmp, &grants).expect("confine");
+        builds.push(t.elapsed());
+        confined = Some(env);
+    }
+    let confined = confined.expect("built");
+    let plain = spawn_times(&base, &ws, runs).await;
+    let boxed = spawn_times(&confined, &ws, runs).await;
+    let med = |v: &[Duration]| {
+        let mut s = v.to_vec();
+        s.sort();
+        s[s.len() / 2]
+    };
+    println!("| what | runs | min µs | median µs | p99 µs | max µs |");
+    println!("|---|---|---|---|---|---|");
+    stats("spawn + wait `/bin/true`, unconfined", plain.clone());
+    stats("spawn + wait `/bin/true`, in the task sandbox", boxed.clone());
+    stats("build a task's sandbox (once per task)", builds);
+    let overhead = med(&boxed).saturating_sub(med(&plain));
+    println!(
+        "\noverhead per child (median difference): {:.0} µs",
+        overhead.as_secs_f64() * 1e6
+    );
+}
