@@ -149,6 +149,9 @@ pub async fn run_step(
     observations: &[String],
 ) -> CheckResult {
     let started = std::time::Instant::now();
+    if let Some(why) = &step.invalid {
+        return result_for(step, CheckStatus::Error, why.clone(), started.elapsed());
+    }
     let fut = async {
         match step.check_type.as_str() {
             "file_exists" => file_exists(&ctx.workspace, &step.target).await,
@@ -525,6 +528,33 @@ mod tests {
         let ev = ctx.progress.take_event().unwrap();
         assert_eq!(ev["event_type"], "verification_check_result");
         assert_eq!(ev["attempt"], 1);
+    }
+
+    #[tokio::test]
+    async fn a_bad_step_element_is_an_error_check_and_never_a_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), "x").unwrap();
+        let ctx = ctx_for(
+            dir.path(),
+            serde_json::json!({"verification_steps": [
+                {"type": "file_exists", "target": "a"},
+                ["file_exists", "a"]
+            ]}),
+        );
+        let r = run_checks(&ctx, 1, &[]).await;
+        assert_eq!(r.status, ReportStatus::Error, "{:#?}", r.checks);
+        assert_eq!(r.checks[0].status, CheckStatus::Pass);
+        assert_eq!(r.checks[1].status, CheckStatus::Error);
+        assert!(r.checks[1]
+            .output
+            .contains("verification_steps[1] is a list"));
+        let ctx = ctx_for(
+            dir.path(),
+            serde_json::json!({"verification_steps": {"type": "file_exists", "target": "a"}}),
+        );
+        let r = run_checks(&ctx, 1, &[]).await;
+        assert_eq!(r.status, ReportStatus::Error);
+        assert!(!r.status.is_success());
     }
 
     #[tokio::test]

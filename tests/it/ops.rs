@@ -636,6 +636,44 @@ async fn run_task_runs_the_shell_example_offline_and_verify_agrees() {
 }
 
 #[tokio::test]
+async fn verify_exits_non_zero_on_malformed_verification_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("present.txt"), "x").unwrap();
+    let task = dir.path().join("t.json");
+    for steps in [
+        json!([{"type": "file_exists", "target": "present.txt"}, "file_exists present.txt"]),
+        json!({"type": "file_exists", "target": "present.txt"}),
+    ] {
+        std::fs::write(
+            &task,
+            json!({"task_id": "bad-steps", "verification_steps": steps}).to_string(),
+        )
+        .unwrap();
+        let (code, out, err) = run_bin(
+            &[
+                "verify",
+                task.to_str().unwrap(),
+                "--workspace",
+                dir.path().to_str().unwrap(),
+            ],
+            &[],
+        )
+        .await;
+        assert_eq!(
+            code,
+            Some(1),
+            "a malformed step must never verify:\n{out}\n{err}"
+        );
+        let report: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(report["status"], "error", "{out}");
+        assert!(
+            out.contains("verification_steps"),
+            "the bad element is named: {out}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn run_task_with_a_failing_task_exits_non_zero_and_prints_the_result() {
     let dir = tempfile::tempdir().unwrap();
     let task = dir.path().join("t.json");
