@@ -110,7 +110,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         budget,
         out: Arc::new(handle.clone()),
         ops: ops.clone(),
-        daily_spend: Arc::new(crate::verify::retry_loop::DailySpend::new()),
+        ledger: Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await),
     };
     let mut d = Daemon {
         cfg,

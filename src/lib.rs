@@ -43,6 +43,7 @@ pub mod process;
 pub mod progress;
 pub mod redact;
 pub mod runner;
+pub mod spend;
 pub mod state;
 pub mod task;
 pub mod term;

@@ -20,8 +20,9 @@ use crate::ops::Ops;
 use crate::process::ChildEnv;
 use crate::progress::{FrameSender, ProgressEvent, ProgressSink, Pump};
 use crate::redact::Redactor;
+use crate::spend::SpendLedger;
 use crate::task::Task;
-use crate::verify::retry_loop::{self, DailySpend, LoopOptions, LoopOutcome};
+use crate::verify::retry_loop::{self, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
 use crate::workspace::{self, GitRunner};
 
@@ -34,8 +35,8 @@ pub struct RunnerDeps {
     pub budget: Arc<RateBudget>,
     pub out: Arc<dyn FrameSender>,
     pub ops: Ops,
-    /// The daemon-wide spend of the day, for the daily cost cap.
-    pub daily_spend: Arc<DailySpend>,
+    /// The daemon-wide spend ledger, for the cost caps and resuming after a restart.
+    pub ledger: Arc<SpendLedger>,
 }
 
 /// How a task run ended.
@@ -118,6 +119,7 @@ pub async fn run_task(
         env: deps.env.clone(),
         progress: progress.clone(),
         cancel: cancel.clone(),
+        remaining_budget_usd: None,
     };
     let outcome = match Executor::for_task(&ctx) {
         Err(reason) => {
@@ -134,7 +136,7 @@ pub async fn run_task(
                 executor.kind()
             )));
             let opts = LoopOptions {
-                daily_spend: Some(deps.daily_spend.clone()),
+                ledger: Some(deps.ledger.clone()),
             };
             let lo = retry_loop::run_with_options(&mut executor, &ctx, &opts).await;
             record_metrics(&deps.ops, &lo);
@@ -234,30 +236,55 @@ pub fn frame_for(task: &Task, lo: &LoopOutcome) -> Outbound {
             .error
             .clone()
             .unwrap_or_else(|| format!("execution {:?}", lo.last_exec.status));
-        return Outbound::task_failed(&task.task_id, task.generation, &reason);
+        let mut frame = Outbound::task_failed(&task.task_id, task.generation, &reason);
+        // What was spent and what earlier attempts found is not lost with the failure.
+        if let Outbound::TaskFailed {
+            tokens_used,
+            result,
+            verification_history,
+            ..
+        } = &mut frame
+        {
+            if lo.executions > 0 || lo.cost_usd > 0.0 {
+                *tokens_used = Some(lo.tokens_in + lo.tokens_out);
+                *result = Some(result_json(lo));
+                *verification_history = history_json(lo);
+            }
+        }
+        return frame;
     }
-    let history: Vec<Value> = lo
-        .attempts
-        .iter()
-        .map(|a| serde_json::to_value(a).expect("reports serialize"))
-        .collect();
+    let history = history_json(lo);
     Outbound::TaskComplete {
         task_id: task.task_id.clone(),
         generation: task.generation,
         result: result_json(lo),
         tokens_used: lo.tokens_in + lo.tokens_out,
-        verification_report: history.last().cloned(),
+        // The last report without its observation list: that list is in the history once.
+        verification_report: lo
+            .attempts
+            .last()
+            .map(|a| serde_json::to_value(&a.report).expect("reports serialize")),
         verification_history: history,
     }
 }
 
-/// `task_complete.result` (PROTOCOL.md §7).
+/// Every attempt's report with its observations.
+fn history_json(lo: &LoopOutcome) -> Vec<Value> {
+    lo.attempts
+        .iter()
+        .map(|a| serde_json::to_value(a).expect("reports serialize"))
+        .collect()
+}
+
+/// `task_complete.result` (PROTOCOL.md §7), plus `flaky_checks` when the loop stopped for
+/// a flaky check.
 pub fn result_json(lo: &LoopOutcome) -> Value {
     let status = match lo.verification_status {
         VerificationStatus::Verified => "success",
-        _ => "partial",
+        VerificationStatus::PartialPass => "partial",
+        VerificationStatus::ExecutionFailed => "failed",
     };
-    json!({
+    let mut v = json!({
         "status": status,
         "output": head_tail(&lo.last_exec.output, RESULT_OUTPUT_CAP),
         "model_used": lo.last_exec.model_used,
@@ -270,7 +297,11 @@ pub fn result_json(lo: &LoopOutcome) -> Value {
         "verification_attempts": lo.attempts.len(),
         "termination_reason": lo.termination_reason,
         "iterations_used": lo.last_exec.iterations_used,
-    })
+    });
+    if !lo.flaky_checks.is_empty() {
+        v["flaky_checks"] = json!(lo.flaky_checks);
+    }
+    v
 }
 
 /// `s` cut to about `max` bytes keeping head and tail, with a marker saying what was cut.
@@ -299,9 +330,21 @@ fn redact_frame(r: &Redactor, frame: &mut Outbound) {
                 .iter_mut()
                 .for_each(|v| r.scrub_value(v));
         }
-        Outbound::TaskFailed { error, reason, .. } => {
+        Outbound::TaskFailed {
+            error,
+            reason,
+            result,
+            verification_history,
+            ..
+        } => {
             *error = r.scrub(error);
             *reason = r.scrub(reason);
+            if let Some(v) = result {
+                r.scrub_value(v);
+            }
+            verification_history
+                .iter_mut()
+                .for_each(|v| r.scrub_value(v));
         }
         _ => {}
     }

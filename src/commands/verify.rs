@@ -49,6 +49,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         progress: line.sink(cfg.progress.max_text_bytes),
         config: Arc::new(cfg),
         cancel: CancellationToken::new(),
+        remaining_budget_usd: None,
     };
     let checks = checks::run_checks(&ctx, 1, &[]);
     tokio::pin!(checks);

@@ -153,24 +153,32 @@ pub async fn run_step(
         return result_for(step, CheckStatus::Error, why.clone(), started.elapsed());
     }
     let fut = async {
+        let free = |(s, o)| (s, o, 0.0);
         match step.check_type.as_str() {
-            "file_exists" => file_exists(&ctx.workspace, &step.target).await,
-            "git_clean" => git_clean(ctx, &step.target, bound).await,
-            "command_succeeds" => command_succeeds(ctx, &step.target, bound).await,
-            "test_passes" => test_passes(ctx, &step.target, bound).await,
-            "llm_judge" => judge::judge_check(ctx, &step.target, observations, bound).await,
-            other => (CheckStatus::Error, format!("unknown check type: {other}")),
+            "file_exists" => free(file_exists(&ctx.workspace, &step.target).await),
+            "git_clean" => free(git_clean(ctx, &step.target, bound).await),
+            "command_succeeds" => free(command_succeeds(ctx, &step.target, bound).await),
+            "test_passes" => free(test_passes(ctx, &step.target, bound).await),
+            "llm_judge" => {
+                let j = judge::judge_check(ctx, &step.target, observations, bound).await;
+                (j.status, j.output, j.cost_usd)
+            }
+            other => free((CheckStatus::Error, format!("unknown check type: {other}"))),
         }
     };
     // Safety net for the non-process checks (and the kill grace of process ones).
-    let (status, output) = match tokio::time::timeout(bound + CHECK_KILL_GRACE * 3, fut).await {
-        Ok(r) => r,
-        Err(_) => (
-            CheckStatus::Timeout,
-            format!("check timed out after {} ms", bound.as_millis()),
-        ),
-    };
-    result_for(step, status, output, started.elapsed())
+    let (status, output, cost_usd) =
+        match tokio::time::timeout(bound + CHECK_KILL_GRACE * 3, fut).await {
+            Ok(r) => r,
+            Err(_) => (
+                CheckStatus::Timeout,
+                format!("check timed out after {} ms", bound.as_millis()),
+                0.0,
+            ),
+        };
+    let mut r = result_for(step, status, output, started.elapsed());
+    r.cost_usd = cost_usd;
+    r
 }
 
 fn result_for(
@@ -187,6 +195,7 @@ fn result_for(
         output,
         duration_ms: took.as_millis() as u64,
         flaky: false,
+        cost_usd: 0.0,
     }
 }
 
@@ -454,6 +463,7 @@ mod tests {
             env: ChildEnv::inherit(),
             progress: ProgressSink::new(8192),
             cancel: tokio_util::sync::CancellationToken::new(),
+            remaining_budget_usd: None,
         }
     }
 

@@ -139,24 +139,58 @@ pub fn judge_model(ctx: &ExecContext) -> String {
         .unwrap_or_else(|| ctx.config.executor.ollama_model.clone())
 }
 
+/// What one `llm_judge` check came to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JudgeOutcome {
+    pub status: CheckStatus,
+    pub output: String,
+    /// USD the judge call cost (claude's `total_cost_usd`; 0 for Ollama), counted against
+    /// the task's and the day's caps.
+    pub cost_usd: f64,
+}
+
+impl JudgeOutcome {
+    fn free(status: CheckStatus, output: impl Into<String>) -> JudgeOutcome {
+        JudgeOutcome {
+            status,
+            output: output.into(),
+            cost_usd: 0.0,
+        }
+    }
+}
+
 /// Run one `llm_judge` check within `bound`.
 pub async fn judge_check(
     ctx: &ExecContext,
     target: &str,
     observations: &[String],
     bound: Duration,
-) -> (CheckStatus, String) {
+) -> JudgeOutcome {
     if target.trim().is_empty() {
-        return (
+        return JudgeOutcome::free(
             CheckStatus::Error,
-            "llm_judge needs a target saying what done means; the target is empty".into(),
+            "llm_judge needs a target saying what done means; the target is empty",
+        );
+    }
+    // Not knowing what changed is not "nothing changed": the judge cannot decide either way.
+    if let Some(why) = observe::unavailable(observations) {
+        return JudgeOutcome::free(
+            CheckStatus::Error,
+            format!("the workspace could not be observed, so there is nothing the judge could see: {why}"),
         );
     }
     // Nothing changed: there is nothing to judge, and asking would only invite a guess.
     if observe::is_unchanged(observations) {
-        return (
+        return JudgeOutcome::free(
             CheckStatus::Fail,
-            "workspace unchanged: nothing to judge (the judge was not asked)".into(),
+            "workspace unchanged: nothing to judge (the judge was not asked)",
+        );
+    }
+    // The caps are checked before spending, the judge's call included.
+    if ctx.remaining_budget_usd.is_some_and(|r| r <= 0.0) {
+        return JudgeOutcome::free(
+            CheckStatus::Error,
+            format!("{BUDGET_EXHAUSTED}: the judge was not asked"),
         );
     }
     let prompt = judge_prompt(
@@ -167,19 +201,29 @@ pub async fn judge_check(
     );
     let answer = match ctx.config.verification.judge_backend.as_str() {
         "claude" => ask_claude(ctx, &prompt, bound).await,
-        "ollama" | "" => ask_ollama(ctx, &prompt, bound).await,
+        "ollama" | "" => ask_ollama(ctx, &prompt, bound).await.map(|t| (t, 0.0)),
         other => Err(format!(
             "unknown judge_backend `{other}`: use \"ollama\" or \"claude\""
         )),
     };
     match answer {
-        Ok(text) => decide(
-            extract_verdict(&text).as_ref(),
-            ctx.config.verification.judge_min_confidence,
-        ),
-        Err(e) => (CheckStatus::Error, e),
+        Ok((text, cost_usd)) => {
+            let (status, output) = decide(
+                extract_verdict(&text).as_ref(),
+                ctx.config.verification.judge_min_confidence,
+            );
+            JudgeOutcome {
+                status,
+                output,
+                cost_usd,
+            }
+        }
+        Err(e) => JudgeOutcome::free(CheckStatus::Error, e),
     }
 }
+
+/// The start of a check's output when a cost cap kept it from running.
+pub const BUDGET_EXHAUSTED: &str = "not run: the cost cap is reached";
 
 async fn ask_ollama(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<String, String> {
     let url = format!("{}/api/chat", ollama_endpoint(ctx));
@@ -220,7 +264,12 @@ async fn ask_ollama(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<
     }
 }
 
-async fn ask_claude(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<String, String> {
+/// The judge's text and what the call cost.
+async fn ask_claude(
+    ctx: &ExecContext,
+    prompt: &str,
+    bound: Duration,
+) -> Result<(String, f64), String> {
     let program = ctx
         .config
         .executor
@@ -253,10 +302,17 @@ async fn ask_claude(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<
             ))
         }
     }
-    // `--output-format json` wraps the model's text in {"result": "..."}.
-    Ok(first_json_object(&out.stdout)
+    // `--output-format json` wraps the model's text in {"result": "...", "total_cost_usd": N}.
+    let wrapper = first_json_object(&out.stdout);
+    let cost = wrapper
+        .as_ref()
+        .and_then(|v| v.get("total_cost_usd"))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    let text = wrapper
         .and_then(|v| v.get("result").and_then(Value::as_str).map(str::to_string))
-        .unwrap_or(out.stdout))
+        .unwrap_or(out.stdout);
+    Ok((text, cost))
 }
 
 fn judge_model_claude(ctx: &ExecContext) -> String {

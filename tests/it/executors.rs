@@ -36,6 +36,7 @@ fn context(
         env,
         progress,
         cancel: CancellationToken::new(),
+        remaining_budget_usd: None,
     };
     (ctx, events)
 }
