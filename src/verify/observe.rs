@@ -648,4 +648,168 @@ mod tests {
             "{obs:?}"
         );
     }
+
+    fn small(walk_cap: usize, max_lines: usize) -> Limits {
+        Limits {
+            walk_cap,
+            max_lines,
+        }
+    }
+
+    fn repo_with_a_commit(ws: &Path) {
+        crate::verify::test_support::git(ws, &["init", "-q"]);
+        std::fs::write(ws.join("a.txt"), "1\n").unwrap();
+        crate::verify::test_support::git(ws, &["add", "."]);
+        crate::verify::test_support::git(ws, &["commit", "-qm", "init"]);
+    }
+
+    #[tokio::test]
+    async fn a_repository_owned_by_another_user_is_observed_through_git() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        // Who we are, without unsafe: the owner of the directory we just made.
+        if std::fs::metadata(ws).unwrap().uid() != 0 {
+            eprintln!("skipped: needs root to chown the repository to another uid");
+            return;
+        }
+        repo_with_a_commit(ws);
+        let ok = std::process::Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(ws)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "chown");
+        let env = ChildEnv::inherit();
+        let c = CancellationToken::new();
+        let before = snapshot(ws, &env, &c).await;
+        assert!(
+            matches!(before, Snapshot::Git { .. }),
+            "dubious ownership must not stop the daemon's git: {before:?}"
+        );
+        std::fs::write(ws.join("a.txt"), "1\n2\n").unwrap();
+        let obs = observe(&before, ws, &env, &c).await;
+        assert_eq!(obs, vec!["modified: a.txt (+1 −0 vs HEAD)".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn git_failing_at_one_end_is_unavailable_never_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        repo_with_a_commit(ws);
+        let env = ChildEnv::inherit();
+        let c = CancellationToken::new();
+        let before = snapshot(ws, &env, &c).await;
+        assert!(matches!(before, Snapshot::Git { .. }));
+        // A broken index: `git status` fails from now on.
+        std::fs::write(ws.join(".git/index"), "garbage").unwrap();
+        let obs = observe(&before, ws, &env, &c).await;
+        assert!(!is_unchanged(&obs), "{obs:?}");
+        let why = unavailable(&obs).expect("unavailable");
+        assert!(why.contains("git status failed"), "{why}");
+        // Both ends on the walk: changes are still found, and the reason is said.
+        let before = snapshot(ws, &env, &c).await;
+        assert!(matches!(
+            before,
+            Snapshot::Walk {
+                git_error: Some(_),
+                ..
+            }
+        ));
+        std::fs::write(ws.join("b.txt"), "new\n").unwrap();
+        let obs = observe(&before, ws, &env, &c).await;
+        assert_eq!(obs[0], "added: b.txt (+1 lines)", "{obs:?}");
+        assert!(
+            obs[1].starts_with("git could not read this work tree"),
+            "{obs:?}"
+        );
+        assert_eq!(unavailable(&obs), None);
+    }
+
+    #[tokio::test]
+    async fn a_walk_past_its_cap_reports_the_cap_never_deletions() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        for i in 0..30 {
+            std::fs::write(ws.join(format!("f{i:02}.txt")), "x\n").unwrap();
+        }
+        let env = ChildEnv::inherit();
+        let c = CancellationToken::new();
+        let before = snapshot_with(ws, &env, &c, small(10, 200)).await;
+        assert!(matches!(before, Snapshot::Walk { capped: true, .. }));
+        let obs = observe_with(&before, ws, &env, &c, small(10, 200)).await;
+        assert!(!obs.iter().any(|o| o.starts_with("deleted")), "{obs:?}");
+        assert!(
+            !is_unchanged(&obs),
+            "a capped walk cannot claim 'unchanged'"
+        );
+        assert!(
+            obs.iter()
+                .any(|o| o.contains("stopped at its cap of 10 files")),
+            "{obs:?}"
+        );
+        // A real deletion is still reported.
+        let Snapshot::Walk { files, .. } = &before else {
+            unreachable!()
+        };
+        let seen = files.keys().next().unwrap().clone();
+        std::fs::remove_file(ws.join(&seen)).unwrap();
+        let obs = observe_with(&before, ws, &env, &c, small(10, 200)).await;
+        assert!(
+            obs.contains(&format!("deleted: {seen} (−1 lines)")),
+            "{obs:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_list_is_bounded_with_a_count_of_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        repo_with_a_commit(ws);
+        let env = ChildEnv::inherit();
+        let c = CancellationToken::new();
+        let before = snapshot(ws, &env, &c).await;
+        for i in 0..20 {
+            std::fs::write(ws.join(format!("n{i:02}.txt")), "x\n").unwrap();
+        }
+        let obs = observe_with(&before, ws, &env, &c, small(50_000, 5)).await;
+        assert_eq!(obs.len(), 6, "{obs:?}");
+        assert_eq!(obs[5], "… and 15 more changes not listed");
+        assert_eq!(group_digits(4312), "4,312");
+        assert_eq!(group_digits(100_000), "100,000");
+        assert_eq!(group_digits(7), "7");
+    }
+
+    /// The figure for the issue: a 100,000-file repository with 2 changed files.
+    /// `cargo test --release --lib observe_100k -- --ignored --nocapture`
+    #[tokio::test]
+    #[ignore]
+    async fn observe_100k_files_with_2_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        for d in 0..100 {
+            let sub = ws.join(format!("d{d:03}"));
+            std::fs::create_dir(&sub).unwrap();
+            for f in 0..1000 {
+                std::fs::write(sub.join(format!("f{f:04}.txt")), format!("{d} {f}\n")).unwrap();
+            }
+        }
+        crate::verify::test_support::git(ws, &["init", "-q"]);
+        crate::verify::test_support::git(ws, &["add", "."]);
+        crate::verify::test_support::git(ws, &["commit", "-qm", "init"]);
+        let env = ChildEnv::inherit();
+        let c = CancellationToken::new();
+        let _ = snapshot(ws, &env, &c).await; // warm the index stat cache, as a real loop would
+        let t0 = std::time::Instant::now();
+        let before = snapshot(ws, &env, &c).await;
+        std::fs::write(ws.join("d000/f0000.txt"), "changed\n").unwrap();
+        std::fs::write(ws.join("d099/new.txt"), "new\n").unwrap();
+        let obs = observe(&before, ws, &env, &c).await;
+        let took = t0.elapsed();
+        assert_eq!(obs.len(), 2, "{obs:?}");
+        println!(
+            "FIGURE observe: 100,000 files, 2 changed: before+after snapshot and diff in {took:?}"
+        );
+    }
 }

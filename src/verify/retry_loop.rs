@@ -598,7 +598,9 @@ mod tests {
         let passed = p.find("PASSED CHECKS (keep these passing):").unwrap();
         assert!(failed < passed);
         assert!(p.contains("type: command_succeeds | target: grep -q hi hello.txt | status: fail"));
-        assert!(p.contains(&"x".repeat(500)) && !p.contains(&"x".repeat(501)));
+        // One 5,000-char line: cut to a bounded line, and the cut is said.
+        assert!(p.contains(&"x".repeat(300)) && !p.contains(&"x".repeat(301)));
+        assert!(p.contains("[output cut to fit"));
         assert!(p.contains("- file_exists: hello.txt\n"));
         assert!(p.contains("- added: hello.txt (+1 lines)"));
         assert!(p.contains("- attempt 1: 0 passed, 1 not passing: file_exists hello.txt (fail)"));

@@ -556,6 +556,32 @@ async fn llm_judge_unchanged_workspace_fails_without_asking() {
 }
 
 #[tokio::test]
+async fn llm_judge_is_not_asked_once_the_cap_is_spent() {
+    let fake = crate::fakes::FakeOllama::answering(
+        r#"{"match": true, "confidence": 0.99, "reason": "ok"}"#,
+        4,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "Write a greeting file", "metadata": {"max_cost_usd": 0.5},
+            "routing_decision": {"selected_endpoint": fake.addr.to_string(), "selected_model": "judge-m"},
+            "verification_steps": [{"type": "llm_judge", "target": "hello.txt exists"}]}),
+    );
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.5, |ws, _| {
+        std::fs::write(ws.join("hello.txt"), "hi\n").unwrap();
+    })
+    .await;
+    assert!(
+        fake.requests().is_empty(),
+        "the judge was asked past the cap"
+    );
+    assert_eq!(out.termination_reason, "budget_exhausted");
+    assert_eq!(out.attempts[0].report.checks[0].status, CheckStatus::Error);
+}
+
+#[tokio::test]
 async fn llm_judge_claude_backend_uses_claude_print_json() {
     let bin = tempfile::tempdir().unwrap();
     let args_file = bin.path().join("args.txt");
@@ -590,6 +616,9 @@ printf '%s\n' '{"type":"result","subtype":"success","is_error":false,"result":"V
     .await;
     let check = &out.attempts[0].report.checks[0];
     assert_eq!(check.status, CheckStatus::Pass, "{check:?}");
+    // The judge's own cost is the task's cost too (the execution here cost nothing).
+    assert!((check.cost_usd - 0.01).abs() < 1e-9, "{check:?}");
+    assert!((out.cost_usd - 0.01).abs() < 1e-9, "{}", out.cost_usd);
     let args = std::fs::read_to_string(&args_file).unwrap();
     let args: Vec<&str> = args.lines().collect();
     assert_eq!(args[0], "-p");
