@@ -345,6 +345,8 @@ async fn run_inner<A: Attempter>(
                 ),
             )
             .with("attempt", k)
+            // The running cost of the task (executions and judge calls so far).
+            .with("cost_usd_so_far", out.cost_usd)
             .with("passed", report.summary.passed)
             .with("failed", report.summary.total - report.summary.passed)
             .with(

@@ -674,6 +674,54 @@ async fn verify_exits_non_zero_on_malformed_verification_steps() {
 }
 
 #[tokio::test]
+async fn run_task_with_a_relative_workspace_observes_the_git_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    for args in [
+        &["init", "-q"][..],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "i",
+        ],
+    ] {
+        let ok = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&ws)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+    let task = dir.path().join("t.json");
+    let mut t = sample_shell_task("relative-ws", "echo hi > made.txt");
+    t["verification_steps"] = json!([{"type": "file_exists", "target": "made.txt"}]);
+    std::fs::write(&task, t.to_string()).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-sidecar"))
+        .args(["run-task", "t.json", "--workspace", "ws"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .env_remove("HUB_SIDECAR_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|_| panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let obs = &v["verification_history"][0]["observations"];
+    assert_eq!(obs, &json!(["added: made.txt (+1 lines)"]), "{v:#}");
+}
+
+#[tokio::test]
 async fn run_task_with_a_failing_task_exits_non_zero_and_prints_the_result() {
     let dir = tempfile::tempdir().unwrap();
     let task = dir.path().join("t.json");

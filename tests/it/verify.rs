@@ -105,6 +105,15 @@ async fn fails_then_fixed_on_second_attempt_is_verified() {
     assert_eq!(out.termination_reason, "verified");
     let runs: Vec<u32> = out.attempts.iter().map(|a| a.report.run_number).collect();
     assert_eq!(runs, vec![1, 2]);
+    let done = kinds(&events, EventKind::VerificationRetryComplete);
+    let running: Vec<f64> = done
+        .iter()
+        .map(|e| e.fields["cost_usd_so_far"].as_f64().unwrap())
+        .collect();
+    assert!(
+        (running[0] - 0.01).abs() < 1e-9 && (running[1] - 0.02).abs() < 1e-9,
+        "{running:?}"
+    );
     assert_eq!(out.attempts[0].report.status, ReportStatus::Fail);
     assert_eq!(out.attempts[1].report.status, ReportStatus::Pass);
     assert_eq!((out.tokens_in, out.tokens_out), (20, 10));
@@ -819,5 +828,47 @@ async fn the_daily_cap_holds_across_a_restart_in_the_middle_of_a_task() {
     assert_eq!(
         out.attempts[0].report.run_number, 3,
         "the attempt count resumed"
+    );
+}
+
+#[tokio::test]
+async fn an_executor_failure_on_attempt_two_keeps_the_record_in_task_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 3,
+            "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
+    );
+    let ws = ctx.workspace.clone();
+    let mut attempter = FnAttempter(move |a: Attempt| {
+        let ws = ws.clone();
+        async move {
+            std::fs::write(ws.join(format!("try{}.txt", a.number)), "x\n").unwrap();
+            if a.number == 1 {
+                return ok(0.2);
+            }
+            let mut o = ExecOutcome::failed("claude exited with code 1");
+            o.tokens_in = 100;
+            o.tokens_out = 7;
+            o.cost_usd = 0.3;
+            o
+        }
+    });
+    let out = retry_loop::run_with(&mut attempter, true, &ctx, &LoopOptions::default()).await;
+    assert_eq!(out.termination_reason, "execution_failed");
+    let frame = hub_sidecar::runner::frame_for(&ctx.task, &out);
+    let v: Value = serde_json::from_str(&frame.to_text()).unwrap();
+    assert_eq!(v["type"], "task_failed");
+    assert_eq!(v["reason"], "claude exited with code 1");
+    assert_eq!(v["tokens_used"], 10 + 5 + 100 + 7);
+    assert!((v["result"]["estimated_cost_usd"].as_f64().unwrap() - 0.5).abs() < 1e-9);
+    assert_eq!(v["result"]["termination_reason"], "execution_failed");
+    let history = v["verification_history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "attempt 1's report is kept");
+    assert_eq!(history[0]["run_number"], 1);
+    assert!(
+        hub_sidecar::mock_hub::schema::validate(&v).is_ok(),
+        "the hub's schema accepts the extra fields: {:?}",
+        hub_sidecar::mock_hub::schema::validate(&v)
     );
 }
