@@ -370,17 +370,35 @@ pub async fn observe_with(
                     }
                 }
             }
+            // Line counts only for the tracked paths that changed during the attempt, so the
+            // diff costs O(changed files), not O(dirty files) or O(repository).
+            let touched: Vec<&str> = d1
+                .iter()
+                .filter(|(p, (code, st))| {
+                    code != "??" && d0.get(*p).is_none_or(|(_, before)| before != st)
+                })
+                .map(|(p, _)| p.as_str())
+                .collect();
             let numstat: BTreeMap<String, (String, String)> = match h1 {
-                Some(_) => git(ws, env, cancel, &["diff", "--numstat", "HEAD"])
-                    .await
-                    .map(|s| {
-                        parse_numstat(&s.stdout)
-                            .into_iter()
-                            .map(|(p, a, d)| (p, (a, d)))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                None => BTreeMap::new(),
+                Some(_) if !touched.is_empty() => {
+                    // Paths as literal pathspecs; past a few thousand, one diff of everything
+                    // keeps the argv bounded.
+                    let mut args = vec!["--literal-pathspecs", "diff", "--numstat", "HEAD"];
+                    if touched.len() <= 2_000 {
+                        args.push("--");
+                        args.extend(touched.iter().copied());
+                    }
+                    git(ws, env, cancel, &args)
+                        .await
+                        .map(|s| {
+                            parse_numstat(&s.stdout)
+                                .into_iter()
+                                .map(|(p, a, d)| (p, (a, d)))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                }
+                _ => BTreeMap::new(),
             };
             let paths: BTreeSet<&String> = d0.keys().chain(d1.keys()).collect();
             for path in paths {
@@ -788,11 +806,15 @@ mod tests {
     async fn observe_100k_files_with_2_changed() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
+        // Old mtimes, so no entry is "racily clean" (git would re-read them all).
+        let old = std::time::SystemTime::now() - Duration::from_secs(3600);
         for d in 0..100 {
             let sub = ws.join(format!("d{d:03}"));
             std::fs::create_dir(&sub).unwrap();
             for f in 0..1000 {
-                std::fs::write(sub.join(format!("f{f:04}.txt")), format!("{d} {f}\n")).unwrap();
+                let p = sub.join(format!("f{f:04}.txt"));
+                std::fs::write(&p, format!("{d} {f}\n")).unwrap();
+                std::fs::File::options().write(true).open(&p).unwrap().set_modified(old).unwrap();
             }
         }
         crate::verify::test_support::git(ws, &["init", "-q"]);

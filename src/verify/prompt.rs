@@ -60,7 +60,7 @@ pub fn excerpt(output: &str, budget: usize) -> String {
     let cost = |i: usize| lines[i].chars().count() + 1;
     let mut keep = vec![false; n];
     let mut used = 0usize;
-    let mut take = |i: usize, keep: &mut Vec<bool>, used: &mut usize, limit: usize| -> bool {
+    let take = |i: usize, keep: &mut Vec<bool>, used: &mut usize, limit: usize| -> bool {
         if keep[i] {
             return true;
         }
