@@ -180,6 +180,10 @@ pub struct ExecutorConfig {
     /// Extra CLI args, e.g. `["--permission-mode", "acceptEdits"]`.
     pub claude_extra_args: Vec<String>,
     /// Model for Ollama when the routing decision names none.
+    /// `options.num_ctx` of every Ollama call: the context window the model gets. Ollama
+    /// silently cuts the beginning of a longer prompt, so it is set explicitly and a prompt
+    /// that fills it is reported.
+    pub ollama_num_ctx: u32,
     pub ollama_model: String,
     /// Per-HTTP-call timeout for Ollama.
     pub ollama_timeout_secs: u64,
@@ -208,6 +212,7 @@ impl Default for ExecutorConfig {
             claude_model: "claude-sonnet-4-5".into(),
             claude_extra_args: Vec::new(),
             ollama_model: "qwen3:8b".into(),
+            ollama_num_ctx: 16_384,
             ollama_timeout_secs: 120,
             shell_timeout_ms: 60_000,
             shell_retries: 1,
