@@ -430,6 +430,9 @@ impl Daemon {
             tracing::warn!(task_id = %task_id, "busy with another task: refusing");
             return self.refuse(&task, "sidecar_busy").await;
         }
+        // A fresh assignment starts a fresh attempt count and task budget (only
+        // `task_continue` resumes them); the day's spend stays.
+        self.deps.ledger.finish_task(&task_id).await;
         self.state.active = Some(ActiveTask {
             task: task.clone(),
             phase: Phase::Running,

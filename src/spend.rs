@@ -5,7 +5,8 @@
 //! spend and the last attempt started. The cost caps of the verification loop
 //! (`max_cost_usd_per_task`, `max_cost_usd_per_day`) read it before every execution, and
 //! `task_continue` (which runs the task again) resumes the attempt count and the task's spend
-//! from it. Every change is written atomically (temp file, fsync, rename, fsync of the
+//! from it; a fresh `task_assign` forgets the task's record (the daemon calls
+//! [`SpendLedger::finish_task`]) but never the day's total. Every change is written atomically (temp file, fsync, rename, fsync of the
 //! directory) off the runtime threads. A corrupt file is kept aside as `spend.json.corrupt`
 //! and reported, never silently replaced — but the ledger then starts from zero, so the log
 //! line says so.
@@ -27,7 +28,8 @@ const STALE_TASK_MS: i64 = 7 * 86_400_000;
 pub struct TaskSpend {
     /// USD spent on the task so far, over all its executions and judge calls.
     pub spent_usd: f64,
-    /// The last attempt started (1-based; 0 = none yet).
+    /// The last attempt that ran to its verdict (1-based; 0 = none yet). An attempt cut
+    /// short by a restart is not counted: it runs again (what it spent stays counted).
     pub attempt: u32,
     /// When the entry last changed (ms since the epoch), for expiry.
     pub updated_ms: i64,
@@ -95,8 +97,8 @@ impl SpendLedger {
         self.inner.lock().await.tasks.get(task_id).cloned()
     }
 
-    /// Record that attempt `attempt` of `task_id` starts.
-    pub async fn begin_attempt(&self, task_id: &str, attempt: u32) {
+    /// Record that attempt `attempt` of `task_id` ran to its verdict.
+    pub async fn complete_attempt(&self, task_id: &str, attempt: u32) {
         let mut g = self.inner.lock().await;
         let now = crate::util::now_ms();
         let t = g.tasks.entry(task_id.to_string()).or_default();
@@ -204,7 +206,7 @@ mod tests {
         let path = dir.path().join("spend.json");
         let l = SpendLedger::open(path.clone()).await;
         assert_eq!(l.spent_today().await, 0.0);
-        l.begin_attempt("t1", 2).await;
+        l.complete_attempt("t1", 2).await;
         assert_eq!(l.add("t1", 0.5).await, 0.5);
         assert_eq!(l.add("t2", 0.25).await, 0.75);
         assert_eq!(l.add("t2", -3.0).await, 0.75);

@@ -224,7 +224,8 @@ async fn run_inner<A: Attempter>(
         oscillation: false,
         flaky_checks: Vec::new(),
     };
-    // A task run again after a restart (`task_continue`) keeps its attempt count and spend.
+    // A task run again after a restart (`task_continue`) keeps its attempt count and spend;
+    // an attempt the restart cut short runs again.
     let mut first = 1;
     if let Some(prev) = ledger.task(&task.task_id).await {
         if prev.attempt > 0 {
@@ -267,7 +268,6 @@ async fn run_inner<A: Attempter>(
             return stop_for_budget(ctx, out, &why);
         }
         let budget = remaining(task_cap, out.cost_usd, day_cap, today);
-        ledger.begin_attempt(&task.task_id, k).await;
         if k > 1 {
             ctx.progress.emit(
                 ProgressEvent::new(
@@ -372,6 +372,8 @@ async fn run_inner<A: Attempter>(
             report,
             observations,
         });
+        // This attempt reached its verdict: a restart from here resumes after it.
+        ledger.complete_attempt(&task.task_id, k).await;
         if success && !flaky.is_empty() {
             // A check that fails and then passes may pass only because its first run
             // created what the second looks for: that is not verified work.
