@@ -529,6 +529,30 @@ fn diff_walks(
     obs
 }
 
+/// What the workspace holds against its baseline, for a verification run with no attempt
+/// before it (`hub-sidecar verify`): in git, the uncommitted changes against HEAD; elsewhere,
+/// every file (as added).
+pub async fn against_baseline(
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+) -> Vec<String> {
+    let baseline = match snapshot(ws, env, cancel).await {
+        Snapshot::Git { head, .. } => Snapshot::Git {
+            head,
+            dirty: BTreeMap::new(),
+            incomplete: false,
+        },
+        Snapshot::Walk { git_error, .. } => Snapshot::Walk {
+            files: BTreeMap::new(),
+            capped: false,
+            taken_ns: 0,
+            git_error,
+        },
+    };
+    observe(&baseline, ws, env, cancel).await
+}
+
 /// At most `max` lines, then one saying how many more there were.
 fn bound_lines(mut obs: Vec<String>, max: usize) -> Vec<String> {
     if obs.len() > max {
@@ -856,6 +880,29 @@ mod tests {
         );
         println!(
             "FIGURE observe: 100,000 files, 2 changed: snapshot before the attempt {snap:?}, observe after it (snapshot + diff) {took:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_baseline_is_head_in_git_and_nothing_elsewhere() {
+        let env = ChildEnv::inherit();
+        let c = CancellationToken::new();
+        let dir = tempfile::tempdir().unwrap();
+        repo_with_a_commit(dir.path());
+        std::fs::write(dir.path().join("a.txt"), "1\n2\n").unwrap();
+        std::fs::write(dir.path().join("b.txt"), "b\n").unwrap();
+        assert_eq!(
+            against_baseline(dir.path(), &env, &c).await,
+            vec![
+                "modified: a.txt (+1 −0 vs HEAD)".to_string(),
+                "added: b.txt (+1 lines)".to_string()
+            ]
+        );
+        let plain = tempfile::tempdir().unwrap();
+        std::fs::write(plain.path().join("x.txt"), "x\n").unwrap();
+        assert_eq!(
+            against_baseline(plain.path(), &env, &c).await,
+            vec!["added: x.txt (+1 lines)".to_string()]
         );
     }
 }

@@ -636,6 +636,44 @@ async fn run_task_runs_the_shell_example_offline_and_verify_agrees() {
 }
 
 #[tokio::test]
+async fn verify_can_pass_an_llm_judge_check() {
+    let fake = crate::fakes::FakeOllama::answering(
+        r#"{"match": true, "confidence": 0.95, "reason": "the file is there"}"#,
+        2,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("hello.txt"), "hello\n").unwrap();
+    let task = dir.path().join("t.json");
+    std::fs::write(
+        &task,
+        json!({"task_id": "judged", "description": "Write hello.txt",
+            "routing_decision": {"selected_endpoint": fake.addr.to_string(), "selected_model": "m"},
+            "verification_steps": [{"type": "llm_judge", "target": "hello.txt exists"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let (code, out, err) = run_bin(
+        &[
+            "verify",
+            task.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["checks"][0]["status"], "pass", "{out}");
+    let asked = fake.requests();
+    assert_eq!(asked.len(), 1);
+    assert!(asked[0].to_string().contains("added: hello.txt (+1 lines)"));
+}
+
+#[tokio::test]
 async fn verify_exits_non_zero_on_malformed_verification_steps() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("present.txt"), "x").unwrap();
