@@ -127,6 +127,36 @@ struct Shared {
 /// Most structured events kept between two sends before the oldest are folded together.
 const MAX_PENDING_EVENTS: usize = 32;
 
+/// How long the last batch of a task may wait for the budget.
+const FINAL_FLUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// Fields of folded events kept per event; beyond it they are counted.
+const MAX_FOLDED: usize = 64;
+
+/// Keep `b`'s fields in `a.fields["folded_events"]` (bounded; the overflow is counted in
+/// `folded_events_dropped`).
+fn fold_fields(a: &mut ProgressEvent, b: &ProgressEvent) {
+    let mut entry = b.fields.clone();
+    entry.insert("event_type".into(), json!(b.kind.as_str()));
+    let list = a
+        .fields
+        .entry("folded_events")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Value::Array(items) = list {
+        if items.len() < MAX_FOLDED {
+            items.push(Value::Object(entry));
+            return;
+        }
+    }
+    let dropped = a
+        .fields
+        .get("folded_events_dropped")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    a.fields
+        .insert("folded_events_dropped".into(), json!(dropped + 1));
+}
+
 #[derive(Default)]
 struct Pending {
     /// Streamed text since the last send (tail kept, cut counted).
@@ -212,10 +242,14 @@ impl ProgressSink {
                 }
             } else {
                 if p.events.len() >= MAX_PENDING_EVENTS {
-                    // Fold the two oldest so nothing is lost and memory stays bounded.
+                    // Fold the two oldest so memory stays bounded; the second one's fields
+                    // (attempt, check_status, …) travel in `folded_events`, not lost.
                     let b = p.events.remove(1);
                     let a = &mut p.events[0];
                     a.text = tail_bytes(&format!("{}\n{}", a.text, b.text), max);
+                    if !b.fields.is_empty() {
+                        fold_fields(a, &b);
+                    }
                 }
                 p.events.push(ev);
             }
@@ -368,10 +402,24 @@ impl Pump {
             }
         }
         // The task ended: what is still pending (often the verdict's events) goes out once,
-        // ahead of the terminal frame, if the budget above the reserve allows.
+        // ahead of the terminal frame. It waits for the budget above the reserve (bounded, so
+        // the terminal frame is not held up for long) rather than being dropped at once.
         if let Some(event) = sink.take_event() {
-            if budget.try_progress().is_ok() {
-                send(event);
+            let give_up = tokio::time::Instant::now() + FINAL_FLUSH_WAIT;
+            loop {
+                match budget.try_progress() {
+                    Ok(()) => {
+                        send(event);
+                        break;
+                    }
+                    Err(wait) if tokio::time::Instant::now() + wait <= give_up => {
+                        tokio::time::sleep(wait).await
+                    }
+                    Err(_) => {
+                        tracing::warn!(task_id = %task_id, "the task's last progress batch was not sent: the hub's budget stayed at its reserve");
+                        break;
+                    }
+                }
             }
         }
     }
@@ -428,5 +476,68 @@ mod tests {
         for i in 0..40 {
             assert!(text.contains(&format!("check {i}")), "lost check {i}");
         }
+    }
+
+    #[test]
+    fn folded_events_keep_their_fields() {
+        let s = ProgressSink::new(8192);
+        for i in 0..40u32 {
+            s.emit(
+                ProgressEvent::new(EventKind::VerificationCheckResult, format!("check {i}"))
+                    .with("attempt", 1)
+                    .with("check_status", if i % 2 == 0 { "pass" } else { "fail" })
+                    .with("index", i),
+            );
+        }
+        let ev = s.take_event().unwrap();
+        let mut seen: Vec<u64> = Vec::new();
+        for m in ev["merged_events"].as_array().unwrap() {
+            seen.push(m["index"].as_u64().unwrap());
+            for f in m["folded_events"].as_array().into_iter().flatten() {
+                assert!(f["check_status"].is_string(), "{f}");
+                seen.push(f["index"].as_u64().unwrap());
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..40).collect::<Vec<u64>>(),
+            "every event's fields arrive"
+        );
+    }
+
+    struct Collect(std::sync::Mutex<Vec<Outbound>>);
+
+    impl FrameSender for Collect {
+        fn send_progress(&self, frame: Outbound) {
+            self.0.lock().unwrap().push(frame);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_batch_waits_for_the_budget_instead_of_being_dropped() {
+        // Capacity 2, reserve 1, refilling 20 a second: one frame now, then a short wait.
+        let budget = Arc::new(RateBudget::new(2, 1200, 1));
+        assert!(budget.try_progress().is_ok());
+        assert!(budget.try_progress().is_err(), "at the reserve now");
+        let sink = ProgressSink::new(8192);
+        let out = Arc::new(Collect(std::sync::Mutex::new(Vec::new())));
+        let pump = Pump {
+            sink: sink.clone(),
+            task_id: "t".into(),
+            budget,
+            out: out.clone(),
+            redactor: Arc::new(Redactor::new(Vec::new())),
+            min_interval: Duration::from_secs(3600),
+            heartbeat: Duration::from_secs(3600),
+        };
+        let cancel = CancellationToken::new();
+        sink.emit(
+            ProgressEvent::new(EventKind::VerificationRetryComplete, "verdict").with("attempt", 1),
+        );
+        cancel.cancel();
+        pump.run(cancel).await;
+        let frames = out.0.lock().unwrap();
+        assert_eq!(frames.len(), 1, "the verdict's batch was dropped");
     }
 }
