@@ -872,3 +872,57 @@ async fn an_executor_failure_on_attempt_two_keeps_the_record_in_task_failed() {
         hub_sidecar::mock_hub::schema::validate(&v)
     );
 }
+
+/// The figure for the issue: the `task_complete` of an attempt that created 100,000 files.
+/// `cargo test --test it task_complete_size_under_100k -- --ignored --nocapture`
+#[tokio::test]
+#[ignore]
+async fn task_complete_size_under_100k_created_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    for args in [
+        &["init", "-q"][..],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "i",
+        ],
+    ] {
+        assert!(std::process::Command::new("git")
+            .args(args)
+            .current_dir(ws)
+            .status()
+            .unwrap()
+            .success());
+    }
+    let (ctx, _) = ctx_for(
+        ws,
+        json!({"description": "x", "verification_steps": [
+            {"type": "file_exists", "target": "never.txt"}]}),
+    );
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, _| {
+        for d in 0..100 {
+            let sub = ws.join(format!("gen{d:03}"));
+            std::fs::create_dir_all(&sub).unwrap();
+            for f in 0..1000 {
+                std::fs::write(sub.join(format!("f{f:04}.txt")), "x\n").unwrap();
+            }
+        }
+    })
+    .await;
+    let frame = hub_sidecar::runner::frame_for(&ctx.task, &out).to_text();
+    let obs = &out.attempts[0].observations;
+    assert_eq!(obs.last().unwrap(), "… and 99,800 more changes not listed");
+    println!(
+        "FIGURE task_complete: 100,000 created files → {} bytes ({} observation lines)",
+        frame.len(),
+        obs.len()
+    );
+    assert!(frame.len() < 100_000, "{}", frame.len());
+}
