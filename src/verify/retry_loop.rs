@@ -21,8 +21,10 @@
 //! [`run`] is what the runner calls; [`run_with`] is the same loop over any [`Attempter`],
 //! so tests can drive it with a closure that edits a real workspace.
 //!
-//! Event `attempt` fields are the 1-based attempt (= report `run_number`);
-//! `verification_retry_start` is sent for attempts 2.. (the retries);
+//! Event `attempt` fields: `verification_retry_start` is sent for each corrective retry and
+//! numbers the retry (1..=`max_retries`, as in "VERIFICATION RETRY 1/3"), like the hub's own
+//! retry count; `verification_check_result` and `verification_retry_complete` number the
+//! execution (1-based, = report `run_number`);
 //! `verification_retry_complete.failed` counts every check that did not pass (fail, error,
 //! timeout), so `passed + failed == total`.
 
@@ -274,7 +276,8 @@ async fn run_inner<A: Attempter>(
                     EventKind::VerificationRetryStart,
                     format!("verification retry {}/{max_retries}", k - 1),
                 )
-                .with("attempt", k)
+                // The retry's own number, as the hub counts retries against `max_retries`.
+                .with("attempt", k - 1)
                 .with("max_retries", max_retries),
             );
         }

@@ -140,7 +140,7 @@ async fn fails_then_fixed_on_second_attempt_is_verified() {
     assert!(p.contains("YOUR PREVIOUS OUTPUT:\ndone"), "{p}");
     let starts = kinds(&events, EventKind::VerificationRetryStart);
     assert_eq!(starts.len(), 1);
-    assert_eq!(starts[0].fields["attempt"], 2);
+    assert_eq!(starts[0].fields["attempt"], 1, "the first retry is retry 1");
     assert_eq!(starts[0].fields["max_retries"], 3);
     let results = kinds(&events, EventKind::VerificationCheckResult);
     assert_eq!(results.len(), 4);
