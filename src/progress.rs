@@ -127,9 +127,6 @@ struct Shared {
 /// Most structured events kept between two sends before the oldest are folded together.
 const MAX_PENDING_EVENTS: usize = 32;
 
-/// How long the last batch of a task may wait for the budget.
-const FINAL_FLUSH_WAIT: Duration = Duration::from_secs(5);
-
 /// Fields of folded events kept per event; beyond it they are counted.
 const MAX_FOLDED: usize = 64;
 
@@ -353,8 +350,9 @@ pub struct Pump {
 }
 
 impl Pump {
-    /// Run until `cancel`.
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Run until `cancel`. Returns the last batch when the budget had no room for it (the
+    /// runner puts it in the terminal frame, so it is never lost).
+    pub async fn run(self, cancel: CancellationToken) -> Option<Value> {
         let Pump {
             sink,
             task_id,
@@ -402,26 +400,16 @@ impl Pump {
             }
         }
         // The task ended: what is still pending (often the verdict's events) goes out once,
-        // ahead of the terminal frame. It waits for the budget above the reserve (bounded, so
-        // the terminal frame is not held up for long) rather than being dropped at once.
-        if let Some(event) = sink.take_event() {
-            let give_up = tokio::time::Instant::now() + FINAL_FLUSH_WAIT;
-            loop {
-                match budget.try_progress() {
-                    Ok(()) => {
-                        send(event);
-                        break;
-                    }
-                    Err(wait) if tokio::time::Instant::now() + wait <= give_up => {
-                        tokio::time::sleep(wait).await
-                    }
-                    Err(_) => {
-                        tracing::warn!(task_id = %task_id, "the task's last progress batch was not sent: the hub's budget stayed at its reserve");
-                        break;
-                    }
-                }
-            }
+        // ahead of the terminal frame, if the budget above the reserve allows. Otherwise it
+        // is handed back, for the terminal frame to carry: waiting for the budget would hold
+        // up the result, and sending past the reserve would starve the lifecycle frames.
+        let event = sink.take_event()?;
+        if budget.try_progress().is_ok() {
+            send(event);
+            return None;
         }
+        tracing::info!(task_id = %task_id, "the task's last progress batch goes with its result: no budget above the reserve");
+        Some(event)
     }
 }
 
@@ -514,15 +502,12 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_last_batch_waits_for_the_budget_instead_of_being_dropped() {
-        // Capacity 2, reserve 1, refilling 20 a second: one frame now, then a short wait.
-        let budget = Arc::new(RateBudget::new(2, 1200, 1));
-        assert!(budget.try_progress().is_ok());
-        assert!(budget.try_progress().is_err(), "at the reserve now");
+    #[tokio::test]
+    async fn the_last_batch_is_handed_back_when_the_budget_has_no_room() {
+        let budget = Arc::new(RateBudget::new(2, 60, 1));
         let sink = ProgressSink::new(8192);
         let out = Arc::new(Collect(std::sync::Mutex::new(Vec::new())));
-        let pump = Pump {
+        let pump = |budget: Arc<RateBudget>| Pump {
             sink: sink.clone(),
             task_id: "t".into(),
             budget,
@@ -531,13 +516,25 @@ mod tests {
             min_interval: Duration::from_secs(3600),
             heartbeat: Duration::from_secs(3600),
         };
+        // Room: sent as a frame, nothing handed back.
+        sink.emit(ProgressEvent::new(EventKind::Status, "first"));
         let cancel = CancellationToken::new();
+        cancel.cancel();
+        assert_eq!(pump(budget.clone()).run(cancel).await, None);
+        assert_eq!(out.0.lock().unwrap().len(), 1);
+        // At the reserve: handed back whole, fields included.
+        assert!(budget.try_progress().is_err(), "at the reserve now");
         sink.emit(
             ProgressEvent::new(EventKind::VerificationRetryComplete, "verdict").with("attempt", 1),
         );
+        let cancel = CancellationToken::new();
         cancel.cancel();
-        pump.run(cancel).await;
-        let frames = out.0.lock().unwrap();
-        assert_eq!(frames.len(), 1, "the verdict's batch was dropped");
+        let back = pump(budget)
+            .run(cancel)
+            .await
+            .expect("handed back, not dropped");
+        assert_eq!(back["event_type"], "verification_retry_complete");
+        assert_eq!(back["attempt"], 1);
+        assert_eq!(out.0.lock().unwrap().len(), 1);
     }
 }

@@ -155,12 +155,15 @@ pub async fn run_task(
         }
     };
     pump_cancel.cancel();
-    let _ = pump.await;
+    let last_progress = pump.await.ok().flatten();
     // The frame is self-contained, so a temp workspace can go before it is sent.
     ws.release().await;
     match outcome {
         None => TaskOutcome::Cancelled,
         Some(mut frame) => {
+            if let Some(ev) = last_progress {
+                attach_last_progress(&mut frame, ev);
+            }
             redact_frame(&redactor, &mut frame);
             TaskOutcome::Terminal(frame)
         }
@@ -265,6 +268,25 @@ pub fn frame_for(task: &Task, lo: &LoopOutcome) -> Outbound {
             .last()
             .map(|a| serde_json::to_value(&a.report).expect("reports serialize")),
         verification_history: history,
+    }
+}
+
+/// The progress batch the budget had no room for rides in the result (`last_progress`, a
+/// field the hub ignores but stores with the result), so it is never dropped.
+fn attach_last_progress(frame: &mut Outbound, ev: Value) {
+    match frame {
+        Outbound::TaskComplete { result, .. } => {
+            if let Some(obj) = result.as_object_mut() {
+                obj.insert("last_progress".into(), ev);
+            }
+        }
+        Outbound::TaskFailed { result, .. } => {
+            result
+                .get_or_insert_with(|| json!({}))
+                .as_object_mut()
+                .map(|obj| obj.insert("last_progress".into(), ev));
+        }
+        _ => {}
     }
 }
 
