@@ -57,7 +57,10 @@ async fn main() {
     let support = Support::probe();
     let missing = support.missing();
     if !missing.is_empty() {
-        eprintln!("bench_spawn: this machine cannot confine: {}", missing.join("; "));
+        eprintln!(
+            "bench_spawn: this machine cannot confine: {}",
+            missing.join("; ")
+        );
         std::process::exit(2);
     }
     let policy = Policy::decide(None, support);
@@ -89,7 +92,10 @@ async fn main() {
     println!("| what | runs | min µs | median µs | p99 µs | max µs |");
     println!("|---|---|---|---|---|---|");
     stats("spawn + wait `/bin/true`, unconfined", plain.clone());
-    stats("spawn + wait `/bin/true`, in the task sandbox", boxed.clone());
+    stats(
+        "spawn + wait `/bin/true`, in the task sandbox",
+        boxed.clone(),
+    );
     stats("build a task's sandbox (once per task)", builds);
     let overhead = med(&boxed).saturating_sub(med(&plain));
     println!(

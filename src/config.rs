@@ -224,6 +224,10 @@ pub struct ExecutorConfig {
     /// After the `result` line, how long claude may take to exit before it is stopped.
     pub claude_result_grace_ms: u64,
     /// Model for Ollama when the routing decision names none.
+    /// `options.num_ctx` of every Ollama call: the context window the model gets. Ollama
+    /// silently cuts the beginning of a longer prompt, so it is set explicitly and a prompt
+    /// that fills it is reported.
+    pub ollama_num_ctx: u32,
     pub ollama_model: String,
     /// Per-HTTP-call timeout for Ollama.
     pub ollama_timeout_secs: u64,
@@ -257,6 +261,7 @@ impl Default for ExecutorConfig {
             claude_idle_timeout_secs: 300,
             claude_result_grace_ms: 2_000,
             ollama_model: "qwen3:8b".into(),
+            ollama_num_ctx: 16_384,
             ollama_timeout_secs: 120,
             shell_timeout_ms: 60_000,
             shell_retries: 1,
@@ -269,6 +274,11 @@ impl Default for ExecutorConfig {
         }
     }
 }
+
+/// The daily cost cap when the config sets none (USD).
+pub const DEFAULT_MAX_COST_USD_PER_DAY: f64 = 20.0;
+/// Corrective retries allowed when the config sets no ceiling.
+pub const DEFAULT_RETRY_CEILING: u32 = 3;
 
 /// `[verification]`: checks and the corrective-retry loop.
 #[derive(Debug, Clone, Deserialize)]
@@ -285,8 +295,11 @@ pub struct VerificationConfig {
     pub check_output_cap_bytes: usize,
     /// Per-task cost cap (USD) when the task gives none.
     pub max_cost_usd_per_task: Option<f64>,
-    /// Daily cost cap (USD) for this daemon.
+    /// Daily cost cap (USD, UTC day) for this daemon, persisted across restarts.
+    /// On by default ([`DEFAULT_MAX_COST_USD_PER_DAY`]).
     pub max_cost_usd_per_day: Option<f64>,
+    /// Local ceiling on corrective retries, whatever the task asks (the hub fills in 5).
+    pub retry_ceiling: u32,
     /// `ollama` or `claude`: who answers `llm_judge` checks.
     pub judge_backend: String,
     pub judge_model: Option<String>,
@@ -302,7 +315,8 @@ impl Default for VerificationConfig {
             flaky_rerun: true,
             check_output_cap_bytes: 64 * 1024,
             max_cost_usd_per_task: None,
-            max_cost_usd_per_day: None,
+            max_cost_usd_per_day: Some(DEFAULT_MAX_COST_USD_PER_DAY),
+            retry_ceiling: DEFAULT_RETRY_CEILING,
             judge_backend: "ollama".into(),
             judge_model: None,
             judge_min_confidence: 0.85,

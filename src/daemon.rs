@@ -107,8 +107,8 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     let containment = Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await);
     let (recorder, recorder_writer) =
         Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
-    let daily_spend = Arc::new(crate::verify::retry_loop::DailySpend::new());
-    ops.set_daily_spend(daily_spend.clone(), cfg.verification.max_cost_usd_per_day);
+    let ledger = Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await);
+    ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
     let deps = RunnerDeps {
         config: cfg.clone(),
         env: ChildEnv::from_config(&cfg),
@@ -116,9 +116,9 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         budget,
         out: Arc::new(handle.clone()),
         ops: ops.clone(),
-        daily_spend,
         recorder,
         containment,
+        ledger,
     };
     let mut d = Daemon {
         cfg,
@@ -451,6 +451,9 @@ impl Daemon {
             tracing::warn!(task_id = %task_id, "busy with another task: refusing");
             return self.refuse(&task, "sidecar_busy").await;
         }
+        // A fresh assignment starts a fresh attempt count and task budget (only
+        // `task_continue` resumes them); the day's spend stays.
+        self.deps.ledger.finish_task(&task_id).await;
         self.state.active = Some(ActiveTask {
             task: task.clone(),
             phase: Phase::Running,

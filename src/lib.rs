@@ -49,6 +49,7 @@ pub mod recorder;
 pub mod redact;
 pub mod runner;
 pub mod sandbox;
+pub mod spend;
 pub mod state;
 pub mod task;
 pub mod term;

@@ -138,6 +138,33 @@ struct Shared {
 /// Most structured events kept between two sends before the oldest are folded together.
 const MAX_PENDING_EVENTS: usize = 32;
 
+/// Fields of folded events kept per event; beyond it they are counted.
+const MAX_FOLDED: usize = 64;
+
+/// Keep `b`'s fields in `a.fields["folded_events"]` (bounded; the overflow is counted in
+/// `folded_events_dropped`).
+fn fold_fields(a: &mut ProgressEvent, b: &ProgressEvent) {
+    let mut entry = b.fields.clone();
+    entry.insert("event_type".into(), json!(b.kind.as_str()));
+    let list = a
+        .fields
+        .entry("folded_events")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if let Value::Array(items) = list {
+        if items.len() < MAX_FOLDED {
+            items.push(Value::Object(entry));
+            return;
+        }
+    }
+    let dropped = a
+        .fields
+        .get("folded_events_dropped")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    a.fields
+        .insert("folded_events_dropped".into(), json!(dropped + 1));
+}
+
 #[derive(Default)]
 struct Pending {
     /// Streamed text since the last send (tail kept, cut counted).
@@ -234,10 +261,14 @@ impl ProgressSink {
                 }
             } else {
                 if p.events.len() >= MAX_PENDING_EVENTS {
-                    // Fold the two oldest so nothing is lost and memory stays bounded.
+                    // Fold the two oldest so memory stays bounded; the second one's fields
+                    // (attempt, check_status, …) travel in `folded_events`, not lost.
                     let b = p.events.remove(1);
                     let a = &mut p.events[0];
                     a.text = tail_bytes(&format!("{}\n{}", a.text, b.text), max);
+                    if !b.fields.is_empty() {
+                        fold_fields(a, &b);
+                    }
                 }
                 p.events.push(ev);
             }
@@ -345,8 +376,9 @@ pub struct Pump {
 }
 
 impl Pump {
-    /// Run until `cancel`.
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Run until `cancel`. Returns the last batch when the budget had no room for it (the
+    /// runner puts it in the terminal frame, so it is never lost).
+    pub async fn run(self, cancel: CancellationToken) -> Option<Value> {
         let Pump {
             sink,
             task_id,
@@ -397,15 +429,19 @@ impl Pump {
         if dropped.is_cancelled() {
             let discarded = sink.take_event().is_some();
             tracing::debug!(task_id = %task_id, discarded, "task dropped: pending progress discarded");
-            return;
+            return None;
         }
         // The task ended: what is still pending (often the verdict's events) goes out once,
-        // ahead of the terminal frame, if the budget above the reserve allows.
-        if let Some(event) = sink.take_event() {
-            if budget.try_progress().is_ok() {
-                send(event);
-            }
+        // ahead of the terminal frame, if the budget above the reserve allows. Otherwise it
+        // is handed back, for the terminal frame to carry: waiting for the budget would hold
+        // up the result, and sending past the reserve would starve the lifecycle frames.
+        let event = sink.take_event()?;
+        if budget.try_progress().is_ok() {
+            send(event);
+            return None;
         }
+        tracing::info!(task_id = %task_id, "the task's last progress batch goes with its result: no budget above the reserve");
+        Some(event)
     }
 }
 
@@ -504,6 +540,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn folded_events_keep_their_fields() {
+        let s = ProgressSink::new(8192);
+        for i in 0..40u32 {
+            s.emit(
+                ProgressEvent::new(EventKind::VerificationCheckResult, format!("check {i}"))
+                    .with("attempt", 1)
+                    .with("check_status", if i % 2 == 0 { "pass" } else { "fail" })
+                    .with("index", i),
+            );
+        }
+        let ev = s.take_event().unwrap();
+        let mut seen: Vec<u64> = Vec::new();
+        for m in ev["merged_events"].as_array().unwrap() {
+            seen.push(m["index"].as_u64().unwrap());
+            for f in m["folded_events"].as_array().into_iter().flatten() {
+                assert!(f["check_status"].is_string(), "{f}");
+                seen.push(f["index"].as_u64().unwrap());
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..40).collect::<Vec<u64>>(),
+            "every event's fields arrive"
+        );
+    }
+
     struct Frames(Mutex<Vec<Outbound>>);
 
     impl FrameSender for Frames {
@@ -542,5 +606,42 @@ mod tests {
     async fn a_dropped_task_pending_progress_is_discarded_a_finished_one_flushed() {
         assert_eq!(pump_until_stopped(false).await, 1);
         assert_eq!(pump_until_stopped(true).await, 0);
+    }
+
+    #[tokio::test]
+    async fn the_last_batch_is_handed_back_when_the_budget_has_no_room() {
+        let budget = Arc::new(RateBudget::new(2, 60, 1));
+        let sink = ProgressSink::new(8192);
+        let out = Arc::new(Frames(Mutex::new(Vec::new())));
+        let pump = |budget: Arc<RateBudget>| Pump {
+            sink: sink.clone(),
+            task_id: "t".into(),
+            budget,
+            out: out.clone(),
+            redactor: Arc::new(Redactor::new(Vec::new())),
+            min_interval: Duration::from_secs(3600),
+            heartbeat: Duration::from_secs(3600),
+            dropped: CancellationToken::new(),
+        };
+        // Room: sent as a frame, nothing handed back.
+        sink.emit(ProgressEvent::new(EventKind::Status, "first"));
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        assert_eq!(pump(budget.clone()).run(cancel).await, None);
+        assert_eq!(out.0.lock().unwrap().len(), 1);
+        // At the reserve: handed back whole, fields included.
+        assert!(budget.try_progress().is_err(), "at the reserve now");
+        sink.emit(
+            ProgressEvent::new(EventKind::VerificationRetryComplete, "verdict").with("attempt", 1),
+        );
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let back = pump(budget)
+            .run(cancel)
+            .await
+            .expect("handed back, not dropped");
+        assert_eq!(back["event_type"], "verification_retry_complete");
+        assert_eq!(back["attempt"], 1);
+        assert_eq!(out.0.lock().unwrap().len(), 1);
     }
 }

@@ -27,8 +27,9 @@ use crate::progress::{FrameSender, ProgressEvent, ProgressSink, Pump};
 use crate::recorder::{Recorder, TaskRecord};
 use crate::redact::Redactor;
 use crate::sandbox::{self, Grants};
+use crate::spend::SpendLedger;
 use crate::task::Task;
-use crate::verify::retry_loop::{self, Attempter, DailySpend, LoopOptions, LoopOutcome};
+use crate::verify::retry_loop::{self, Attempter, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
 use crate::workspace::{self, Workspace, WorkspaceKind};
 
@@ -41,8 +42,8 @@ pub struct RunnerDeps {
     pub budget: Arc<RateBudget>,
     pub out: Arc<dyn FrameSender>,
     pub ops: Ops,
-    /// The daemon-wide spend of the day, for the daily cost cap.
-    pub daily_spend: Arc<DailySpend>,
+    /// The daemon-wide spend ledger, for the cost caps and resuming after a restart.
+    pub ledger: Arc<SpendLedger>,
     /// How tasks are confined, decided once at start.
     pub containment: Arc<sandbox::Policy>,
     /// The flight recorder (disabled for offline runs).
@@ -204,12 +205,11 @@ async fn run_recorded(
                 executor.kind()
             )));
             let opts = LoopOptions {
-                daily_spend: Some(deps.daily_spend.clone()),
+                ledger: Some(deps.ledger.clone()),
             };
             let is_llm = executor.is_llm();
             let mut attempter = RecordingAttempter {
                 executor: &mut executor,
-                ctx: &ctx,
                 record,
                 ops: &deps.ops,
             };
@@ -238,13 +238,16 @@ async fn run_recorded(
         }
     };
     pump_cancel.cancel();
-    let _ = pump.await;
+    let last_progress = pump.await.ok().flatten();
     // The frame is self-contained, so a temp workspace can go before it is sent.
     ws.release().await;
     workspace::remove_task_tmp_dir(&tmp).await;
     match outcome {
         None => TaskOutcome::Cancelled,
         Some(mut frame) => {
+            if let Some(ev) = last_progress {
+                attach_last_progress(&mut frame, ev);
+            }
             redact_frame(&redactor, &mut frame);
             TaskOutcome::Terminal(frame)
         }
@@ -373,17 +376,16 @@ fn failed(task: &Task, r: &Redactor, reason: &str, cancel: &CancellationToken) -
 /// it happens (the loop itself stays unaware of the recorder).
 struct RecordingAttempter<'a> {
     executor: &'a mut Executor,
-    ctx: &'a ExecContext,
     record: &'a TaskRecord,
     ops: &'a Ops,
 }
 
 impl Attempter for RecordingAttempter<'_> {
-    async fn attempt(&mut self, attempt: Attempt) -> ExecOutcome {
+    async fn attempt(&mut self, ctx: &ExecContext, attempt: Attempt) -> ExecOutcome {
         let n = attempt.number;
         self.record.attempt_start(n, &attempt.prompt);
         self.ops.attempt_started(n);
-        let out = self.executor.execute(self.ctx, &attempt).await;
+        let out = self.executor.execute(ctx, &attempt).await;
         self.record.attempt_end(n, &out);
         out
     }
@@ -438,30 +440,74 @@ pub fn frame_for(task: &Task, lo: &LoopOutcome) -> Outbound {
             .error
             .clone()
             .unwrap_or_else(|| format!("execution {:?}", lo.last_exec.status));
-        return Outbound::task_failed(&task.task_id, task.generation, &reason);
+        let mut frame = Outbound::task_failed(&task.task_id, task.generation, &reason);
+        // What was spent and what earlier attempts found is not lost with the failure.
+        if let Outbound::TaskFailed {
+            tokens_used,
+            result,
+            verification_history,
+            ..
+        } = &mut frame
+        {
+            if lo.executions > 0 || lo.cost_usd > 0.0 {
+                *tokens_used = Some(lo.tokens_in + lo.tokens_out);
+                *result = Some(result_json(lo));
+                *verification_history = history_json(lo);
+            }
+        }
+        return frame;
     }
-    let history: Vec<Value> = lo
-        .attempts
-        .iter()
-        .map(|a| serde_json::to_value(a).expect("reports serialize"))
-        .collect();
+    let history = history_json(lo);
     Outbound::TaskComplete {
         task_id: task.task_id.clone(),
         generation: task.generation,
         result: result_json(lo),
         tokens_used: lo.tokens_in + lo.tokens_out,
-        verification_report: history.last().cloned(),
+        // The last report without its observation list: that list is in the history once.
+        verification_report: lo
+            .attempts
+            .last()
+            .map(|a| serde_json::to_value(&a.report).expect("reports serialize")),
         verification_history: history,
     }
 }
 
-/// `task_complete.result` (PROTOCOL.md §7).
+/// The progress batch the budget had no room for rides in the result (`last_progress`, a
+/// field the hub ignores but stores with the result), so it is never dropped.
+fn attach_last_progress(frame: &mut Outbound, ev: Value) {
+    match frame {
+        Outbound::TaskComplete { result, .. } => {
+            if let Some(obj) = result.as_object_mut() {
+                obj.insert("last_progress".into(), ev);
+            }
+        }
+        Outbound::TaskFailed { result, .. } => {
+            result
+                .get_or_insert_with(|| json!({}))
+                .as_object_mut()
+                .map(|obj| obj.insert("last_progress".into(), ev));
+        }
+        _ => {}
+    }
+}
+
+/// Every attempt's report with its observations.
+fn history_json(lo: &LoopOutcome) -> Vec<Value> {
+    lo.attempts
+        .iter()
+        .map(|a| serde_json::to_value(a).expect("reports serialize"))
+        .collect()
+}
+
+/// `task_complete.result` (PROTOCOL.md §7), plus `flaky_checks` when the loop stopped for
+/// a flaky check.
 pub fn result_json(lo: &LoopOutcome) -> Value {
     let status = match lo.verification_status {
         VerificationStatus::Verified => "success",
-        _ => "partial",
+        VerificationStatus::PartialPass => "partial",
+        VerificationStatus::ExecutionFailed => "failed",
     };
-    json!({
+    let mut v = json!({
         "status": status,
         "output": head_tail(&lo.last_exec.output, RESULT_OUTPUT_CAP),
         "model_used": lo.last_exec.model_used,
@@ -477,7 +523,11 @@ pub fn result_json(lo: &LoopOutcome) -> Value {
         // A subscription login's cost (claude) is an API-equivalent estimate, not spend.
         "cost_is_estimate": lo.last_exec.cost_is_estimate,
         "permission_denials": lo.last_exec.permission_denials,
-    })
+    });
+    if !lo.flaky_checks.is_empty() {
+        v["flaky_checks"] = json!(lo.flaky_checks);
+    }
+    v
 }
 
 /// `s` cut to about `max` bytes keeping head and tail, with one marker saying how much was
@@ -530,9 +580,21 @@ fn redact_frame(r: &Redactor, frame: &mut Outbound) {
                 .iter_mut()
                 .for_each(|v| r.scrub_value(v));
         }
-        Outbound::TaskFailed { error, reason, .. } => {
+        Outbound::TaskFailed {
+            error,
+            reason,
+            result,
+            verification_history,
+            ..
+        } => {
             *error = r.scrub(error);
             *reason = r.scrub(reason);
+            if let Some(v) = result {
+                r.scrub_value(v);
+            }
+            verification_history
+                .iter_mut()
+                .for_each(|v| r.scrub_value(v));
         }
         _ => {}
     }

@@ -41,7 +41,10 @@ pub struct Task {
     pub file_hints: Vec<FileHint>,
     #[serde(default, deserialize_with = "lenient")]
     pub success_criteria: Vec<String>,
-    #[serde(default, deserialize_with = "lenient")]
+    /// Parsed element by element, never leniently: a bad element (or a value that is not a
+    /// list) becomes a step carrying [`VerificationStep::invalid`], which the checks report
+    /// as `error`. Only absent, `null` or `[]` mean "no checks" — the parser never fails open.
+    #[serde(default, deserialize_with = "steps_strict")]
     pub verification_steps: Vec<VerificationStep>,
     #[serde(default, deserialize_with = "lenient")]
     pub complexity: Option<Complexity>,
@@ -90,15 +93,149 @@ pub struct FileHint {
 /// One mechanical check (`verification_steps[]`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct VerificationStep {
-    #[serde(rename = "type", default, deserialize_with = "lenient")]
+    #[serde(rename = "type", default)]
     pub check_type: String,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default)]
     pub target: String,
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default)]
     pub description: Option<String>,
     /// Per-check timeout (an extension; the report's global deadline still applies).
-    #[serde(default, deserialize_with = "lenient")]
+    #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Why this element of `verification_steps` could not be understood (index and what is
+    /// wrong). Such a step is never run: it is reported as a check with status `error`.
+    /// Kept through the state file so a restarted task still fails closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<String>,
+}
+
+/// The JSON type of `v`, for error messages.
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl VerificationStep {
+    /// A step standing for something that could not be parsed; it reports `error`.
+    fn invalid(check_type: String, target: String, why: String) -> VerificationStep {
+        VerificationStep {
+            check_type,
+            target,
+            invalid: Some(why),
+            ..VerificationStep::default()
+        }
+    }
+
+    /// Parse element `index` of `verification_steps`. Every field has to have its type;
+    /// anything else yields an invalid step naming the index and the field.
+    pub fn from_element(index: usize, v: &Value) -> VerificationStep {
+        let Value::Object(m) = v else {
+            return VerificationStep::invalid(
+                "invalid".into(),
+                String::new(),
+                format!(
+                    "verification_steps[{index}] is {}, expected an object with `type` and `target`",
+                    json_kind(v)
+                ),
+            );
+        };
+        let mut problems = Vec::new();
+        let check_type = match m.get("type") {
+            Some(Value::String(t)) if !t.trim().is_empty() => t.clone(),
+            None | Some(Value::Null) => {
+                problems.push("`type` is missing".to_string());
+                "invalid".into()
+            }
+            Some(other) => {
+                problems.push(format!(
+                    "`type` is {}, expected a non-empty string",
+                    json_kind(other)
+                ));
+                "invalid".into()
+            }
+        };
+        let target = match m.get("target") {
+            Some(Value::String(t)) => t.clone(),
+            None | Some(Value::Null) => String::new(),
+            Some(other) => {
+                problems.push(format!(
+                    "`target` is {}, expected a string",
+                    json_kind(other)
+                ));
+                String::new()
+            }
+        };
+        let description = match m.get("description") {
+            Some(Value::String(d)) => Some(d.clone()),
+            None | Some(Value::Null) => None,
+            Some(other) => {
+                problems.push(format!(
+                    "`description` is {}, expected a string",
+                    json_kind(other)
+                ));
+                None
+            }
+        };
+        let timeout_ms = match m.get("timeout_ms") {
+            Some(Value::Number(n)) if n.as_u64().is_some() => n.as_u64(),
+            None | Some(Value::Null) => None,
+            Some(other) => {
+                problems.push(format!(
+                    "`timeout_ms` is {}, expected a whole number of milliseconds",
+                    json_kind(other)
+                ));
+                None
+            }
+        };
+        // Our own marker, round-tripped through the state file.
+        let carried = m.get("invalid").and_then(Value::as_str).map(str::to_string);
+        let invalid = carried.or_else(|| {
+            (!problems.is_empty()).then(|| {
+                format!(
+                    "verification_steps[{index}] is invalid: {}; fix the task's verification steps",
+                    problems.join(", ")
+                )
+            })
+        });
+        VerificationStep {
+            check_type,
+            target,
+            description,
+            timeout_ms,
+            invalid,
+        }
+    }
+}
+
+/// `verification_steps`: absent or `null` → no steps; a list → one step per element (bad
+/// elements become invalid steps); anything else → one invalid step, so the report is `error`.
+fn steps_strict<'de, D>(d: D) -> Result<Vec<VerificationStep>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let v = Value::deserialize(d)?;
+    Ok(match &v {
+        Value::Null => Vec::new(),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, e)| VerificationStep::from_element(i, e))
+            .collect(),
+        other => vec![VerificationStep::invalid(
+            "invalid".into(),
+            String::new(),
+            format!(
+                "verification_steps is {}, expected a list of steps (or absent/null for no checks)",
+                json_kind(other)
+            ),
+        )],
+    })
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -212,7 +349,7 @@ mod tests {
     fn wrong_types_fall_back_to_defaults() {
         let t = Task::from_value(json!({
             "task_id": "t1", "description": 5, "generation": "x", "file_hints": "nope",
-            "verification_steps": [{"type": "file_exists", "target": 3}],
+            "verification_steps": [{"type": "file_exists", "target": "a"}],
             "metadata": {"shell_command": ["a"], "custom": 1},
             "max_verification_retries": 9, "complexity": null
         }))
@@ -221,10 +358,69 @@ mod tests {
         assert_eq!(t.generation, 0);
         assert!(t.file_hints.is_empty());
         assert_eq!(t.verification_steps[0].check_type, "file_exists");
-        assert_eq!(t.verification_steps[0].target, "");
+        assert_eq!(t.verification_steps[0].target, "a");
+        assert_eq!(t.verification_steps[0].invalid, None);
         assert_eq!(t.metadata.shell_command, None);
         assert_eq!(t.metadata.extra["custom"], json!(1));
         assert_eq!(t.retry_budget(), 5);
+    }
+
+    #[test]
+    fn bad_step_elements_become_invalid_steps_naming_their_index() {
+        let t = Task::from_value(json!({
+            "task_id": "t",
+            "verification_steps": [
+                {"type": "file_exists", "target": "ok"},
+                "file_exists hello.txt",
+                {"type": "file_exists", "target": 3},
+                {"target": "x"},
+                {"type": "command_succeeds", "target": "true", "timeout_ms": "soon"}
+            ]
+        }))
+        .unwrap();
+        let steps = &t.verification_steps;
+        assert_eq!(steps.len(), 5);
+        assert_eq!(steps[0].invalid, None);
+        let why: Vec<&str> = steps[1..]
+            .iter()
+            .map(|s| s.invalid.as_deref().unwrap())
+            .collect();
+        assert!(
+            why[0].contains("verification_steps[1] is a string"),
+            "{why:?}"
+        );
+        assert!(
+            why[1].contains("verification_steps[2]") && why[1].contains("`target` is a number")
+        );
+        assert!(why[2].contains("verification_steps[3]") && why[2].contains("`type` is missing"));
+        assert!(why[3].contains("verification_steps[4]") && why[3].contains("`timeout_ms`"));
+        // The marker survives the state file.
+        let again = Task::from_value(serde_json::to_value(&t).unwrap()).unwrap();
+        assert_eq!(again.verification_steps, t.verification_steps);
+    }
+
+    #[test]
+    fn steps_that_are_not_a_list_never_mean_no_checks() {
+        for v in [
+            json!({"type": "file_exists"}),
+            json!("x"),
+            json!(3),
+            json!(true),
+        ] {
+            let t = Task::from_value(json!({"task_id": "t", "verification_steps": v})).unwrap();
+            assert_eq!(t.verification_steps.len(), 1, "{v}");
+            assert!(t.verification_steps[0]
+                .invalid
+                .as_deref()
+                .unwrap()
+                .contains("expected a list"));
+        }
+        for v in [json!(null), json!([])] {
+            let t = Task::from_value(json!({"task_id": "t", "verification_steps": v})).unwrap();
+            assert!(t.verification_steps.is_empty());
+        }
+        let t = Task::from_value(json!({"task_id": "t"})).unwrap();
+        assert!(t.verification_steps.is_empty());
     }
 
     #[test]

@@ -106,7 +106,13 @@ impl ProgressLine {
 fn update(s: &mut LineState, ev: &ProgressEvent) -> Option<String> {
     let attempt = ev.fields.get("attempt").and_then(|v| v.as_u64());
     if let Some(k) = attempt {
-        s.attempt = k;
+        // `verification_retry_start` numbers the retry (1 = the first corrective attempt,
+        // which is execution 2); every other event numbers the execution.
+        s.attempt = if ev.kind == EventKind::VerificationRetryStart {
+            k + 1
+        } else {
+            k
+        };
     }
     if let Some(max) = ev.fields.get("max_retries").and_then(|v| v.as_u64()) {
         s.attempts_max = max + 1;
@@ -193,7 +199,7 @@ mod tests {
         let line = update(
             &mut s,
             &ProgressEvent::new(EventKind::VerificationRetryStart, "verification retry 1/2")
-                .with("attempt", 2)
+                .with("attempt", 1)
                 .with("max_retries", 2),
         )
         .unwrap();

@@ -21,7 +21,7 @@ use crate::process::ChildEnv;
 use crate::progress::FrameSender;
 use crate::redact::Redactor;
 use crate::runner::{self, RunnerDeps, TaskOutcome};
-use crate::verify::retry_loop::DailySpend;
+use crate::spend::SpendLedger;
 
 /// `run-task` flags.
 #[derive(Debug, Clone, Args)]
@@ -90,14 +90,18 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
             tokio::fs::create_dir_all(w)
                 .await
                 .with_context(|| format!("creating the workspace {}", w.display()))?;
-            w.clone()
+            // Resolved once: a relative path would otherwise be resolved again against the
+            // workspace by every `git -C` of the observation.
+            tokio::fs::canonicalize(w)
+                .await
+                .with_context(|| format!("resolving the workspace path {}", w.display()))?
         }
         None => temp_dir("hub-sidecar-run-task-").await?.keep(),
     };
     eprintln!("task {} in workspace {}", task.task_id, workspace.display());
     cfg.repo_dir = Some(workspace);
     let max_attempts = u64::from(if task.max_verification_retries > 0 {
-        task.retry_budget()
+        task.retry_budget().min(cfg.verification.retry_ceiling)
     } else {
         cfg.verification.default_max_retries
     }) + 1;
@@ -109,9 +113,9 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         budget: Arc::new(RateBudget::from_config(&cfg.progress)),
         out: Arc::new(Discard),
         ops: Ops::new(),
-        daily_spend: Arc::new(DailySpend::new()),
         containment: Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await),
         recorder: crate::recorder::Recorder::disabled(),
+        ledger: Arc::new(SpendLedger::in_memory()),
         config: cfg.clone(),
     };
     let line = crate::term::ProgressLine::start(max_attempts);

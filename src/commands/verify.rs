@@ -1,6 +1,10 @@
 //! `hub-sidecar verify TASK.json --workspace DIR`: run only the task's verification steps
 //! against a workspace and print the report as JSON. Exit 0 iff the report is `pass`,
 //! `skip` or `auto_pass`.
+//!
+//! With no attempt to observe, an `llm_judge` check judges the workspace against its
+//! baseline ([`observe::against_baseline`]): the uncommitted changes in a git work tree,
+//! every file elsewhere.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::executor::ExecContext;
 use crate::process::ChildEnv;
 use crate::redact::Redactor;
-use crate::verify::checks;
+use crate::verify::{checks, observe};
 
 /// `verify` flags.
 #[derive(Debug, Clone, Args)]
@@ -59,7 +63,17 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         cancel: CancellationToken::new(),
         remaining_budget_usd: None,
     };
-    let checks = checks::run_checks(&ctx, 1, &[]);
+    let needs_observations = ctx
+        .task
+        .verification_steps
+        .iter()
+        .any(|s| s.check_type == "llm_judge");
+    let observations = if needs_observations {
+        observe::against_baseline(&ctx.workspace, &ctx.env, &ctx.cancel).await
+    } else {
+        Vec::new()
+    };
+    let checks = checks::run_checks(&ctx, 1, &observations);
     tokio::pin!(checks);
     let report = tokio::select! {
         r = &mut checks => r,

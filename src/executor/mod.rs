@@ -42,7 +42,9 @@ pub struct ExecContext {
     pub progress: ProgressSink,
     /// Cancelled on `task_cancelled`, `state_report_ack{abort}` and forced shutdown.
     pub cancel: CancellationToken,
-    /// What the task may still spend (USD), passed to `claude --max-budget-usd`; `None`: no cap.
+    /// USD this attempt may still spend under the task and daily caps (the smaller), set by
+    /// the verification loop before each execution and passed to `claude --max-budget-usd`;
+    /// `None` = no cap applies.
     pub remaining_budget_usd: Option<f64>,
 }
 

@@ -1,8 +1,13 @@
 //! The Ollama executor: `/api/chat` as a plain streamed chat, or as an agentic tool loop
 //! over the workspace ([`super::tools`]).
 //!
-//! The executor lives for the whole task and keeps the chat `messages`, so a corrective
-//! attempt is a follow-up user message in the same conversation, not a fresh start.
+//! The executor lives for the whole task and keeps the chat `messages` within an attempt.
+//! A corrective attempt starts a short conversation instead of growing the old one: the
+//! corrective prompt already restates the task, carries the latest failures and summarises
+//! the earlier attempts, so re-sending the transcript (plus another copy of the task) would
+//! only push the task and the system prompt out of the model's context window. Every call
+//! sets `options.num_ctx` (`executor.ollama_num_ctx`), and a prompt that fills it (Ollama's
+//! `prompt_eval_count` reaching `num_ctx`: it cut the beginning) is reported.
 //!
 //! # Wire format (Ollama `/api/chat`)
 //!
@@ -137,6 +142,15 @@ impl OllamaExecutor {
     /// Run one attempt: the prompt as a new user message, then a plain reply or the tool loop.
     pub async fn execute(&mut self, ctx: &ExecContext, attempt: &Attempt) -> ExecOutcome {
         let started = Instant::now();
+        if attempt.number > 1 && !self.messages.is_empty() {
+            // The corrective prompt stands for the whole earlier transcript (module docs).
+            let dropped = self.messages.len();
+            self.messages.clear();
+            ctx.progress.emit(ProgressEvent::status(format!(
+                "attempt {}: a fresh conversation with the corrective prompt ({dropped} earlier messages summarised in it)",
+                attempt.number
+            )));
+        }
         let deadline = tokio::time::Instant::now() + ctx.llm_timeout();
         if self.client.is_none() {
             let built = tokio::task::spawn_blocking(|| reqwest::Client::builder().build()).await;
@@ -179,7 +193,8 @@ impl OllamaExecutor {
             "asking {} ({})",
             self.model, self.base_url
         )));
-        let body = json!({"model": self.model, "messages": self.messages, "stream": true});
+        let body = json!({"model": self.model, "messages": self.messages, "stream": true,
+                          "options": options(ctx)});
         match self.chat(ctx, &body, deadline, 0).await {
             Ok(r) => {
                 self.messages
@@ -244,7 +259,7 @@ impl OllamaExecutor {
             }
             iterations += 1;
             let body = json!({"model": self.model, "messages": self.messages,
-                              "tools": schemas, "stream": false});
+                              "tools": schemas, "stream": false, "options": options(ctx)});
             let r = match self.chat(ctx, &body, deadline, tokens_out).await {
                 Ok(r) => r,
                 Err(CallError::Cancelled) => break "cancelled",
@@ -386,7 +401,10 @@ impl OllamaExecutor {
                 _ = ctx.cancel.cancelled() => return Err(CallError::Cancelled),
                 _ = tokio::time::sleep_until(deadline) => return Err(CallError::TimedOut),
                 r = self.chat_once(ctx, body, tokens_base) => match r {
-                    Ok(reply) => return Ok(reply),
+                    Ok(reply) => {
+                        report_context_overflow(ctx, &self.model, reply.tokens_in);
+                        return Ok(reply);
+                    }
                     Err(e) => {
                         tracing::warn!(task_id = %ctx.task.task_id, try_ = n, error = %e, "ollama call failed");
                         last = e;
@@ -520,6 +538,31 @@ impl<F: FnMut(&str, u64)> LineParser<F> {
         Ok(())
     }
 }
+
+/// `options` of every chat request.
+fn options(ctx: &ExecContext) -> Value {
+    json!({"num_ctx": ctx.config.executor.ollama_num_ctx})
+}
+
+/// Ollama keeps at most `num_ctx` prompt tokens and drops the beginning of a longer prompt
+/// without an error; `prompt_eval_count` reaching `num_ctx` is how that shows.
+fn report_context_overflow(ctx: &ExecContext, model: &str, prompt_tokens: u64) {
+    let num_ctx = u64::from(ctx.config.executor.ollama_num_ctx);
+    if num_ctx == 0 || prompt_tokens < num_ctx.saturating_sub(CONTEXT_SLACK_TOKENS) {
+        return;
+    }
+    tracing::warn!(task_id = %ctx.task.task_id, model, prompt_tokens, num_ctx,
+        "the prompt filled the model's context window: Ollama cut its beginning");
+    ctx.progress.emit(ProgressEvent::new(
+        EventKind::Error,
+        format!(
+            "the prompt ({prompt_tokens} tokens) filled the context window of {model} (num_ctx {num_ctx}): Ollama cut its beginning, so the model may not see the task; raise executor.ollama_num_ctx"
+        ),
+    ));
+}
+
+/// Ollama may stop a few tokens short of `num_ctx` when it cuts a prompt.
+const CONTEXT_SLACK_TOKENS: u64 = 8;
 
 /// `(name, arguments)` of a tool call; `arguments` may come as an object or a JSON string.
 fn parse_call(call: &Value) -> (String, Value) {

@@ -156,6 +156,15 @@ pub enum Outbound {
         generation: u64,
         error: String,
         reason: String,
+        /// Extensions the hub ignores (PROTOCOL.md: unknown fields are ignored) so a failure
+        /// after spending keeps its record: tokens, the `result`-shaped cost record and the
+        /// reports of the attempts that ran before the failure.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokens_used: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        verification_history: Vec<Value>,
     },
     TaskRecovering {
         task_id: String,
@@ -224,6 +233,9 @@ impl Outbound {
             generation,
             error: reason.clone(),
             reason,
+            tokens_used: None,
+            result: None,
+            verification_history: Vec::new(),
         }
     }
 

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
-use crate::verify::retry_loop::DailySpend;
+use crate::spend::SpendLedger;
 use metrics::Metrics;
 
 /// Facts for `/healthz` and the watchdog.
@@ -34,7 +34,7 @@ struct Health {
     /// The attempt running now and when it started.
     attempt: Option<(u32, Instant)>,
     /// Today's spend across tasks and the daily cap, for `/status`.
-    daily_spend: Option<Arc<DailySpend>>,
+    daily_spend: Option<Arc<SpendLedger>>,
     daily_budget_usd: Option<f64>,
 }
 
@@ -123,7 +123,7 @@ impl Ops {
     }
 
     /// Where `/status` reads today's spend, and the daily cap it is compared with.
-    pub fn set_daily_spend(&self, spend: Arc<DailySpend>, budget_usd: Option<f64>) {
+    pub fn set_daily_spend(&self, spend: Arc<SpendLedger>, budget_usd: Option<f64>) {
         let mut h = self.health();
         h.daily_spend = Some(spend);
         h.daily_budget_usd = budget_usd;
@@ -139,7 +139,7 @@ impl Ops {
             task_elapsed_ms: h.task_started.map(ms),
             attempt: h.attempt.map(|a| a.0),
             attempt_elapsed_ms: h.attempt.map(|a| ms(a.1)),
-            spent_today_usd: h.daily_spend.as_ref().map_or(0.0, |d| d.spent_today()),
+            spent_today_usd: h.daily_spend.as_ref().map_or(0.0, |d| d.spent_today_now()),
             daily_budget_usd: h.daily_budget_usd,
         }
     }

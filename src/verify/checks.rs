@@ -149,25 +149,36 @@ pub async fn run_step(
     observations: &[String],
 ) -> CheckResult {
     let started = std::time::Instant::now();
+    if let Some(why) = &step.invalid {
+        return result_for(step, CheckStatus::Error, why.clone(), started.elapsed());
+    }
     let fut = async {
+        let free = |(s, o)| (s, o, 0.0);
         match step.check_type.as_str() {
-            "file_exists" => file_exists(&ctx.workspace, &step.target).await,
-            "git_clean" => git_clean(ctx, &step.target, bound).await,
-            "command_succeeds" => command_succeeds(ctx, &step.target, bound).await,
-            "test_passes" => test_passes(ctx, &step.target, bound).await,
-            "llm_judge" => judge::judge_check(ctx, &step.target, observations, bound).await,
-            other => (CheckStatus::Error, format!("unknown check type: {other}")),
+            "file_exists" => free(file_exists(&ctx.workspace, &step.target).await),
+            "git_clean" => free(git_clean(ctx, &step.target, bound).await),
+            "command_succeeds" => free(command_succeeds(ctx, &step.target, bound).await),
+            "test_passes" => free(test_passes(ctx, &step.target, bound).await),
+            "llm_judge" => {
+                let j = judge::judge_check(ctx, &step.target, observations, bound).await;
+                (j.status, j.output, j.cost_usd)
+            }
+            other => free((CheckStatus::Error, format!("unknown check type: {other}"))),
         }
     };
     // Safety net for the non-process checks (and the kill grace of process ones).
-    let (status, output) = match tokio::time::timeout(bound + CHECK_KILL_GRACE * 3, fut).await {
-        Ok(r) => r,
-        Err(_) => (
-            CheckStatus::Timeout,
-            format!("check timed out after {} ms", bound.as_millis()),
-        ),
-    };
-    result_for(step, status, output, started.elapsed())
+    let (status, output, cost_usd) =
+        match tokio::time::timeout(bound + CHECK_KILL_GRACE * 3, fut).await {
+            Ok(r) => r,
+            Err(_) => (
+                CheckStatus::Timeout,
+                format!("check timed out after {} ms", bound.as_millis()),
+                0.0,
+            ),
+        };
+    let mut r = result_for(step, status, output, started.elapsed());
+    r.cost_usd = cost_usd;
+    r
 }
 
 fn result_for(
@@ -184,6 +195,7 @@ fn result_for(
         output,
         duration_ms: took.as_millis() as u64,
         flaky: false,
+        cost_usd: 0.0,
     }
 }
 
@@ -526,6 +538,33 @@ mod tests {
         let ev = ctx.progress.take_event().unwrap();
         assert_eq!(ev["event_type"], "verification_check_result");
         assert_eq!(ev["attempt"], 1);
+    }
+
+    #[tokio::test]
+    async fn a_bad_step_element_is_an_error_check_and_never_a_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), "x").unwrap();
+        let ctx = ctx_for(
+            dir.path(),
+            serde_json::json!({"verification_steps": [
+                {"type": "file_exists", "target": "a"},
+                ["file_exists", "a"]
+            ]}),
+        );
+        let r = run_checks(&ctx, 1, &[]).await;
+        assert_eq!(r.status, ReportStatus::Error, "{:#?}", r.checks);
+        assert_eq!(r.checks[0].status, CheckStatus::Pass);
+        assert_eq!(r.checks[1].status, CheckStatus::Error);
+        assert!(r.checks[1]
+            .output
+            .contains("verification_steps[1] is a list"));
+        let ctx = ctx_for(
+            dir.path(),
+            serde_json::json!({"verification_steps": {"type": "file_exists", "target": "a"}}),
+        );
+        let r = run_checks(&ctx, 1, &[]).await;
+        assert_eq!(r.status, ReportStatus::Error);
+        assert!(!r.status.is_success());
     }
 
     #[tokio::test]

@@ -139,13 +139,24 @@ pub fn judge_model(ctx: &ExecContext) -> String {
         .unwrap_or_else(|| ctx.config.executor.ollama_model.clone())
 }
 
-/// What one `llm_judge` check found, and what asking cost (USD; 0 for Ollama), so the loop
-/// can count the judge's spend into the task's caps.
+/// What one `llm_judge` check came to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JudgeOutcome {
     pub status: CheckStatus,
-    pub detail: String,
+    pub output: String,
+    /// USD the judge call cost (claude's `total_cost_usd`; 0 for Ollama), counted against
+    /// the task's and the day's caps.
     pub cost_usd: f64,
+}
+
+impl JudgeOutcome {
+    fn free(status: CheckStatus, output: impl Into<String>) -> JudgeOutcome {
+        JudgeOutcome {
+            status,
+            output: output.into(),
+            cost_usd: 0.0,
+        }
+    }
 }
 
 /// Run one `llm_judge` check within `bound`.
@@ -154,36 +165,32 @@ pub async fn judge_check(
     target: &str,
     observations: &[String],
     bound: Duration,
-) -> (CheckStatus, String) {
-    let o = judge_check_with_cost(ctx, target, observations, bound).await;
-    (o.status, o.detail)
-}
-
-/// [`judge_check`], with the judge's cost.
-pub async fn judge_check_with_cost(
-    ctx: &ExecContext,
-    target: &str,
-    observations: &[String],
-    bound: Duration,
 ) -> JudgeOutcome {
-    let done = |status, detail: String, cost_usd| JudgeOutcome {
-        status,
-        detail,
-        cost_usd,
-    };
     if target.trim().is_empty() {
-        return done(
+        return JudgeOutcome::free(
             CheckStatus::Error,
-            "llm_judge needs a target saying what done means; the target is empty".into(),
-            0.0,
+            "llm_judge needs a target saying what done means; the target is empty",
+        );
+    }
+    // Not knowing what changed is not "nothing changed": the judge cannot decide either way.
+    if let Some(why) = observe::unavailable(observations) {
+        return JudgeOutcome::free(
+            CheckStatus::Error,
+            format!("the workspace could not be observed, so there is nothing the judge could see: {why}"),
         );
     }
     // Nothing changed: there is nothing to judge, and asking would only invite a guess.
     if observe::is_unchanged(observations) {
-        return done(
+        return JudgeOutcome::free(
             CheckStatus::Fail,
-            "workspace unchanged: nothing to judge (the judge was not asked)".into(),
-            0.0,
+            "workspace unchanged: nothing to judge (the judge was not asked)",
+        );
+    }
+    // The caps are checked before spending, the judge's call included.
+    if ctx.remaining_budget_usd.is_some_and(|r| r <= 0.0) {
+        return JudgeOutcome::free(
+            CheckStatus::Error,
+            format!("{BUDGET_EXHAUSTED}: the judge was not asked"),
         );
     }
     let prompt = judge_prompt(
@@ -192,7 +199,8 @@ pub async fn judge_check_with_cost(
         target,
         observations,
     );
-    let (answer, cost) = match ctx.config.verification.judge_backend.as_str() {
+    // What a claude call cost counts even when it failed.
+    let (answer, cost_usd) = match ctx.config.verification.judge_backend.as_str() {
         "claude" => ask_claude(ctx, &prompt, bound).await,
         "ollama" | "" => (ask_ollama(ctx, &prompt, bound).await, 0.0),
         other => (
@@ -204,15 +212,26 @@ pub async fn judge_check_with_cost(
     };
     match answer {
         Ok(text) => {
-            let (status, detail) = decide(
+            let (status, output) = decide(
                 extract_verdict(&text).as_ref(),
                 ctx.config.verification.judge_min_confidence,
             );
-            done(status, detail, cost)
+            JudgeOutcome {
+                status,
+                output,
+                cost_usd,
+            }
         }
-        Err(e) => done(CheckStatus::Error, e, cost),
+        Err(e) => JudgeOutcome {
+            status: CheckStatus::Error,
+            output: e,
+            cost_usd,
+        },
     }
 }
+
+/// The start of a check's output when a cost cap kept it from running.
+pub const BUDGET_EXHAUSTED: &str = "not run: the cost cap is reached";
 
 async fn ask_ollama(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<String, String> {
     let url = format!("{}/api/chat", ollama_endpoint(ctx));

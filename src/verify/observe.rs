@@ -6,9 +6,18 @@
 //! `llm_judge` check (which sees these lines, never the repository).
 //!
 //! In a git work tree the snapshot is HEAD plus a content hash of every file
-//! `git status` reports; elsewhere it is a walk (size, mtime, hash) skipping `.git`,
-//! `target` and `node_modules`. Git runs through [`crate::process::run`] with argv; file
-//! reading and hashing run on `spawn_blocking`.
+//! `git status` reports — O(changed files); elsewhere it is a walk (size, mtime, hash)
+//! skipping `.git`, `target` and `node_modules`, stopped at a cap. Git runs through
+//! [`crate::process::run`] with argv and `-c safe.directory=<workspace>` (a workspace owned
+//! by another user is the usual case under a service user); file reading and hashing run on
+//! `spawn_blocking`.
+//!
+//! "Could not observe" is never "unchanged": when git cannot read the work tree the
+//! snapshot falls back to the walk and says so; when the two snapshots cannot be compared the
+//! list is one [`UNAVAILABLE_PREFIX`] line (the no-progress rule is off for that attempt and
+//! `llm_judge` reports `error`). A walk past its cap or a `git status` past its output cap is
+//! reported as such, never as deletions. The list is bounded ([`Limits::max_lines`]) with a
+//! count of what was left out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -17,10 +26,13 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use crate::process::{self, ChildEnv, CommandSpec, Limits};
+use crate::process::{self, ChildEnv, CommandSpec};
 
 /// The one observation meaning "nothing changed".
 pub const UNCHANGED: &str = "workspace unchanged";
+
+/// The start of the one observation meaning "what changed is not known".
+pub const UNAVAILABLE_PREFIX: &str = "observation unavailable: ";
 
 /// Directories a walk never enters (build output and dependencies are not the work).
 const IGNORED_DIRS: &[&str] = &[".git", "target", "node_modules"];
@@ -28,8 +40,26 @@ const IGNORED_DIRS: &[&str] = &[".git", "target", "node_modules"];
 /// Files larger than this are compared by size and mtime only.
 const MAX_HASHED_BYTES: u64 = 8 * 1024 * 1024;
 
-/// A walk stops after this many files, so a huge tree cannot stall verification.
-const MAX_WALK_FILES: usize = 50_000;
+/// Output kept from one git call; past it the listing is reported as incomplete.
+const GIT_OUTPUT_CAP: usize = 16 * 1024 * 1024;
+
+/// Bounds of one observation.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A walk stops after this many files, so a huge tree cannot stall verification.
+    pub walk_cap: usize,
+    /// Lines listed; the rest are counted ("… and 4,312 more changes not listed").
+    pub max_lines: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            walk_cap: 50_000,
+            max_lines: 200,
+        }
+    }
+}
 
 /// One file's state in a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,9 +81,20 @@ pub enum Snapshot {
         head: Option<String>,
         /// path → (two-letter porcelain status, state)
         dirty: BTreeMap<String, (String, FileState)>,
+        /// `git status` output passed its cap: `dirty` misses some paths.
+        incomplete: bool,
     },
-    /// Not a git work tree: every file under the workspace.
-    Walk { files: BTreeMap<String, FileState> },
+    /// Every file under the workspace, up to the cap.
+    Walk {
+        files: BTreeMap<String, FileState>,
+        /// The walk stopped at its cap: files past it are not in `files`.
+        capped: bool,
+        /// When the walk started (ns since the epoch): after a capped walk, a file not seen
+        /// before counts as changed only when it is newer than this.
+        taken_ns: i128,
+        /// Why git could not be used in a git work tree (the walk stands in for it).
+        git_error: Option<String>,
+    },
 }
 
 /// Whether `observations` say the attempt changed nothing.
@@ -61,29 +102,69 @@ pub fn is_unchanged(observations: &[String]) -> bool {
     observations.iter().all(|o| o == UNCHANGED)
 }
 
+/// Why the workspace could not be observed, when it could not.
+pub fn unavailable(observations: &[String]) -> Option<&str> {
+    observations
+        .iter()
+        .find_map(|o| o.strip_prefix(UNAVAILABLE_PREFIX))
+}
+
+/// What one git call gave.
+struct GitOut {
+    stdout: String,
+    /// Output past the cap was dropped.
+    truncated: bool,
+}
+
 async fn git(
     ws: &Path,
     env: &ChildEnv,
     cancel: &CancellationToken,
     args: &[&str],
-) -> Option<String> {
+) -> Result<GitOut, String> {
+    let mut safe = std::ffi::OsString::from("safe.directory=");
+    safe.push(ws);
+    // `--no-optional-locks`: observing never takes the index lock a concurrent git of the
+    // agent (or of a check) may need.
     let spec = CommandSpec::new("git", ws, env.clone())
+        .arg("--no-optional-locks")
+        .arg("-c")
+        .arg(safe)
         .arg("-C")
         .arg(ws)
         .args(args.iter().copied());
-    let limits = Limits {
+    let limits = process::Limits {
         timeout: Some(Duration::from_secs(30)),
         grace: Duration::from_millis(500),
-        output_cap: 4 * 1024 * 1024,
+        output_cap: GIT_OUTPUT_CAP,
     };
     match process::run(&spec, &limits, cancel, None).await {
-        Ok(o) if o.exit.success() => Some(o.stdout),
-        _ => None,
+        Ok(o) if o.exit.success() => Ok(GitOut {
+            truncated: o.dropped_bytes > 0,
+            stdout: o.stdout,
+        }),
+        Ok(o) => Err(format!(
+            "git {} failed ({}): {}",
+            args.first().copied().unwrap_or(""),
+            o.exit.describe(),
+            crate::util::truncate_chars(o.stderr.trim(), 300)
+        )),
+        Err(e) => Err(format!("could not start git: {e}")),
     }
 }
 
-/// Take a snapshot of `ws`.
+/// Take a snapshot of `ws` with the default limits.
 pub async fn snapshot(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> Snapshot {
+    snapshot_with(ws, env, cancel, Limits::default()).await
+}
+
+/// Take a snapshot of `ws`.
+pub async fn snapshot_with(
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+    limits: Limits,
+) -> Snapshot {
     // Found the way git finds it (a `.git` dir or file in the workspace or above), without
     // spawning git: this runs twice per attempt.
     let probe = ws.to_path_buf();
@@ -95,24 +176,25 @@ pub async fn snapshot(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> 
     .await
     .unwrap_or(false);
     if !in_git {
-        let root = ws.to_path_buf();
-        let files = tokio::task::spawn_blocking(move || walk(&root))
-            .await
-            .unwrap_or_default();
-        return Snapshot::Walk { files };
+        return walk_snapshot(ws, limits, None).await;
     }
-    let head = git(ws, env, cancel, &["rev-parse", "HEAD"])
-        .await
-        .map(|s| s.trim().to_string());
-    let status = git(
+    let status = match git(
         ws,
         env,
         cancel,
         &["status", "--porcelain", "-z", "--untracked-files=all"],
     )
     .await
-    .unwrap_or_default();
-    let entries = parse_porcelain_z(&status);
+    {
+        Ok(s) => s,
+        Err(e) => return walk_snapshot(ws, limits, Some(e)).await,
+    };
+    // An unborn HEAD (no commit yet) is a normal state, not a failure.
+    let head = git(ws, env, cancel, &["rev-parse", "--verify", "-q", "HEAD"])
+        .await
+        .ok()
+        .map(|s| s.stdout.trim().to_string());
+    let entries = parse_porcelain_z(&status.stdout);
     let root = ws.to_path_buf();
     let dirty = tokio::task::spawn_blocking(move || {
         entries
@@ -125,7 +207,32 @@ pub async fn snapshot(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> 
     })
     .await
     .unwrap_or_default();
-    Snapshot::Git { head, dirty }
+    Snapshot::Git {
+        head,
+        dirty,
+        incomplete: status.truncated,
+    }
+}
+
+async fn walk_snapshot(ws: &Path, limits: Limits, git_error: Option<String>) -> Snapshot {
+    let taken_ns = now_ns();
+    let root = ws.to_path_buf();
+    let (files, capped) = tokio::task::spawn_blocking(move || walk(&root, limits.walk_cap))
+        .await
+        .unwrap_or_default();
+    Snapshot::Walk {
+        files,
+        capped,
+        taken_ns,
+        git_error,
+    }
+}
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
 }
 
 /// `git status --porcelain -z`: `XY path\0`, renames followed by `orig\0`.
@@ -133,7 +240,7 @@ fn parse_porcelain_z(s: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut it = s.split('\0');
     while let Some(entry) = it.next() {
-        if entry.len() < 4 {
+        if entry.len() < 4 || !entry.is_char_boundary(2) || !entry.is_char_boundary(3) {
             continue;
         }
         let code = entry[..2].to_string();
@@ -188,7 +295,8 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn walk(root: &Path) -> BTreeMap<String, FileState> {
+/// Every file under `root` up to `cap`; `true` when the cap stopped the walk.
+fn walk(root: &Path, cap: usize) -> (BTreeMap<String, FileState>, bool) {
     let mut files = BTreeMap::new();
     let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -204,8 +312,8 @@ fn walk(root: &Path) -> BTreeMap<String, FileState> {
                 }
                 continue;
             }
-            if files.len() >= MAX_WALK_FILES {
-                return files;
+            if files.len() >= cap {
+                return (files, true);
             }
             let p = e.path();
             let rel = p
@@ -216,53 +324,84 @@ fn walk(root: &Path) -> BTreeMap<String, FileState> {
             files.insert(rel, file_state(&p));
         }
     }
-    files
+    (files, false)
 }
 
-/// Snapshot `ws` again and describe what changed since `before`.
+/// Snapshot `ws` again and describe what changed since `before` (default limits).
 pub async fn observe(
     before: &Snapshot,
     ws: &Path,
     env: &ChildEnv,
     cancel: &CancellationToken,
 ) -> Vec<String> {
-    let after = snapshot(ws, env, cancel).await;
+    observe_with(before, ws, env, cancel, Limits::default()).await
+}
+
+/// Snapshot `ws` again and describe what changed since `before`, within `limits`.
+pub async fn observe_with(
+    before: &Snapshot,
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+    limits: Limits,
+) -> Vec<String> {
+    let after = snapshot_with(ws, env, cancel, limits).await;
     let mut obs = Vec::new();
     match (before, &after) {
         (
             Snapshot::Git {
                 head: h0,
                 dirty: d0,
+                incomplete: i0,
             },
             Snapshot::Git {
                 head: h1,
                 dirty: d1,
+                incomplete: i1,
             },
         ) => {
+            let incomplete = *i0 || *i1;
             if h0 != h1 {
                 if let Some(h) = h1 {
                     obs.push(format!("HEAD moved to {}", &h[..h.len().min(7)]));
                     if let Some(old) = h0 {
-                        if let Some(ns) = git(ws, env, cancel, &["diff", "--numstat", old, h]).await
-                        {
-                            for (path, add, del) in parse_numstat(&ns) {
+                        if let Ok(ns) = git(ws, env, cancel, &["diff", "--numstat", old, h]).await {
+                            for (path, add, del) in parse_numstat(&ns.stdout) {
                                 obs.push(format!("committed: {path} (+{add} −{del})"));
                             }
                         }
                     }
                 }
             }
+            // Line counts only for the tracked paths that changed during the attempt, so the
+            // diff costs O(changed files), not O(dirty files) or O(repository).
+            let touched: Vec<&str> = d1
+                .iter()
+                .filter(|(p, (code, st))| {
+                    code != "??" && d0.get(*p).is_none_or(|(_, before)| before != st)
+                })
+                .map(|(p, _)| p.as_str())
+                .collect();
             let numstat: BTreeMap<String, (String, String)> = match h1 {
-                Some(_) => git(ws, env, cancel, &["diff", "--numstat", "HEAD"])
-                    .await
-                    .map(|s| {
-                        parse_numstat(&s)
-                            .into_iter()
-                            .map(|(p, a, d)| (p, (a, d)))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                None => BTreeMap::new(),
+                Some(_) if !touched.is_empty() => {
+                    // Paths as literal pathspecs; past a few thousand, one diff of everything
+                    // keeps the argv bounded.
+                    let mut args = vec!["--literal-pathspecs", "diff", "--numstat", "HEAD"];
+                    if touched.len() <= 2_000 {
+                        args.push("--");
+                        args.extend(touched.iter().copied());
+                    }
+                    git(ws, env, cancel, &args)
+                        .await
+                        .map(|s| {
+                            parse_numstat(&s.stdout)
+                                .into_iter()
+                                .map(|(p, a, d)| (p, (a, d)))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                }
+                _ => BTreeMap::new(),
             };
             let paths: BTreeSet<&String> = d0.keys().chain(d1.keys()).collect();
             for path in paths {
@@ -271,33 +410,173 @@ pub async fn observe(
                         Some(describe_git(path, code, b, a.lines, &numstat))
                     }
                     (None, Some((code, b))) => Some(describe_git(path, code, b, 0, &numstat)),
-                    // Dirty before, clean now: reverted or committed.
-                    (Some(_), None) if h0 == h1 => Some(format!("reverted: {path}")),
+                    // Dirty before, clean now: reverted or committed. Not claimed when a
+                    // listing was cut: the path may only be missing from it.
+                    (Some(_), None) if h0 == h1 && !incomplete => Some(format!("reverted: {path}")),
                     _ => None,
                 };
                 obs.extend(line);
             }
-        }
-        (Snapshot::Walk { files: f0 }, Snapshot::Walk { files: f1 }) => {
-            let paths: BTreeSet<&String> = f0.keys().chain(f1.keys()).collect();
-            for path in paths {
-                match (f0.get(path), f1.get(path)) {
-                    (None, Some(b)) => obs.push(format!("added: {path} (+{} lines)", b.lines)),
-                    (Some(a), None) => obs.push(format!("deleted: {path} (−{} lines)", a.lines)),
-                    (Some(a), Some(b)) if changed(a, b) => obs.push(format!(
-                        "modified: {path} ({} → {} lines)",
-                        a.lines, b.lines
-                    )),
-                    _ => {}
-                }
+            if incomplete {
+                obs.push(format!(
+                    "git status printed more than {} MiB: the list of changes is incomplete",
+                    GIT_OUTPUT_CAP / (1024 * 1024)
+                ));
             }
+        }
+        (
+            Snapshot::Walk {
+                files: f0,
+                capped: c0,
+                taken_ns,
+                git_error: e0,
+            },
+            Snapshot::Walk {
+                files: f1,
+                capped: c1,
+                git_error: e1,
+                ..
+            },
+        ) => {
+            let root = ws.to_path_buf();
+            let (c0, c1, t0) = (*c0, *c1, *taken_ns);
+            // Paths on one side only need a stat when a cap may hide them: off the runtime.
+            let lines = {
+                let (f0, f1) = (f0.clone(), f1.clone());
+                tokio::task::spawn_blocking(move || diff_walks(&root, &f0, &f1, c0, c1, t0))
+                    .await
+                    .unwrap_or_default()
+            };
+            obs.extend(lines);
+            if c0 || c1 {
+                obs.push(format!(
+                    "the file walk stopped at its cap of {} files: changes past it are not listed",
+                    group_digits(limits.walk_cap)
+                ));
+            }
+            if let Some(e) = e1.as_ref().or(e0.as_ref()) {
+                obs.push(format!(
+                    "git could not read this work tree ({e}); changes were found by a file walk"
+                ));
+            }
+        }
+        (
+            Snapshot::Walk {
+                git_error: Some(e), ..
+            },
+            _,
+        )
+        | (
+            _,
+            Snapshot::Walk {
+                git_error: Some(e), ..
+            },
+        ) => {
+            return vec![format!(
+                "{UNAVAILABLE_PREFIX}git could read the work tree at only one end of the attempt: {e}"
+            )];
         }
         _ => obs.push("workspace became (or stopped being) a git repository".into()),
     }
     if obs.is_empty() {
         obs.push(UNCHANGED.into());
     }
+    bound_lines(obs, limits.max_lines)
+}
+
+/// The diff of two walks. A cap on the later walk hides files, so a path seen only before
+/// is checked on disk before it is called deleted; a cap on the earlier walk means a path
+/// seen only after may have existed unseen, so it is listed only when newer than that walk.
+fn diff_walks(
+    root: &Path,
+    f0: &BTreeMap<String, FileState>,
+    f1: &BTreeMap<String, FileState>,
+    capped_before: bool,
+    capped_after: bool,
+    taken_ns: i128,
+) -> Vec<String> {
+    let mut obs = Vec::new();
+    let paths: BTreeSet<&String> = f0.keys().chain(f1.keys()).collect();
+    for path in paths {
+        match (f0.get(path), f1.get(path)) {
+            (None, Some(b)) if !capped_before => {
+                obs.push(format!("added: {path} (+{} lines)", b.lines))
+            }
+            (None, Some(b)) if b.mtime_ns >= taken_ns => obs.push(format!(
+                "added or changed: {path} ({} lines; not seen by the capped walk before)",
+                b.lines
+            )),
+            (None, Some(_)) => {}
+            (Some(a), None) if capped_after => {
+                let now = file_state(&root.join(path));
+                if !now.exists {
+                    obs.push(format!("deleted: {path} (−{} lines)", a.lines));
+                } else if changed(a, &now) {
+                    obs.push(format!(
+                        "modified: {path} ({} → {} lines)",
+                        a.lines, now.lines
+                    ));
+                }
+            }
+            (Some(a), None) => obs.push(format!("deleted: {path} (−{} lines)", a.lines)),
+            (Some(a), Some(b)) if changed(a, b) => obs.push(format!(
+                "modified: {path} ({} → {} lines)",
+                a.lines, b.lines
+            )),
+            _ => {}
+        }
+    }
     obs
+}
+
+/// What the workspace holds against its baseline, for a verification run with no attempt
+/// before it (`hub-sidecar verify`): in git, the uncommitted changes against HEAD; elsewhere,
+/// every file (as added).
+pub async fn against_baseline(
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+) -> Vec<String> {
+    let baseline = match snapshot(ws, env, cancel).await {
+        Snapshot::Git { head, .. } => Snapshot::Git {
+            head,
+            dirty: BTreeMap::new(),
+            incomplete: false,
+        },
+        Snapshot::Walk { git_error, .. } => Snapshot::Walk {
+            files: BTreeMap::new(),
+            capped: false,
+            taken_ns: 0,
+            git_error,
+        },
+    };
+    observe(&baseline, ws, env, cancel).await
+}
+
+/// At most `max` lines, then one saying how many more there were.
+fn bound_lines(mut obs: Vec<String>, max: usize) -> Vec<String> {
+    if obs.len() > max {
+        let left_out = obs.len() - max;
+        obs.truncate(max);
+        obs.push(format!(
+            "… and {} more changes not listed",
+            group_digits(left_out)
+        ));
+    }
+    obs
+}
+
+/// 4312 → "4,312".
+fn group_digits(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn changed(a: &FileState, b: &FileState) -> bool {
@@ -342,76 +621,5 @@ fn parse_numstat(s: &str) -> Vec<(String, String, String)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn walk_reports_added_modified_deleted_and_ignores_build_dirs() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path();
-        std::fs::write(ws.join("keep.txt"), "a\nb\n").unwrap();
-        std::fs::write(ws.join("gone.txt"), "1\n2\n3\n").unwrap();
-        std::fs::write(ws.join("same.txt"), "s\n").unwrap();
-        let env = ChildEnv::inherit();
-        let c = CancellationToken::new();
-        let before = snapshot(ws, &env, &c).await;
-        assert!(matches!(before, Snapshot::Walk { .. }));
-        assert_eq!(
-            observe(&before, ws, &env, &c).await,
-            vec![UNCHANGED.to_string()]
-        );
-        std::fs::write(ws.join("keep.txt"), "a\nb\nc\n").unwrap();
-        std::fs::remove_file(ws.join("gone.txt")).unwrap();
-        std::fs::create_dir_all(ws.join("src")).unwrap();
-        std::fs::write(ws.join("src/new.rs"), "x\ny\n").unwrap();
-        std::fs::create_dir_all(ws.join("target/debug")).unwrap();
-        std::fs::write(ws.join("target/debug/junk"), "j").unwrap();
-        let obs = observe(&before, ws, &env, &c).await;
-        assert_eq!(
-            obs,
-            vec![
-                "deleted: gone.txt (−3 lines)".to_string(),
-                "modified: keep.txt (2 → 3 lines)".to_string(),
-                "added: src/new.rs (+2 lines)".to_string(),
-            ]
-        );
-        assert!(!is_unchanged(&obs));
-    }
-
-    #[tokio::test]
-    async fn git_reports_changes_and_head_moves() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path();
-        crate::verify::test_support::git(ws, &["init", "-q"]);
-        std::fs::write(ws.join("a.txt"), "1\n2\n").unwrap();
-        crate::verify::test_support::git(ws, &["add", "."]);
-        crate::verify::test_support::git(ws, &["commit", "-qm", "init"]);
-        let env = ChildEnv::inherit();
-        let c = CancellationToken::new();
-        let before = snapshot(ws, &env, &c).await;
-        assert!(matches!(before, Snapshot::Git { .. }));
-        assert_eq!(
-            observe(&before, ws, &env, &c).await,
-            vec![UNCHANGED.to_string()]
-        );
-        std::fs::write(ws.join("a.txt"), "1\n2\n3\n").unwrap();
-        std::fs::write(ws.join("b.txt"), "new\n").unwrap();
-        let obs = observe(&before, ws, &env, &c).await;
-        assert_eq!(
-            obs,
-            vec![
-                "modified: a.txt (+1 −0 vs HEAD)".to_string(),
-                "added: b.txt (+1 lines)".to_string()
-            ]
-        );
-        let before = snapshot(ws, &env, &c).await;
-        crate::verify::test_support::git(ws, &["add", "."]);
-        crate::verify::test_support::git(ws, &["commit", "-qm", "more"]);
-        let obs = observe(&before, ws, &env, &c).await;
-        assert!(obs[0].starts_with("HEAD moved to "), "{obs:?}");
-        assert!(
-            obs.iter().any(|o| o == "committed: b.txt (+1 −0)"),
-            "{obs:?}"
-        );
-    }
-}
+#[path = "observe_tests.rs"]
+mod tests;

@@ -4,6 +4,12 @@
 //! The corrective prompt always restates the ORIGINAL task (never a previous corrective
 //! prompt), so the instructions do not drift across attempts; only the latest failure is
 //! shown in full, earlier attempts get one line each to keep the prompt bounded.
+//!
+//! A failed check's output is cut by [`excerpt`], not from the front: test runners print the
+//! passing lines first and the failure last, so the prompt keeps the head, the tail (where
+//! stderr lands in the combined output) and the lines around failure markers (`FAILED`,
+//! `panicked`, `Error`, `assert`, …), and says how much was cut. Only `fail` and `timeout`
+//! checks are shown as failures: a check that errored stops the loop before any re-prompt.
 
 use crate::task::Task;
 use crate::util::truncate_chars;
@@ -13,7 +19,106 @@ use super::report::CheckStatus;
 use super::retry_loop::AttemptRecord;
 
 /// Characters of a failed check's output shown in a corrective prompt.
-pub const CHECK_OUTPUT_CHARS: usize = 500;
+pub const CHECK_OUTPUT_CHARS: usize = 2_000;
+
+/// Substrings that mark a line as part of a failure report.
+const FAILURE_MARKERS: &[&str] = &[
+    "FAILED",
+    "FAIL",
+    "panicked",
+    "Error",
+    "error",
+    "assert",
+    "Assert",
+    "Traceback",
+    "expected",
+];
+/// Lines kept on each side of a marker line.
+const MARKER_CONTEXT: usize = 2;
+/// A single line is never longer than this in an excerpt.
+const MAX_LINE_CHARS: usize = 300;
+
+/// `output` within about `budget` characters: the head, the tail and the lines around
+/// failure markers, in their original order, with "[… N lines cut …]" where lines were
+/// left out and a first line saying how much is shown.
+pub fn excerpt(output: &str, budget: usize) -> String {
+    let output = output.trim_end();
+    if output.chars().count() <= budget {
+        return output.to_string();
+    }
+    let lines: Vec<String> = output
+        .lines()
+        .map(|l| {
+            if l.chars().count() > MAX_LINE_CHARS {
+                format!("{} […]", truncate_chars(l, MAX_LINE_CHARS))
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    let n = lines.len();
+    let cost = |i: usize| lines[i].chars().count() + 1;
+    let mut keep = vec![false; n];
+    let mut used = 0usize;
+    let take = |i: usize, keep: &mut Vec<bool>, used: &mut usize, limit: usize| -> bool {
+        if keep[i] {
+            return true;
+        }
+        if *used + cost(i) > limit {
+            return false;
+        }
+        keep[i] = true;
+        *used += cost(i);
+        true
+    };
+    // Tail first (the failure is usually printed last), then the marker windows from the
+    // end backwards, then the head with what is left.
+    let tail_budget = budget * 2 / 5;
+    for i in (0..n).rev() {
+        if !take(i, &mut keep, &mut used, tail_budget) {
+            break;
+        }
+    }
+    let marker_budget = budget * 17 / 20;
+    'markers: for i in (0..n).rev() {
+        if !FAILURE_MARKERS.iter().any(|m| lines[i].contains(m)) {
+            continue;
+        }
+        let lo = i.saturating_sub(MARKER_CONTEXT);
+        let hi = (i + MARKER_CONTEXT).min(n - 1);
+        for j in lo..=hi {
+            if !take(j, &mut keep, &mut used, marker_budget) {
+                break 'markers;
+            }
+        }
+    }
+    for i in 0..n {
+        if !take(i, &mut keep, &mut used, budget) {
+            break;
+        }
+    }
+    let shown = keep.iter().filter(|k| **k).count();
+    let mut s = format!(
+        "[output cut to fit: {shown} of {n} lines shown — the head, the tail and the lines around failure markers]\n"
+    );
+    let mut gap = 0usize;
+    for (i, line) in lines.iter().enumerate() {
+        if keep[i] {
+            if gap > 0 {
+                s.push_str(&format!("[… {gap} lines cut …]\n"));
+                gap = 0;
+            }
+            s.push_str(line);
+            s.push('\n');
+        } else {
+            gap += 1;
+        }
+    }
+    if gap > 0 {
+        s.push_str(&format!("[… {gap} lines cut …]\n"));
+    }
+    s.trim_end().to_string()
+}
 /// Characters of the previous attempt's output shown in a corrective prompt.
 pub const PREVIOUS_OUTPUT_CHARS: usize = 1_000;
 
@@ -59,14 +164,14 @@ pub fn corrective_prompt(
             .report
             .checks
             .iter()
-            .filter(|c| c.status != CheckStatus::Pass)
+            .filter(|c| matches!(c.status, CheckStatus::Fail | CheckStatus::Timeout))
         {
             s.push_str(&format!(
                 "- type: {} | target: {} | status: {}\n  output: {}\n",
                 c.check_type,
                 c.target,
                 status_str(c.status),
-                truncate_chars(c.output.trim(), CHECK_OUTPUT_CHARS).replace('\n', "\n    ")
+                excerpt(c.output.trim(), CHECK_OUTPUT_CHARS).replace('\n', "\n    ")
             ));
         }
         let passed: Vec<_> = last
@@ -111,4 +216,39 @@ pub fn corrective_prompt(
         truncate_chars(previous_output.trim(), PREVIOUS_OUTPUT_CHARS)
     ));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_printed_last_survives_the_cut() {
+        let mut out = String::new();
+        for i in 0..300 {
+            out.push_str(&format!("test tests::case_{i:03} ... ok\n"));
+            if i == 150 {
+                out.push_str("thread 'tests::middle' panicked at src/lib.rs:42:5:\n");
+            }
+        }
+        out.push_str("---- tests::last stdout ----\n");
+        out.push_str("assertion `left == right` failed\n  left: 1\n right: 2\n");
+        out.push_str("test result: FAILED. 299 passed; 1 failed\n");
+        let e = excerpt(&out, CHECK_OUTPUT_CHARS);
+        assert!(e.chars().count() <= CHECK_OUTPUT_CHARS + 200, "{}", e.len());
+        assert!(
+            e.contains("assertion `left == right` failed\n  left: 1\n right: 2"),
+            "{e}"
+        );
+        assert!(e.contains("test result: FAILED"));
+        assert!(e.contains("panicked at src/lib.rs:42:5"), "{e}");
+        assert!(
+            e.contains("test tests::case_000 ... ok"),
+            "the head is kept: {e}"
+        );
+        assert!(e.starts_with("[output cut to fit: "));
+        assert!(e.contains(" lines cut …]"));
+        // Short output is left alone.
+        assert_eq!(excerpt("one\ntwo", 100), "one\ntwo");
+    }
 }

@@ -21,9 +21,17 @@ pub struct CheckResult {
     pub status: CheckStatus,
     pub output: String,
     pub duration_ms: u64,
-    /// Failed first, passed on the re-run: not the LLM's problem.
+    /// Failed first, passed on the re-run. Counted as a pass in the report's summary, but
+    /// the task cannot be `verified` with a flaky check (see the retry loop).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub flaky: bool,
+    /// USD the check itself cost (an `llm_judge` call on claude); counted in the caps.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cost_usd: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -138,6 +138,7 @@ mod tests {
                     output: output.into(),
                     duration_ms: 3,
                     flaky: false,
+                    cost_usd: 0.0,
                 },
                 CheckResult {
                     check_type: "file_exists".into(),
@@ -147,6 +148,7 @@ mod tests {
                     output: "differs freely".into(),
                     duration_ms: 1,
                     flaky: false,
+                    cost_usd: 0.0,
                 },
             ],
             false,

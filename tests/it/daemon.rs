@@ -1,9 +1,10 @@
 //! Daemon core: hub link, task lifecycle, crash-safe state, outbox (issue: daemon core).
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions, RecoveryAnswer};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::util::*;
 
@@ -583,5 +584,79 @@ async fn an_assignment_right_after_a_cancel_is_accepted_and_waits_for_the_old_tr
     assert!(procs_with_arg(&sleep).is_empty());
     assert!(hub.received_of("task_failed").is_empty(), "refused as busy");
     d.stop().await;
+    assert_no_violations(&hub);
+}
+
+/// A stand-in `claude` (test double) costing $0.25 a run, logging each run in the workspace;
+/// its second run hangs (the daemon is killed during it) and records its pid for cleanup.
+fn costly_claude(dir: &Path) -> PathBuf {
+    let path = dir.join("claude");
+    let script = r#"#!/bin/sh
+# Test double for the claude CLI: never fixes anything, costs $0.25 per run.
+echo run >> "$PWD/claude-runs.log"
+n=$(wc -l < "$PWD/claude-runs.log")
+if [ "$n" -eq 2 ]; then echo $$ > "$PWD/hang.pid"; exec sleep 60; fi
+echo '{"type":"result","subtype":"success","is_error":false,"duration_ms":5,"num_turns":1,"result":"Tried.","session_id":"s-c","total_cost_usd":0.25,"usage":{"input_tokens":5,"output_tokens":3}}'
+"#;
+    std::fs::write(&path, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn the_daily_cap_holds_when_the_daemon_restarts_in_the_middle_of_a_task() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let claude = costly_claude(dir.path());
+    let extra = format!(
+        "repo_dir = \"{}\"\n[executor]\nclaude_path = \"{}\"\n[verification]\nmax_cost_usd_per_day = 0.6\nretry_ceiling = 5\n",
+        ws.display(),
+        claude.display()
+    );
+    let config = write_config(&hub, dir.path(), "test-token", &extra);
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let mut task = sample_shell_task("capped", "unused");
+    task["description"] = json!("Make never.txt appear");
+    task["max_verification_retries"] = json!(5);
+    task["verification_steps"] = json!([{"type": "file_exists", "target": "never.txt"}]);
+    task["routing_decision"]["target_type"] = json!("claude");
+    task["complexity"]["effective_tier"] = json!("standard");
+    hub.assign(task);
+    // Run 1 costs $0.25; the daemon dies during run 2.
+    let pid_file = ws.join("hang.pid");
+    assert!(wait_until(|| pid_file.exists(), T).await, "{}", bin.logs());
+    bin.kill9().await;
+    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+        let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+    }
+    hub.set_recovery_answer("capped", RecoveryAnswer::Continue);
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    let done = hub
+        .wait_for_type("task_complete", T)
+        .await
+        .expect("the continued task ends");
+    let r = &done["result"];
+    assert_eq!(r["termination_reason"], "budget_exhausted", "{done:#}");
+    // Resumed with $0.25 spent and attempt 1 done: attempt 2 (cut short) runs again, then
+    // attempt 3, bringing the day to $0.75; the cap stops the next one before it runs. A
+    // daemon that forgot the day would have run 3 more ($1.00 in all).
+    let runs = std::fs::read_to_string(ws.join("claude-runs.log")).unwrap();
+    assert_eq!(runs.lines().count(), 4, "{}", bin.logs());
+    assert!(
+        (r["estimated_cost_usd"].as_f64().unwrap() - 0.75).abs() < 1e-9,
+        "{r}"
+    );
+    let history = done["verification_history"].as_array().unwrap();
+    assert_eq!(history[0]["run_number"], 2, "the attempt count resumed");
+    let ledger: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("spend.json")).unwrap())
+            .unwrap();
+    assert!((ledger["spent_today_usd"].as_f64().unwrap() - 0.75).abs() < 1e-9);
+    bin.signal("TERM");
+    assert_eq!(bin.wait(T).await, Some(0));
     assert_no_violations(&hub);
 }

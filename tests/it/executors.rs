@@ -561,12 +561,40 @@ mod ollama {
             reqs[0]["messages"],
             json!([{"role": "user", "content": "say hello"}])
         );
+        // A follow-up is short: the corrective prompt alone (it restates the task and sums
+        // up the earlier attempts), never the transcript plus another copy of the task.
         assert_eq!(
             reqs[1]["messages"],
-            json!([{"role": "user", "content": "say hello"},
-                   {"role": "assistant", "content": "Hello, world"},
-                   {"role": "user", "content": "now fix it"}])
+            json!([{"role": "user", "content": "now fix it"}])
         );
+        assert_eq!(reqs[0]["options"]["num_ctx"], 16_384);
+        assert_eq!(reqs[1]["options"]["num_ctx"], 16_384);
+    }
+
+    #[tokio::test]
+    async fn a_prompt_that_fills_num_ctx_is_reported() {
+        let server = FakeOllama::start(vec![streamed(&["ok"], 4096, 1)]).await;
+        let ws = tempfile::tempdir().unwrap();
+        let (out, events) = run(&server, task(&server, false, "standard"), ws.path(), |c| {
+            c.executor.ollama_num_ctx = 4096
+        })
+        .await;
+        assert_eq!(out.status, ExecStatus::Succeeded);
+        assert_eq!(server.requests()[0]["options"]["num_ctx"], 4096);
+        let errors = kinds(&events, EventKind::Error);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.text.contains("num_ctx 4096") && e.text.contains("cut its beginning")),
+            "{errors:?}"
+        );
+        // Well inside the window: nothing reported.
+        let server = FakeOllama::start(vec![streamed(&["ok"], 100, 1)]).await;
+        let (_, events) = run(&server, task(&server, false, "standard"), ws.path(), |c| {
+            c.executor.ollama_num_ctx = 4096
+        })
+        .await;
+        assert!(kinds(&events, EventKind::Error).is_empty());
     }
 
     #[tokio::test]

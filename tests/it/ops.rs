@@ -636,6 +636,130 @@ async fn run_task_runs_the_shell_example_offline_and_verify_agrees() {
 }
 
 #[tokio::test]
+async fn verify_can_pass_an_llm_judge_check() {
+    let fake = crate::fakes::FakeOllama::answering(
+        r#"{"match": true, "confidence": 0.95, "reason": "the file is there"}"#,
+        2,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("hello.txt"), "hello\n").unwrap();
+    let task = dir.path().join("t.json");
+    std::fs::write(
+        &task,
+        json!({"task_id": "judged", "description": "Write hello.txt",
+            "routing_decision": {"selected_endpoint": fake.addr.to_string(), "selected_model": "m"},
+            "verification_steps": [{"type": "llm_judge", "target": "hello.txt exists"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let (code, out, err) = run_bin(
+        &[
+            "verify",
+            task.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["checks"][0]["status"], "pass", "{out}");
+    let asked = fake.requests();
+    assert_eq!(asked.len(), 1);
+    assert!(asked[0].to_string().contains("added: hello.txt (+1 lines)"));
+}
+
+#[tokio::test]
+async fn verify_exits_non_zero_on_malformed_verification_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("present.txt"), "x").unwrap();
+    let task = dir.path().join("t.json");
+    for steps in [
+        json!([{"type": "file_exists", "target": "present.txt"}, "file_exists present.txt"]),
+        json!({"type": "file_exists", "target": "present.txt"}),
+    ] {
+        std::fs::write(
+            &task,
+            json!({"task_id": "bad-steps", "verification_steps": steps}).to_string(),
+        )
+        .unwrap();
+        let (code, out, err) = run_bin(
+            &[
+                "verify",
+                task.to_str().unwrap(),
+                "--workspace",
+                dir.path().to_str().unwrap(),
+            ],
+            &[],
+        )
+        .await;
+        assert_eq!(
+            code,
+            Some(1),
+            "a malformed step must never verify:\n{out}\n{err}"
+        );
+        let report: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(report["status"], "error", "{out}");
+        assert!(
+            out.contains("verification_steps"),
+            "the bad element is named: {out}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn run_task_with_a_relative_workspace_observes_the_git_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    for args in [
+        &["init", "-q"][..],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "i",
+        ],
+    ] {
+        let ok = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&ws)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+    let task = dir.path().join("t.json");
+    let mut t = sample_shell_task("relative-ws", "echo hi > made.txt");
+    t["verification_steps"] = json!([{"type": "file_exists", "target": "made.txt"}]);
+    std::fs::write(&task, t.to_string()).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-sidecar"))
+        .args(["run-task", "t.json", "--workspace", "ws"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .env_remove("HUB_SIDECAR_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|_| panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let obs = &v["verification_history"][0]["observations"];
+    assert_eq!(obs, &json!(["added: made.txt (+1 lines)"]), "{v:#}");
+}
+
+#[tokio::test]
 async fn run_task_with_a_failing_task_exits_non_zero_and_prints_the_result() {
     let dir = tempfile::tempdir().unwrap();
     let task = dir.path().join("t.json");

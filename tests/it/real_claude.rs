@@ -19,7 +19,7 @@ use hub_sidecar::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus};
 use hub_sidecar::process::ChildEnv;
 use hub_sidecar::progress::ProgressSink;
 use hub_sidecar::task::Task;
-use hub_sidecar::verify::judge::judge_check_with_cost;
+use hub_sidecar::verify::judge::judge_check;
 use hub_sidecar::verify::report::CheckStatus;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -190,8 +190,8 @@ async fn real_cli_the_claude_judge_answers_from_a_scratch_dir_and_reports_its_co
     let (ws, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let ctx = context(&claude, &api, ws.path(), home.path());
     let obs = vec!["added hello.txt (3 bytes)".to_string()];
-    let o = judge_check_with_cost(&ctx, "hello.txt exists", &obs, Duration::from_secs(60)).await;
-    assert_eq!(o.status, CheckStatus::Pass, "{}", o.detail);
+    let o = judge_check(&ctx, "hello.txt exists", &obs, Duration::from_secs(60)).await;
+    assert_eq!(o.status, CheckStatus::Pass, "{}", o.output);
     assert!(o.cost_usd > 0.0, "the judge's cost is reported");
     let (_, body) = &api.requests()[0];
     assert_eq!(
@@ -213,12 +213,12 @@ async fn real_cli_the_claude_judge_answers_from_a_scratch_dir_and_reports_its_co
     ))
     .await;
     let ctx = context(&claude, &denied, ws.path(), home.path());
-    let o = judge_check_with_cost(&ctx, "hello.txt exists", &obs, Duration::from_secs(60)).await;
+    let o = judge_check(&ctx, "hello.txt exists", &obs, Duration::from_secs(60)).await;
     assert_eq!(o.status, CheckStatus::Error);
     assert!(
-        o.detail.contains("authentication failed") && o.detail.contains("Invalid API key"),
+        o.output.contains("authentication failed") && o.output.contains("Invalid API key"),
         "{}",
-        o.detail
+        o.output
     );
 }
 
