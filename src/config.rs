@@ -228,6 +228,9 @@ pub struct ExecutorConfig {
     /// silently cuts the beginning of a longer prompt, so it is set explicitly and a prompt
     /// that fills it is reported.
     pub ollama_num_ctx: u32,
+    /// Let the agentic Ollama loop use a plain `http://` endpoint on another host. Off: tool
+    /// calls come from whoever answers on the network path, so only loopback or `https://`.
+    pub ollama_allow_insecure_remote: bool,
     pub ollama_model: String,
     /// Per-HTTP-call timeout for Ollama.
     pub ollama_timeout_secs: u64,
@@ -262,6 +265,7 @@ impl Default for ExecutorConfig {
             claude_result_grace_ms: 2_000,
             ollama_model: "qwen3:8b".into(),
             ollama_num_ctx: 16_384,
+            ollama_allow_insecure_remote: false,
             ollama_timeout_secs: 120,
             shell_timeout_ms: 60_000,
             shell_retries: 1,

@@ -91,6 +91,11 @@ struct ChatReply {
     tokens_out: u64,
 }
 
+/// Bounds on one `/api/chat` response: a long answer is a few MiB; more is an endpoint that
+/// misbehaves.
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
+const MAX_LINE_BYTES: usize = 8 << 20;
+
 impl OllamaExecutor {
     /// Endpoint: `routing_decision.selected_endpoint` (`host:port`), else `ollama_url`, else
     /// [`DEFAULT_URL`]. Model: `routing_decision.selected_model`, else `executor.ollama_model`.
@@ -108,6 +113,18 @@ impl OllamaExecutor {
         } else {
             format!("http://{}", endpoint.trim_end_matches('/'))
         };
+        let agentic = ctx.task.metadata.agentic.unwrap_or(true);
+        // An agentic loop executes what the answer says: the answer must come from this
+        // host or over TLS, not from whoever sits on the network path.
+        if agentic
+            && base_url.starts_with("http://")
+            && !crate::hub::link::is_loopback_url(&base_url)
+            && !ctx.config.executor.ollama_allow_insecure_remote
+        {
+            return Err(format!(
+                "refused: the agentic Ollama loop would run tool calls answered over plain http by {base_url}; use an https:// endpoint, run Ollama on this host, or set executor.ollama_allow_insecure_remote = true if the network path is trusted"
+            ));
+        }
         let model = rd
             .and_then(|r| r.selected_model.as_deref())
             .map(str::trim)
@@ -118,7 +135,7 @@ impl OllamaExecutor {
             client: None,
             base_url,
             model,
-            agentic: ctx.task.metadata.agentic.unwrap_or(true),
+            agentic,
             messages: Vec::new(),
             tools: None,
         })
@@ -469,11 +486,21 @@ impl OllamaExecutor {
             },
         };
         let mut buf: Vec<u8> = Vec::new();
+        let mut total = 0usize;
         while let Some(chunk) = resp
             .chunk()
             .await
             .map_err(|e| format!("reading the response failed: {e}"))?
         {
+            // A server that never stops (or never ends a line) must not grow the daemon.
+            total += chunk.len();
+            if total > MAX_RESPONSE_BYTES || buf.len() + chunk.len() > MAX_LINE_BYTES {
+                return Err(format!(
+                    "the response exceeded {} MiB (or a line {} MiB); refusing to read more",
+                    MAX_RESPONSE_BYTES >> 20,
+                    MAX_LINE_BYTES >> 20
+                ));
+            }
             buf.extend_from_slice(&chunk);
             while let Some(i) = buf.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=i).collect();

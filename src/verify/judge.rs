@@ -257,9 +257,22 @@ async fn ask_ollama(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<
             .await
             .map_err(|e| format!("judge request to {url} failed: {e}"))?;
         let status = resp.status();
-        let v: Value = resp
-            .json()
+        // A verdict is a few hundred bytes: read at most 1 MiB of whatever answers.
+        let mut resp = resp;
+        let mut raw = Vec::new();
+        while let Some(c) = resp
+            .chunk()
             .await
+            .map_err(|e| format!("reading the judge's answer from {url} failed: {e}"))?
+        {
+            if raw.len() + c.len() > 1 << 20 {
+                return Err(format!(
+                    "the judge at {url} answered more than 1 MiB; refused"
+                ));
+            }
+            raw.extend_from_slice(&c);
+        }
+        let v: Value = serde_json::from_slice(&raw)
             .map_err(|e| format!("judge response from {url} is not JSON ({status}): {e}"))?;
         if !status.is_success() {
             return Err(format!("judge at {url} answered {status}: {v}"));

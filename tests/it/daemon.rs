@@ -610,7 +610,7 @@ async fn the_daily_cap_holds_when_the_daemon_restarts_in_the_middle_of_a_task() 
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
     std::fs::create_dir(&ws).unwrap();
-    let claude = costly_claude(dir.path());
+    let claude = costly_claude(&probe(dir.path()));
     let extra = format!(
         "repo_dir = \"{}\"\n[executor]\nclaude_path = \"{}\"\n[verification]\nmax_cost_usd_per_day = 0.6\nretry_ceiling = 5\n",
         ws.display(),

@@ -515,6 +515,62 @@ mod ollama {
         (ex.execute(&ctx, &attempt("do it")).await, events)
     }
 
+    /// The agentic loop runs what the answer says: plain http to another host is refused
+    /// before any request (the name below is never resolved), unless the operator opts in;
+    /// plain chat there is fine, and so is loopback.
+    #[tokio::test]
+    async fn the_agentic_loop_refuses_plain_http_to_another_host_unless_allowed() {
+        let ws = tempfile::tempdir().unwrap();
+        let remote = |agentic: bool| {
+            json!({"task_id": "t", "description": "d", "metadata": {"agentic": agentic},
+                "routing_decision": {"target_type": "ollama", "selected_endpoint": "gpu-box.invalid:11434", "selected_model": "m"}})
+        };
+        let (ctx, _) = context(remote(true), ws.path(), ChildEnv::inherit(), |_| {});
+        let err = OllamaExecutor::new(&ctx).err().expect("refused");
+        assert!(
+            err.contains("refused") && err.contains("ollama_allow_insecure_remote"),
+            "{err}"
+        );
+        let (ctx, _) = context(remote(true), ws.path(), ChildEnv::inherit(), |c| {
+            c.executor.ollama_allow_insecure_remote = true
+        });
+        assert!(OllamaExecutor::new(&ctx).is_ok());
+        let (ctx, _) = context(remote(false), ws.path(), ChildEnv::inherit(), |_| {});
+        assert!(
+            OllamaExecutor::new(&ctx).is_ok(),
+            "plain chat runs no tools"
+        );
+        let local = json!({"task_id": "t", "description": "d",
+            "routing_decision": {"target_type": "ollama", "selected_endpoint": "127.0.0.1:11434"}});
+        let (ctx, _) = context(local, ws.path(), ChildEnv::inherit(), |_| {});
+        assert!(OllamaExecutor::new(&ctx).is_ok());
+    }
+
+    /// An endpoint that never stops answering cannot grow the daemon without bound.
+    #[tokio::test]
+    async fn an_endless_response_is_cut_off() {
+        // One line of 9 MiB, never finished by a newline the parser could use.
+        let big = json!("x".repeat(9 << 20));
+        // Every try of the executor's retries gets the same.
+        let server = FakeOllama::start(
+            (0..3)
+                .map(|_| crate::fakes::Reply::Ndjson(vec![big.clone()]))
+                .collect(),
+        )
+        .await;
+        let ws = tempfile::tempdir().unwrap();
+        let (out, _) = run(&server, task(&server, false, "standard"), ws.path(), |_| {}).await;
+        assert_eq!(out.status, ExecStatus::Failed);
+        assert!(
+            out.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("refusing to read more"),
+            "{:?}",
+            out.error
+        );
+    }
+
     #[tokio::test]
     async fn plain_streaming_counts_tokens_and_keeps_history() {
         let server = FakeOllama::start(vec![

@@ -258,7 +258,7 @@ async fn a_budget_stop_is_recorded_as_the_reason_the_loop_ended() {
             .any(|e| e["text"]
                 .as_str()
                 .unwrap()
-                .contains("stopping: per-task cost cap reached")),
+                .contains("stopping before spending: the per-task cost cap")),
         "{s:#}"
     );
     assert_eq!(
