@@ -471,7 +471,7 @@ async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec<Row> {
         .count();
     d.stop().await;
 
-    let fsync = fsync_cost(200, base);
+    let (fsync, floor) = fsync_cost(200, base).await;
     let acc = Stats::new(accepted);
     let done = Stats::new(complete);
     vec![
@@ -501,10 +501,17 @@ async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec<Row> {
             Some(done.median() <= 4.0),
         ),
         Row::new(
-            &format!("3d. `state::write_atomic` alone, 200 × ({label})"),
+            &format!("3d. one state change (journal append + fdatasync), 200 × ({label})"),
             "—",
             "— (no fsync)",
             format!("p50 {:.2} ms, p99 {:.2} ms", fsync.median(), fsync.p(0.99)),
+            None,
+        ),
+        Row::new(
+            &format!("3e. floor: bare 1 KB append + fdatasync, 200 × ({label})"),
+            "—",
+            "—",
+            format!("p50 {:.2} ms, p99 {:.2} ms", floor.median(), floor.p(0.99)),
             None,
         ),
     ]
@@ -517,21 +524,41 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-/// `state::write_atomic` of a state-sized file (an active task), `n` times, in a temp dir
-/// under `base`: what one durable state write costs on that file system.
-fn fsync_cost(n: usize, base: &Path) -> Stats {
+/// One durable state change as the daemon makes it (`StateStore::set_active` of an active
+/// task: a journal append + `fdatasync`), `n` times, in a temp dir under `base`; and the
+/// physical floor beside it: a bare 1 KB append + `fdatasync` on the same file system.
+async fn fsync_cost(n: usize, base: &Path) -> (Stats, Stats) {
+    use hub_sidecar::state::{ActiveTask, Phase, StateStore};
     let dir = tempfile::tempdir_in(base).expect("temp dir");
-    let path = dir.path().join("queue.json");
-    let state = json!({"version": 1, "active": {"task": sample_shell_task("fsync", "true"),
-        "phase": "running", "accepted_at": 0}, "outbox": []});
-    let bytes = serde_json::to_vec_pretty(&state).expect("json");
+    let store = StateStore::new(dir.path().join("queue.json"));
+    store.load().await.expect("load");
+    let task =
+        hub_sidecar::task::Task::from_value(sample_shell_task("fsync", "true")).expect("task");
     let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
+    for i in 0..n {
+        let active = (i % 2 == 0).then(|| ActiveTask {
+            task: task.clone(),
+            phase: Phase::Running,
+            accepted_at: 0,
+        });
         let t = Instant::now();
-        hub_sidecar::state::write_atomic(&path, &bytes).expect("write_atomic");
+        store.set_active(active).await.expect("journal append");
         v.push(ms(t.elapsed()));
     }
-    Stats::new(v)
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.path().join("floor"))
+        .expect("floor file");
+    let line = [b'x'; 1024];
+    let mut floor = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        std::io::Write::write_all(&mut f, &line).expect("write");
+        f.sync_data().expect("fdatasync");
+        floor.push(ms(t.elapsed()));
+    }
+    (Stats::new(v), Stats::new(floor))
 }
 
 /// Figure 4: `seq 1 200000` with the hub's limiter on and default daemon settings.
