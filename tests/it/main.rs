@@ -9,5 +9,6 @@ mod fakes;
 mod faults;
 mod git;
 mod ops;
+mod outbox;
 mod util;
 mod verify;
