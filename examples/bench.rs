@@ -38,6 +38,8 @@ const T: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 struct Opts {
     quick: bool,
+    /// Run the selected figures this many times and show min / median / max (`--repeat 3`).
+    repeat: usize,
     /// Run only these figures (`--only 3,4`); empty: all.
     only: Vec<u32>,
     out: Option<PathBuf>,
@@ -47,6 +49,7 @@ struct Opts {
 fn parse_args() -> Opts {
     let mut o = Opts {
         quick: false,
+        repeat: 1,
         only: Vec::new(),
         out: None,
         bin: PathBuf::from("target/release/hub-sidecar"),
@@ -55,6 +58,13 @@ fn parse_args() -> Opts {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => o.quick = true,
+            "--repeat" => {
+                o.repeat = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n >= 1)
+                    .unwrap_or(1)
+            }
             "--out" => o.out = args.next().map(PathBuf::from),
             "--only" => {
                 o.only = args
@@ -66,7 +76,9 @@ fn parse_args() -> Opts {
             }
             "--bin" => o.bin = args.next().map(PathBuf::from).unwrap_or(o.bin),
             "-h" | "--help" => {
-                println!("usage: bench [--quick] [--only 1,2,..] [--out FILE] [--bin PATH]");
+                println!(
+                    "usage: bench [--quick] [--repeat N] [--only 1,2,..] [--out FILE] [--bin PATH]"
+                );
                 std::process::exit(0);
             }
             other => {
@@ -79,6 +91,7 @@ fn parse_args() -> Opts {
 }
 
 /// One line of the results table.
+#[derive(Clone)]
 struct Row {
     figure: String,
     target: String,
@@ -647,7 +660,7 @@ async fn backlog(o: &Opts, n: usize) -> Vec<Row> {
         "≤ 2 s, ≤ 20 MB",
         "—",
         format!(
-            "{} of {n} sent in {:.0} ms (daemon CPU {:.0} ms); peak RSS {:.1} MB; spawn → identify {:.1} ms with the backlog on disk; state file {:.1} MB → {:.2} MB (seeding it: {:.0} ms)",
+            "{1:.0} ms for {0} of {n} (daemon CPU {2:.0} ms); peak RSS {3:.1} MB; spawn → identify {4:.1} ms with the backlog on disk; state file {5:.1} MB → {6:.2} MB (seeding it: {7:.0} ms)",
             sent.len(),
             drain,
             cpu_ms,
@@ -1071,6 +1084,53 @@ async fn spawn_cost(n: usize) -> Stats {
     Stats::new(v)
 }
 
+/// The first number in a measured text: the figure's headline value ("7.3 MB: …" → 7.3).
+fn headline(measured: &str) -> Option<f64> {
+    let start = measured.find(|c: char| c.is_ascii_digit())?;
+    let num: String = measured[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    num.parse().ok()
+}
+
+/// One row per figure from repeated runs: the median run's text and verdict, with the
+/// headline's min / median / max over the runs appended when there was more than one.
+fn merge_runs(runs: Vec<Vec<Row>>) -> Vec<Row> {
+    let n = runs.len();
+    let mut first = runs.first().cloned().unwrap_or_default();
+    if n < 2 {
+        return first;
+    }
+    for row in &mut first {
+        let mut same: Vec<&Row> = runs
+            .iter()
+            .filter_map(|r| r.iter().find(|x| x.figure == row.figure))
+            .collect();
+        let mut values: Vec<f64> = same.iter().filter_map(|r| headline(&r.measured)).collect();
+        if values.len() != same.len() {
+            continue;
+        }
+        values.sort_by(f64::total_cmp);
+        same.sort_by(|a, b| {
+            headline(&a.measured)
+                .unwrap_or(0.0)
+                .total_cmp(&headline(&b.measured).unwrap_or(0.0))
+        });
+        let median = same[same.len() / 2];
+        row.measured = format!(
+            "{} [{} runs: min {} / median {} / max {}]",
+            median.measured,
+            values.len(),
+            values[0],
+            values[values.len() / 2],
+            values[values.len() - 1]
+        );
+        row.ok = median.ok;
+    }
+    first
+}
+
 fn table(rows: &[Row]) -> String {
     let mut s =
         String::from("| figure | target | Node sidecar | hub-sidecar | |\n|---|---|---|---|---|\n");
@@ -1098,51 +1158,56 @@ async fn main() {
         (1000, 60, 30)
     };
     let run = |n: u32| o.only.is_empty() || o.only.contains(&n);
-    let mut rows = Vec::new();
-    if run(1) {
-        eprintln!("bench: 1 spawn → identify");
-        rows.extend(spawn_to_identify(&o).await);
-    }
-    if run(2) || run(8) {
-        eprintln!("bench: 2, 8 idle RSS and CPU ({idle_secs} s)");
-        rows.extend(idle(&o, &[], "", if run(8) { idle_secs } else { 0 }).await);
-        rows.extend(idle(&o, &[("MALLOC_ARENA_MAX", "2")], " (MALLOC_ARENA_MAX=2)", 0).await);
-    }
-    if run(3) {
-        eprintln!("bench: 3 latency ({tasks} tasks, state on disk, then on tmpfs)");
-        rows.extend(latency(&o, tasks, &std::env::temp_dir(), "state on disk").await);
-        if Path::new("/dev/shm").is_dir() {
-            rows.extend(latency(&o, tasks, Path::new("/dev/shm"), "state on tmpfs").await);
+    let mut runs: Vec<Vec<Row>> = Vec::new();
+    for _ in 0..o.repeat {
+        let mut rows = Vec::new();
+        if run(1) {
+            eprintln!("bench: 1 spawn → identify");
+            rows.extend(spawn_to_identify(&o).await);
         }
+        if run(2) || run(8) {
+            eprintln!("bench: 2, 8 idle RSS and CPU ({idle_secs} s)");
+            rows.extend(idle(&o, &[], "", if run(8) { idle_secs } else { 0 }).await);
+            rows.extend(idle(&o, &[("MALLOC_ARENA_MAX", "2")], " (MALLOC_ARENA_MAX=2)", 0).await);
+        }
+        if run(3) {
+            eprintln!("bench: 3 latency ({tasks} tasks, state on disk, then on tmpfs)");
+            rows.extend(latency(&o, tasks, &std::env::temp_dir(), "state on disk").await);
+            if Path::new("/dev/shm").is_dir() {
+                rows.extend(latency(&o, tasks, Path::new("/dev/shm"), "state on tmpfs").await);
+            }
+        }
+        if run(4) {
+            eprintln!("bench: 4 progress flood");
+            rows.extend(flood(&o).await);
+        }
+        if run(5) {
+            eprintln!("bench: 5 trickle");
+            rows.extend(trickle(&o).await);
+        }
+        if run(6) {
+            eprintln!("bench: 6 check timeout");
+            rows.extend(check_timeout(&o).await);
+        }
+        if run(7) {
+            eprintln!("bench: 7 verification overhead");
+            rows.extend(verify_overhead(&o, overhead_runs).await);
+        }
+        if run(10) {
+            eprintln!("bench: 10 seq 1 20000000 through the shell executor");
+            rows.extend(big_output(&o, 3).await);
+        }
+        if run(11) {
+            eprintln!("bench: 11 ten daemons side by side");
+            rows.extend(side_by_side(&o, 10).await);
+        }
+        if run(9) {
+            eprintln!("bench: 9 backlog of 1000 × 64 KB results");
+            rows.extend(backlog(&o, 1000).await);
+        }
+        runs.push(rows);
     }
-    if run(4) {
-        eprintln!("bench: 4 progress flood");
-        rows.extend(flood(&o).await);
-    }
-    if run(5) {
-        eprintln!("bench: 5 trickle");
-        rows.extend(trickle(&o).await);
-    }
-    if run(6) {
-        eprintln!("bench: 6 check timeout");
-        rows.extend(check_timeout(&o).await);
-    }
-    if run(7) {
-        eprintln!("bench: 7 verification overhead");
-        rows.extend(verify_overhead(&o, overhead_runs).await);
-    }
-    if run(10) {
-        eprintln!("bench: 10 seq 1 20000000 through the shell executor");
-        rows.extend(big_output(&o, 3).await);
-    }
-    if run(11) {
-        eprintln!("bench: 11 ten daemons side by side");
-        rows.extend(side_by_side(&o, 10).await);
-    }
-    if run(9) {
-        eprintln!("bench: 9 backlog of 1000 × 64 KB results");
-        rows.extend(backlog(&o, 1000).await);
-    }
+    let mut rows = merge_runs(runs);
     // Figure 8 was measured with figure 2; keep the table in figure order.
     rows.sort_by_key(|r| {
         let n: String = r.figure.chars().take_while(char::is_ascii_digit).collect();
