@@ -353,6 +353,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_empty_file_is_an_empty_state_and_gets_a_header_on_the_first_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("queue.json");
+        std::fs::write(&path, b"").unwrap();
+        let (store, loaded) = reopen(&path).await;
+        assert!(loaded.active.is_none() && loaded.corrupt.is_none() && loaded.torn.is_none());
+        store.set_active(active("t1")).await.unwrap();
+        let (_, again) = reopen(&path).await;
+        assert!(again.corrupt.is_none(), "{:?}", again.corrupt);
+        assert_eq!(again.active, active("t1"));
+    }
+
+    #[tokio::test]
     async fn a_version_1_file_is_read_and_rewritten_as_a_journal() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("queue.json");

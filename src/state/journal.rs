@@ -187,7 +187,8 @@ impl Journal {
                 j.id = Some(file_id(&file.metadata()?));
                 j.end = good_len;
                 j.file = Some(file);
-                j.needs_rewrite = false;
+                // An empty file has no header yet: the first change writes the whole file.
+                j.needs_rewrite = good_len == 0;
                 if good_len < total_len {
                     let torn = j.keep_torn_tail(good_len, total_len)?;
                     report.torn = Some((torn, total_len - good_len));
@@ -196,8 +197,9 @@ impl Journal {
             Replay::Legacy(state) => {
                 j.adopt(*state);
                 j.file = Some(file);
-                j.rewrite()?;
-                report.upgraded = true;
+                // If the rewrite fails the state is still held in memory and the next change
+                // tries again; the daemon then refuses tasks as with any write failure.
+                report.upgraded = j.rewrite().is_ok();
             }
             Replay::Corrupt(error) => {
                 drop(file);
