@@ -67,6 +67,11 @@ impl Outbox {
         self.entries.is_empty()
     }
 
+    /// The waiting entries, oldest first (e.g. to re-announce their tasks after identify).
+    pub fn iter(&self) -> impl Iterator<Item = &OutboxMeta> {
+        self.entries.iter().map(|p| &p.meta)
+    }
+
     /// Add an entry; returns those dropped to stay within the bound (oldest first).
     pub fn push(&mut self, meta: OutboxMeta) -> Vec<OutboxMeta> {
         self.entries.push(Pending {
@@ -195,6 +200,8 @@ mod tests {
         assert!(o.push(meta(2, "b", 0)).is_empty());
         assert_eq!(o.push(meta(3, "c", 0)), vec![meta(1, "a", 0)]);
         assert_eq!(o.len(), 2);
+        let ids: Vec<&str> = o.iter().map(|m| m.task_id.as_str()).collect();
+        assert_eq!(ids, ["b", "c"]);
     }
 
     #[test]
