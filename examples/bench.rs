@@ -38,6 +38,8 @@ const T: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 struct Opts {
     quick: bool,
+    /// Run the selected figures this many times and show min / median / max (`--repeat 3`).
+    repeat: usize,
     /// Run only these figures (`--only 3,4`); empty: all.
     only: Vec<u32>,
     out: Option<PathBuf>,
@@ -47,6 +49,7 @@ struct Opts {
 fn parse_args() -> Opts {
     let mut o = Opts {
         quick: false,
+        repeat: 1,
         only: Vec::new(),
         out: None,
         bin: PathBuf::from("target/release/hub-sidecar"),
@@ -55,6 +58,13 @@ fn parse_args() -> Opts {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => o.quick = true,
+            "--repeat" => {
+                o.repeat = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n >= 1)
+                    .unwrap_or(1)
+            }
             "--out" => o.out = args.next().map(PathBuf::from),
             "--only" => {
                 o.only = args
@@ -66,7 +76,9 @@ fn parse_args() -> Opts {
             }
             "--bin" => o.bin = args.next().map(PathBuf::from).unwrap_or(o.bin),
             "-h" | "--help" => {
-                println!("usage: bench [--quick] [--only 1,2,..] [--out FILE] [--bin PATH]");
+                println!(
+                    "usage: bench [--quick] [--repeat N] [--only 1,2,..] [--out FILE] [--bin PATH]"
+                );
                 std::process::exit(0);
             }
             other => {
@@ -79,6 +91,7 @@ fn parse_args() -> Opts {
 }
 
 /// One line of the results table.
+#[derive(Clone)]
 struct Row {
     figure: String,
     target: String,
@@ -181,6 +194,18 @@ impl Daemon {
             None => tempfile::tempdir(),
         }
         .expect("temp dir");
+        Daemon::start_with(opts, hub, extra, envs, dir)
+    }
+
+    /// [`Daemon::start`] with `dir` (prepared by the caller, e.g. a state file seeded) as its
+    /// state dir.
+    fn start_with(
+        opts: &Opts,
+        hub: &MockHub,
+        extra: &str,
+        envs: &[(&str, &str)],
+        dir: tempfile::TempDir,
+    ) -> Daemon {
         let config = dir.path().join("hub-sidecar.toml");
         // Top-level keys must come before any table in `extra`.
         let text = format!(
@@ -471,7 +496,7 @@ async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec<Row> {
         .count();
     d.stop().await;
 
-    let fsync = fsync_cost(200, base);
+    let (fsync, floor) = fsync_cost(200, base).await;
     let acc = Stats::new(accepted);
     let done = Stats::new(complete);
     vec![
@@ -501,10 +526,17 @@ async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec<Row> {
             Some(done.median() <= 4.0),
         ),
         Row::new(
-            &format!("3d. `state::write_atomic` alone, 200 × ({label})"),
+            &format!("3d. one state change (journal append + fdatasync), 200 × ({label})"),
             "—",
             "— (no fsync)",
             format!("p50 {:.2} ms, p99 {:.2} ms", fsync.median(), fsync.p(0.99)),
+            None,
+        ),
+        Row::new(
+            &format!("3e. floor: bare 1 KB append + fdatasync, 200 × ({label})"),
+            "—",
+            "—",
+            format!("p50 {:.2} ms, p99 {:.2} ms", floor.median(), floor.p(0.99)),
             None,
         ),
     ]
@@ -517,21 +549,231 @@ async fn settle() {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-/// `state::write_atomic` of a state-sized file (an active task), `n` times, in a temp dir
-/// under `base`: what one durable state write costs on that file system.
-fn fsync_cost(n: usize, base: &Path) -> Stats {
+/// One durable state change as the daemon makes it (`StateStore::set_active` of an active
+/// task: a journal append + `fdatasync`), `n` times, in a temp dir under `base`; and the
+/// physical floor beside it: a bare 1 KB append + `fdatasync` on the same file system.
+async fn fsync_cost(n: usize, base: &Path) -> (Stats, Stats) {
+    use hub_sidecar::state::{ActiveTask, Phase, StateStore};
     let dir = tempfile::tempdir_in(base).expect("temp dir");
-    let path = dir.path().join("queue.json");
-    let state = json!({"version": 1, "active": {"task": sample_shell_task("fsync", "true"),
-        "phase": "running", "accepted_at": 0}, "outbox": []});
-    let bytes = serde_json::to_vec_pretty(&state).expect("json");
+    let store = StateStore::new(dir.path().join("queue.json"));
+    store.load().await.expect("load");
+    let task =
+        hub_sidecar::task::Task::from_value(sample_shell_task("fsync", "true")).expect("task");
     let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
+    for i in 0..n {
+        let active = (i % 2 == 0).then(|| ActiveTask {
+            task: task.clone(),
+            phase: Phase::Running,
+            accepted_at: 0,
+        });
         let t = Instant::now();
-        hub_sidecar::state::write_atomic(&path, &bytes).expect("write_atomic");
+        store.set_active(active).await.expect("journal append");
         v.push(ms(t.elapsed()));
     }
-    Stats::new(v)
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.path().join("floor"))
+        .expect("floor file");
+    let line = [b'x'; 1024];
+    let mut floor = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        std::io::Write::write_all(&mut f, &line).expect("write");
+        f.sync_data().expect("fdatasync");
+        floor.push(ms(t.elapsed()));
+    }
+    (Stats::new(v), Stats::new(floor))
+}
+
+/// Figure 9: a backlog of `n` results of 64 KB each, left on disk by an earlier run (a long
+/// hub outage), delivered to a hub with its rate limit off: the daemon's own cost. The hub
+/// does not know these tasks and refuses each for good (`task_complete_failed`), which is one
+/// answer per frame like an ack. Reported: spawn → identify with the backlog on disk, first
+/// frame → last frame received, the state file's size before and after, and peak RSS.
+async fn backlog(o: &Opts, n: usize) -> Vec<Row> {
+    use hub_sidecar::hub::proto::Outbound;
+    use hub_sidecar::state::{OutboxEntry, PersistedState, StateStore, STATE_VERSION};
+    let hub = hub_unlimited().await;
+    let base = std::env::temp_dir();
+    let seed_dir = tempfile::tempdir_in(&base).expect("temp dir");
+    let output = "x".repeat(64 * 1024);
+    let outbox = (0..n)
+        .map(|i| {
+            let id = format!("backlog-{i}");
+            OutboxEntry {
+                frame: Outbound::TaskComplete {
+                    task_id: id.clone(),
+                    generation: 1,
+                    result: json!({"output": output, "verification_status": "verified"}),
+                    tokens_used: 0,
+                    verification_report: None,
+                    verification_history: Vec::new(),
+                },
+                task_id: id,
+                created_at: epoch_ms_f64() as i64,
+            }
+        })
+        .collect();
+    let seeded = seed_dir.path().join("queue.json");
+    let s0 = Instant::now();
+    StateStore::new(&seeded)
+        .save(&PersistedState {
+            version: STATE_VERSION,
+            active: None,
+            outbox,
+        })
+        .await
+        .expect("seed the backlog");
+    let seed_ms = ms(s0.elapsed());
+    let size_before = std::fs::metadata(&seeded).map(|m| m.len()).unwrap_or(0);
+    let d = Daemon::start_with(o, &hub, UNTHROTTLED, &[], seed_dir);
+    identified(&hub).await;
+    let ticks0 = d.cpu_ticks();
+    let deadline = Instant::now() + T * 4;
+    let terminal = |hub: &MockHub| hub.received_of("task_complete").len();
+    while terminal(&hub) < n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let frames = hub.frames();
+    let id_at = at_of(&frames, true, "identify", None).expect("identify");
+    let sent: Vec<Instant> = frames
+        .iter()
+        .filter(|r| r.inbound && type_of(&r.frame) == "task_complete")
+        .map(|r| r.at)
+        .collect();
+    let hwm = d.status_kb("VmHWM");
+    let cpu_ms = (d.cpu_ticks() - ticks0) as f64 * 1000.0 / clk_tck();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let size_after = std::fs::metadata(d.dir.path().join("queue.json"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let startup = ms(id_at.saturating_duration_since(d.spawned));
+    d.stop().await;
+    let drain = match (sent.first(), sent.last()) {
+        (Some(a), Some(b)) => ms(*b - *a),
+        _ => f64::NAN,
+    };
+    let mb = |b: u64| b as f64 / 1_048_576.0;
+    vec![Row::new(
+        &format!("9. backlog of {n} × 64 KB results drained (hub limiter off)"),
+        "≤ 2 s, ≤ 20 MB",
+        "—",
+        format!(
+            "{1:.0} ms for {0} of {n} (daemon CPU {2:.0} ms); peak RSS {3:.1} MB; spawn → identify {4:.1} ms with the backlog on disk; state file {5:.1} MB → {6:.2} MB (seeding it: {7:.0} ms)",
+            sent.len(),
+            drain,
+            cpu_ms,
+            hwm as f64 / 1024.0,
+            startup,
+            mb(size_before),
+            mb(size_after),
+            seed_ms
+        ),
+        Some(sent.len() == n && drain <= 2000.0 && hwm <= 20 * 1024),
+    )]
+}
+
+/// Figure 10: `seq 1 20000000` (~150 MB of output) through the shell executor with default
+/// settings (hub limiter off so the hub's budget is not what is measured): the daemon's peak
+/// RSS and assign → complete wall time, against `seq` alone writing into a pipe. Median of
+/// `runs` (min–max beside it).
+async fn big_output(o: &Opts, runs: usize) -> Vec<Row> {
+    let cmd = "seq 1 20000000";
+    let mut walls = Vec::new();
+    let mut peaks = Vec::new();
+    let mut alone = Vec::new();
+    for r in 0..runs {
+        let t = Instant::now();
+        let ok = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{cmd} | cat >/dev/null"))
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "seq alone failed");
+        alone.push(ms(t.elapsed()));
+        let hub = hub_unlimited().await;
+        let d = Daemon::start(o, &hub, UNTHROTTLED, &[]);
+        identified(&hub).await;
+        let id = format!("big-{r}");
+        hub.assign(sample_shell_task(&id, cmd));
+        hub.wait_for_type("task_complete", T * 4)
+            .await
+            .expect("big output: task_complete");
+        let frames = hub.frames();
+        let a = at_of(&frames, false, "task_assign", Some(&id)).expect("assign");
+        let c = at_of(&frames, true, "task_complete", Some(&id)).expect("complete");
+        walls.push(ms(c - a));
+        peaks.push(d.status_kb("VmHWM") as f64 / 1024.0);
+        d.stop().await;
+    }
+    let (w, p, a) = (Stats::new(walls), Stats::new(peaks), Stats::new(alone));
+    vec![Row::new(
+        &format!("10. `{cmd}` (~150 MB output), median of {runs}"),
+        "peak RSS ≤ 8 MB, wall ≤ 1.5 × seq alone",
+        "—",
+        format!(
+            "peak RSS {:.1} MB ({:.1}–{:.1}); wall {:.0} ms ({:.0}–{:.0}) vs seq | cat {:.0} ms ({:.0}–{:.0}): {:.2}×",
+            p.median(),
+            p.p(0.0),
+            p.max(),
+            w.median(),
+            w.p(0.0),
+            w.max(),
+            a.median(),
+            a.p(0.0),
+            a.max(),
+            w.median() / a.median()
+        ),
+        Some(p.median() <= 8.0 && w.median() <= 1.5 * a.median()),
+    )]
+}
+
+/// Figure 11: 10 idle daemons side by side (one hub each), 5 s after all identified: the
+/// sum of their PSS (`/proc/<pid>/smaps_rollup`, shared pages split between sharers) over 10
+/// is what one more agent costs the host; private memory is what only that agent holds.
+async fn side_by_side(o: &Opts, n: usize) -> Vec<Row> {
+    let mut hubs = Vec::new();
+    let mut daemons = Vec::new();
+    for _ in 0..n {
+        let hub = hub_default().await;
+        daemons.push(Daemon::start(o, &hub, "", &[]));
+        hubs.push(hub);
+    }
+    for hub in &hubs {
+        identified(hub).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let field = |pid: u32, name: &str| -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+        s.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let (mut pss, mut private, mut rss) = (0u64, 0u64, 0u64);
+    for d in &daemons {
+        pss += field(d.pid(), "Pss");
+        private += field(d.pid(), "Private_Clean") + field(d.pid(), "Private_Dirty");
+        rss += field(d.pid(), "Rss");
+    }
+    for d in daemons {
+        d.stop().await;
+    }
+    let per = |kb: u64| kb as f64 / 1024.0 / n as f64;
+    vec![Row::new(
+        &format!("11. {n} idle daemons side by side: memory per agent"),
+        "—",
+        "—",
+        format!(
+            "PSS {:.2} MB each (private {:.2} MB; RSS {:.1} MB each, mostly shared code)",
+            per(pss),
+            per(private),
+            per(rss)
+        ),
+        None,
+    )]
 }
 
 /// Figure 4: `seq 1 200000` with the hub's limiter on and default daemon settings.
@@ -842,6 +1084,53 @@ async fn spawn_cost(n: usize) -> Stats {
     Stats::new(v)
 }
 
+/// The first number in a measured text: the figure's headline value ("7.3 MB: …" → 7.3).
+fn headline(measured: &str) -> Option<f64> {
+    let start = measured.find(|c: char| c.is_ascii_digit())?;
+    let num: String = measured[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    num.parse().ok()
+}
+
+/// One row per figure from repeated runs: the median run's text and verdict, with the
+/// headline's min / median / max over the runs appended when there was more than one.
+fn merge_runs(runs: Vec<Vec<Row>>) -> Vec<Row> {
+    let n = runs.len();
+    let mut first = runs.first().cloned().unwrap_or_default();
+    if n < 2 {
+        return first;
+    }
+    for row in &mut first {
+        let mut same: Vec<&Row> = runs
+            .iter()
+            .filter_map(|r| r.iter().find(|x| x.figure == row.figure))
+            .collect();
+        let mut values: Vec<f64> = same.iter().filter_map(|r| headline(&r.measured)).collect();
+        if values.len() != same.len() {
+            continue;
+        }
+        values.sort_by(f64::total_cmp);
+        same.sort_by(|a, b| {
+            headline(&a.measured)
+                .unwrap_or(0.0)
+                .total_cmp(&headline(&b.measured).unwrap_or(0.0))
+        });
+        let median = same[same.len() / 2];
+        row.measured = format!(
+            "{} [{} runs: min {} / median {} / max {}]",
+            median.measured,
+            values.len(),
+            values[0],
+            values[values.len() / 2],
+            values[values.len() - 1]
+        );
+        row.ok = median.ok;
+    }
+    first
+}
+
 fn table(rows: &[Row]) -> String {
     let mut s =
         String::from("| figure | target | Node sidecar | hub-sidecar | |\n|---|---|---|---|---|\n");
@@ -869,39 +1158,56 @@ async fn main() {
         (1000, 60, 30)
     };
     let run = |n: u32| o.only.is_empty() || o.only.contains(&n);
-    let mut rows = Vec::new();
-    if run(1) {
-        eprintln!("bench: 1 spawn → identify");
-        rows.extend(spawn_to_identify(&o).await);
-    }
-    if run(2) || run(8) {
-        eprintln!("bench: 2, 8 idle RSS and CPU ({idle_secs} s)");
-        rows.extend(idle(&o, &[], "", if run(8) { idle_secs } else { 0 }).await);
-        rows.extend(idle(&o, &[("MALLOC_ARENA_MAX", "2")], " (MALLOC_ARENA_MAX=2)", 0).await);
-    }
-    if run(3) {
-        eprintln!("bench: 3 latency ({tasks} tasks, state on disk, then on tmpfs)");
-        rows.extend(latency(&o, tasks, &std::env::temp_dir(), "state on disk").await);
-        if Path::new("/dev/shm").is_dir() {
-            rows.extend(latency(&o, tasks, Path::new("/dev/shm"), "state on tmpfs").await);
+    let mut runs: Vec<Vec<Row>> = Vec::new();
+    for _ in 0..o.repeat {
+        let mut rows = Vec::new();
+        if run(1) {
+            eprintln!("bench: 1 spawn → identify");
+            rows.extend(spawn_to_identify(&o).await);
         }
+        if run(2) || run(8) {
+            eprintln!("bench: 2, 8 idle RSS and CPU ({idle_secs} s)");
+            rows.extend(idle(&o, &[], "", if run(8) { idle_secs } else { 0 }).await);
+            rows.extend(idle(&o, &[("MALLOC_ARENA_MAX", "2")], " (MALLOC_ARENA_MAX=2)", 0).await);
+        }
+        if run(3) {
+            eprintln!("bench: 3 latency ({tasks} tasks, state on disk, then on tmpfs)");
+            rows.extend(latency(&o, tasks, &std::env::temp_dir(), "state on disk").await);
+            if Path::new("/dev/shm").is_dir() {
+                rows.extend(latency(&o, tasks, Path::new("/dev/shm"), "state on tmpfs").await);
+            }
+        }
+        if run(4) {
+            eprintln!("bench: 4 progress flood");
+            rows.extend(flood(&o).await);
+        }
+        if run(5) {
+            eprintln!("bench: 5 trickle");
+            rows.extend(trickle(&o).await);
+        }
+        if run(6) {
+            eprintln!("bench: 6 check timeout");
+            rows.extend(check_timeout(&o).await);
+        }
+        if run(7) {
+            eprintln!("bench: 7 verification overhead");
+            rows.extend(verify_overhead(&o, overhead_runs).await);
+        }
+        if run(10) {
+            eprintln!("bench: 10 seq 1 20000000 through the shell executor");
+            rows.extend(big_output(&o, 3).await);
+        }
+        if run(11) {
+            eprintln!("bench: 11 ten daemons side by side");
+            rows.extend(side_by_side(&o, 10).await);
+        }
+        if run(9) {
+            eprintln!("bench: 9 backlog of 1000 × 64 KB results");
+            rows.extend(backlog(&o, 1000).await);
+        }
+        runs.push(rows);
     }
-    if run(4) {
-        eprintln!("bench: 4 progress flood");
-        rows.extend(flood(&o).await);
-    }
-    if run(5) {
-        eprintln!("bench: 5 trickle");
-        rows.extend(trickle(&o).await);
-    }
-    if run(6) {
-        eprintln!("bench: 6 check timeout");
-        rows.extend(check_timeout(&o).await);
-    }
-    if run(7) {
-        eprintln!("bench: 7 verification overhead");
-        rows.extend(verify_overhead(&o, overhead_runs).await);
-    }
+    let mut rows = merge_runs(runs);
     // Figure 8 was measured with figure 2; keep the table in figure order.
     rows.sort_by_key(|r| {
         let n: String = r.figure.chars().take_while(char::is_ascii_digit).collect();

@@ -14,7 +14,8 @@ cargo build --release --locked --examples
 
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
-target/release/examples/bench --bin target/release/hub-sidecar --out "$out" "$@"
+# Every figure three times (BENCH_REPEAT): the table shows min / median / max of each headline.
+target/release/examples/bench --bin target/release/hub-sidecar --out "$out" --repeat "${BENCH_REPEAT:-3}" "$@"
 
 # Header for the results section: when, on what, with which command.
 {

@@ -74,6 +74,10 @@ pub struct Config {
     pub max_frame_bytes: usize,
     /// How long a graceful stop waits for the running task.
     pub drain_timeout_secs: u64,
+    /// Most results kept waiting for the hub's acknowledgement; past it the oldest is dropped.
+    pub outbox_max_entries: usize,
+    /// A result the hub has not acknowledged after this long is dropped.
+    pub outbox_expiry_secs: u64,
     /// `127.0.0.1:9090` to serve `/healthz` and `/metrics`; off when unset.
     pub metrics_addr: Option<SocketAddr>,
     /// More secret values to redact from everything that leaves the process.
@@ -128,6 +132,9 @@ impl Default for Config {
             resource_report_interval_secs: 30,
             max_frame_bytes: 16 * 1024 * 1024,
             drain_timeout_secs: 30 * 60,
+            outbox_max_entries: 10_000,
+            // Covers a hub down over a weekend; the hub re-queued such a task long ago.
+            outbox_expiry_secs: 3 * 24 * 3600,
             metrics_addr: None,
             secrets: Vec::new(),
             progress: ProgressConfig::default(),

@@ -6,7 +6,8 @@
 //! - a terminal frame is in the on-disk outbox before it is sent, and leaves the outbox only
 //!   when the hub answers it (`task_ack`, or a final `task_*_failed` error);
 //! - outbox frames are sent one at a time, each followed by a barrier ping, so an answer can
-//!   be matched to its frame even though the hub's error replies carry no task id;
+//!   be matched to its frame even though the hub's error replies carry no task id; which
+//!   entry goes next (newest first, a miss waits, bound, expiry) is [`crate::outbox`]'s rule;
 //! - shutdown drains (finish the task, deliver its result) before it stops, unless forced.
 
 use std::sync::Arc;
@@ -23,12 +24,13 @@ use crate::hub::budget::RateBudget;
 use crate::hub::link::{self, LinkEvent, LinkHandle};
 use crate::hub::proto::{Inbound, Outbound};
 use crate::ops::Ops;
+use crate::outbox::{Next, Outbox};
 use crate::process::ChildEnv;
 use crate::progress::{ProgressEvent, ProgressSink};
 use crate::recorder::Recorder;
 use crate::redact::Redactor;
 use crate::runner::{self, RunnerDeps, TaskOutcome};
-use crate::state::{ActiveTask, OutboxEntry, PersistedState, Phase, StateStore};
+use crate::state::{ActiveTask, OutboxEntry, OutboxMeta, Phase, StateStore};
 use crate::task::Task;
 use crate::util::now_ms;
 
@@ -82,14 +84,29 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
             "state file was corrupt: moved aside and starting with empty state; inspect the saved copy"
         );
     }
-    let mut state = loaded.state;
-    if let Some(active) = &mut state.active {
+    if let Some((aside, bytes)) = &loaded.torn {
+        tracing::warn!(
+            file = %store.path().display(),
+            kept_in = %aside.display(),
+            bytes,
+            "state file ended in a half-written change (a crash mid-write): kept those bytes aside; the state is what the complete changes say"
+        );
+    }
+    if loaded.upgraded {
+        tracing::info!(file = %store.path().display(), "state file converted to the journal format");
+    }
+    let mut active = loaded.active;
+    if let Some(active) = &mut active {
         tracing::warn!(task_id = %active.task.task_id, "found an unfinished task from a previous run; will ask the hub with task_recovering");
         active.phase = Phase::Recovering;
     }
-    if let Err(e) = store.save(&state).await {
+    if let Err(e) = store.set_active(active.clone()).await {
         tracing::error!(error = %e, "state directory is not writable: tasks will be refused until it is");
     }
+    let outbox = Outbox::new(
+        cfg.outbox_max_entries,
+        Duration::from_secs(cfg.outbox_expiry_secs),
+    );
 
     let budget = Arc::new(RateBudget::from_config(&cfg.progress));
     let (handle, out_rx) = link::channel();
@@ -123,7 +140,8 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     let mut d = Daemon {
         cfg,
         store,
-        state,
+        active,
+        outbox,
         link: handle,
         deps,
         ops,
@@ -139,6 +157,15 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         recovery_deadline: None,
         queued: None,
     };
+    for meta in loaded.outbox {
+        d.add_to_outbox(meta).await;
+    }
+    if !d.outbox.is_empty() {
+        tracing::info!(
+            pending = d.outbox.len(),
+            "results from a previous run wait for the hub's acknowledgement"
+        );
+    }
     let reason = d.run(&shutdown).await;
     d.ops.stopping();
     link_cancel.cancel();
@@ -161,16 +188,19 @@ struct Running {
 struct Daemon {
     cfg: Arc<Config>,
     store: StateStore,
-    state: PersistedState,
+    /// The task this daemon works on, as on disk.
+    active: Option<ActiveTask>,
+    /// Terminal frames waiting for the hub's answer (frames stay on disk in the store).
+    outbox: Outbox,
     link: LinkHandle,
     deps: RunnerDeps,
     ops: Ops,
     events: mpsc::Receiver<LinkEvent>,
     running: Option<Running>,
     identified: bool,
-    /// Task id of the outbox head sent on this connection and not yet answered.
-    inflight: Option<String>,
-    /// When to re-send the outbox head after it went unanswered.
+    /// The outbox entry sent on this connection and not yet answered.
+    inflight: Option<OutboxMeta>,
+    /// When to look at the outbox again (an entry waits after a miss).
     outbox_retry_at: Option<Instant>,
     draining: bool,
     drain_deadline: Option<Instant>,
@@ -233,23 +263,23 @@ impl Daemon {
                 },
                 _ = sleep_until_opt(self.outbox_retry_at) => {
                     self.outbox_retry_at = None;
-                    self.pump_outbox();
+                    self.pump_outbox().await;
                 }
                 _ = sleep_until_opt(self.recovery_deadline) => {
                     self.recovery_deadline = None;
-                    if let Some(a) = self.state.active.as_ref().filter(|a| a.phase == Phase::Recovering) {
+                    if let Some(a) = self.active.as_ref().filter(|a| a.phase == Phase::Recovering) {
                         let task_id = a.task.task_id.clone();
                         tracing::warn!(task_id = %task_id, "no answer to task_recovering in time; dropping the task (the hub re-queues it)");
                         self.drop_task(&task_id).await;
                     }
                 }
                 _ = sleep_until_opt(self.flush_deadline) => {
-                    tracing::warn!(pending = self.state.outbox.len(), "outbox not flushed in time; results stay on disk and are re-sent on the next start");
+                    tracing::warn!(pending = self.outbox.len(), "outbox not flushed in time; results stay on disk and are re-sent on the next start");
                     return self.idle_exit_reason();
                 }
             }
             if (self.draining || self.restart_requested) && self.running.is_none() {
-                if self.state.outbox.is_empty() {
+                if self.outbox.is_empty() {
                     return self.idle_exit_reason();
                 }
                 self.flush_deadline
@@ -266,8 +296,9 @@ impl Daemon {
         }
     }
 
+    /// Write the active task to disk; `false` (logged) when it could not be.
     async fn save(&self) -> bool {
-        match self.store.save(&self.state).await {
+        match self.store.set_active(self.active.clone()).await {
             Ok(()) => true,
             Err(e) => {
                 tracing::error!(error = %e, "state not persisted");
@@ -283,7 +314,7 @@ impl Daemon {
                 self.identified = true;
                 self.inflight = None;
                 self.ops.ready();
-                self.after_identify();
+                self.after_identify().await;
             }
             LinkEvent::Disconnected { reason } => {
                 tracing::debug!(reason = %reason, "link down");
@@ -292,12 +323,12 @@ impl Daemon {
                 self.ops.status("reconnecting to the hub");
             }
             LinkEvent::Barrier { task_id } => {
-                if self.inflight.as_deref() == Some(task_id.as_str()) {
+                if let Some(m) = self.inflight.take_if(|m| m.task_id == task_id) {
                     // The hub answered the ping after our frame but not the frame: it was
-                    // dropped (rate limit). Send it again once the budget allows.
-                    tracing::warn!(task_id = %task_id, "terminal frame went unanswered; re-sending");
-                    self.inflight = None;
-                    self.outbox_retry_at = Some(Instant::now() + Duration::from_secs(1));
+                    // dropped (rate limit). It waits (longer each time) while others go.
+                    self.outbox.missed(m.seq, Instant::now());
+                    tracing::warn!(task_id = %task_id, "terminal frame went unanswered; will re-send it");
+                    self.pump_outbox().await;
                 }
             }
             LinkEvent::Frame(frame) => self.on_frame(frame).await,
@@ -306,16 +337,18 @@ impl Daemon {
 
     /// After each `identified`: `task_accepted` (see [`accepted_after_identify`]), recovery
     /// question, state report, outbox.
-    fn after_identify(&mut self) {
+    async fn after_identify(&mut self) {
         let running = self
             .running
             .as_ref()
             .filter(|r| !r.dropped)
             .map(|r| r.task_id.as_str());
-        for task_id in accepted_after_identify(running, &self.state.outbox) {
+        for task_id in
+            accepted_after_identify(running, self.outbox.iter().map(|m| m.task_id.as_str()))
+        {
             self.link.send(Outbound::TaskAccepted { task_id });
         }
-        if let Some(active) = &self.state.active {
+        if let Some(active) = &self.active {
             let task = &active.task;
             match active.phase {
                 Phase::Recovering if self.running.is_none() => {
@@ -337,11 +370,11 @@ impl Daemon {
             }
         }
         self.status_line();
-        self.pump_outbox();
+        self.pump_outbox().await;
     }
 
     fn status_line(&self) {
-        match &self.state.active {
+        match &self.active {
             Some(a) => self
                 .ops
                 .status(&format!("connected, running task {}", a.task.task_id)),
@@ -378,17 +411,14 @@ impl Daemon {
                 if status.as_deref() == Some("accepted") {
                     return;
                 }
-                let before = self.state.outbox.len();
-                self.state.outbox.retain(|e| e.task_id != task_id);
-                if self.inflight.as_deref() == Some(task_id.as_str()) {
-                    self.inflight = None;
-                }
-                if self.state.outbox.len() != before {
+                let gone = self.outbox.remove_task(&task_id);
+                self.inflight.take_if(|m| m.task_id == task_id);
+                if !gone.is_empty() {
                     tracing::info!(task_id = %task_id, status = ?status, "result acknowledged by the hub");
                     self.deps.recorder.acked(&task_id, status.as_deref());
-                    self.save().await;
+                    self.forget(gone).await;
                 }
-                self.pump_outbox();
+                self.pump_outbox().await;
             }
             Inbound::Error {
                 error,
@@ -398,15 +428,11 @@ impl Daemon {
                 if error.starts_with("task_complete_failed")
                     || error.starts_with("task_fail_failed")
                 {
-                    if let Some(task_id) = self.inflight.take() {
-                        tracing::error!(task_id = %task_id, error = %error, "hub refused the result for good (stale generation or unknown task); dropping it");
-                        if let Some(pos) =
-                            self.state.outbox.iter().position(|e| e.task_id == task_id)
-                        {
-                            self.state.outbox.remove(pos);
-                        }
-                        self.save().await;
-                        self.pump_outbox();
+                    if let Some(m) = self.inflight.take() {
+                        tracing::error!(task_id = %m.task_id, error = %error, "hub refused the result for good (stale generation or unknown task); dropping it");
+                        self.outbox.remove_seq(m.seq);
+                        self.forget(vec![m.seq]).await;
+                        self.pump_outbox().await;
                     }
                 } else {
                     tracing::warn!(error = %error, message_type = ?message_type, "hub reported an error");
@@ -420,7 +446,7 @@ impl Daemon {
     async fn on_assign(&mut self, task: Task) {
         let task_id = task.task_id.clone();
         tracing::info!(task_id = %task_id, generation = task.generation, "task assigned");
-        if let (Some(r), Some(active)) = (&self.running, &mut self.state.active) {
+        if let (Some(r), Some(active)) = (&self.running, &mut self.active) {
             if !r.dropped && r.task_id == task_id && active.task.task_id == task_id {
                 // The hub re-assigned the task we are already running (after a reconnect):
                 // keep the work, adopt the new generation.
@@ -436,7 +462,6 @@ impl Daemon {
         }
         if self.running.is_none()
             && self
-                .state
                 .active
                 .as_ref()
                 .is_some_and(|a| a.task.task_id == task_id && a.phase == Phase::Recovering)
@@ -444,23 +469,23 @@ impl Daemon {
             // The hub re-queued the task we were about to ask about and hands it back: that
             // is its answer. Run it at the new generation (not "busy" with our own task).
             tracing::info!(task_id = %task_id, generation = task.generation, "recovering task assigned again: running it");
-            self.state.active = None;
+            self.active = None;
             self.recovery_deadline = None;
         }
-        if self.state.active.is_some() {
+        if self.active.is_some() {
             tracing::warn!(task_id = %task_id, "busy with another task: refusing");
             return self.refuse(&task, "sidecar_busy").await;
         }
         // A fresh assignment starts a fresh attempt count and task budget (only
         // `task_continue` resumes them); the day's spend stays.
         self.deps.ledger.finish_task(&task_id).await;
-        self.state.active = Some(ActiveTask {
+        self.active = Some(ActiveTask {
             task: task.clone(),
             phase: Phase::Running,
             accepted_at: now_ms(),
         });
         if !self.save().await {
-            self.state.active = None;
+            self.active = None;
             tracing::error!(task_id = %task_id, state_file = %self.store.path().display(), "cannot persist the task, so not accepting it");
             return self
                 .refuse(
@@ -482,17 +507,21 @@ impl Daemon {
 
     /// Answer an assignment we will not run with `task_failed` (via the outbox).
     async fn refuse(&mut self, task: &Task, reason: &str) {
-        self.state.outbox.push(OutboxEntry {
+        let entry = OutboxEntry {
             task_id: task.task_id.clone(),
             frame: Outbound::task_failed(&task.task_id, task.generation, reason),
             created_at: now_ms(),
-        });
-        self.save().await;
-        self.pump_outbox();
+        };
+        let (meta, res) = self.store.push(entry, None).await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, task_id = %task.task_id, "refusal not persisted; sending it from memory");
+        }
+        self.add_to_outbox(meta).await;
+        self.pump_outbox().await;
     }
 
     async fn on_continue(&mut self, task_id: &str, generation: Option<u64>) {
-        let Some(active) = &mut self.state.active else {
+        let Some(active) = &mut self.active else {
             return;
         };
         if active.task.task_id != task_id
@@ -526,12 +555,11 @@ impl Daemon {
         // The slot is free now, on disk too: the hub considers this agent idle and may assign
         // the next task before a cancelled runner has finished unwinding.
         if self
-            .state
             .active
             .as_ref()
             .is_some_and(|a| a.task.task_id == task_id)
         {
-            self.state.active = None;
+            self.active = None;
             self.recovery_deadline = None;
             self.ops.set_active_task(None);
             self.save().await;
@@ -568,14 +596,13 @@ impl Daemon {
         self.ops.set_active_task(None);
         // A dropped task already gave up its slot (maybe to a queued task): leave that alone.
         let owned = self
-            .state
             .active
             .as_ref()
             .filter(|a| a.task.task_id == r.task_id && !r.dropped)
             .map(|a| a.task.generation);
         let generation = owned.unwrap_or(0);
         if owned.is_some() {
-            self.state.active = None;
+            self.active = None;
         }
         let outcome = match res {
             Ok(o) => o,
@@ -588,6 +615,7 @@ impl Daemon {
                 ))
             }
         };
+        let mut stored = false;
         match outcome {
             _ if r.dropped => {
                 tracing::info!(task_id = %r.task_id, "task stopped and dropped as the hub asked");
@@ -603,33 +631,99 @@ impl Daemon {
                     _ => {}
                 }
                 tracing::info!(task_id = %r.task_id, frame = frame.kind(), "task finished; result stored in the outbox");
-                self.state.outbox.push(OutboxEntry {
+                let entry = OutboxEntry {
                     task_id: r.task_id.clone(),
                     frame,
                     created_at: now_ms(),
-                });
+                };
+                // One durable write for both: the result and the slot it frees.
+                let (meta, res) = self.store.push(entry, Some(self.active.clone())).await;
+                if let Err(e) = res {
+                    tracing::error!(error = %e, task_id = %r.task_id, "result not persisted; sending it from memory");
+                }
+                self.add_to_outbox(meta).await;
+                stored = true;
             }
         }
-        self.save().await;
+        if !stored {
+            // Dropped or cancelled: no result, but the freed slot must reach the disk.
+            self.save().await;
+        }
         if let Some(next) = self.queued.take() {
             self.start(next);
         }
         self.status_line();
-        self.pump_outbox();
+        self.pump_outbox().await;
     }
 
-    /// Send the outbox head if nothing is in flight.
-    fn pump_outbox(&mut self) {
-        if !self.identified || self.inflight.is_some() || self.outbox_retry_at.is_some() {
+    /// Track a stored entry for delivery, dropping (and saying so) what falls past the bound.
+    async fn add_to_outbox(&mut self, meta: OutboxMeta) {
+        let dropped = self.outbox.push(meta);
+        for m in &dropped {
+            tracing::error!(
+                task_id = %m.task_id,
+                age_secs = (now_ms() - m.created_at) / 1000,
+                max_entries = self.cfg.outbox_max_entries,
+                "outbox full: dropped the oldest undelivered result; the hub has not acknowledged results for a while: check the hub link, or raise outbox_max_entries"
+            );
+        }
+        if !dropped.is_empty() {
+            self.forget(dropped.into_iter().map(|m| m.seq).collect())
+                .await;
+        }
+    }
+
+    /// Delete entries from the store (they already left the in-memory outbox).
+    async fn forget(&mut self, seqs: Vec<u64>) {
+        if let Err(e) = self.store.remove(seqs).await {
+            tracing::error!(error = %e, "outbox change not persisted; the result may be sent again after a restart");
+        }
+    }
+
+    /// Send the next outbox entry if nothing is in flight.
+    async fn pump_outbox(&mut self) {
+        if !self.identified || self.inflight.is_some() {
             return;
         }
-        if let Some(head) = self.state.outbox.first() {
-            if self
-                .link
-                .send_with_barrier(head.frame.clone(), &head.task_id)
-            {
-                self.inflight = Some(head.task_id.clone());
+        let expired = self.outbox.take_expired(now_ms());
+        for m in &expired {
+            tracing::error!(
+                task_id = %m.task_id,
+                age_secs = (now_ms() - m.created_at) / 1000,
+                outbox_expiry_secs = self.cfg.outbox_expiry_secs,
+                "result expired undelivered: dropped (the hub re-queued that task long ago); raise outbox_expiry_secs to keep results longer"
+            );
+        }
+        if !expired.is_empty() {
+            self.forget(expired.into_iter().map(|m| m.seq).collect())
+                .await;
+        }
+        loop {
+            let meta = match self.outbox.next(Instant::now()) {
+                Next::Empty => return,
+                Next::WaitUntil(t) => {
+                    self.outbox_retry_at = Some(t);
+                    return;
+                }
+                Next::Send(meta) => meta,
+            };
+            let entry = match self.store.entry(meta.seq).await {
+                Ok(Some(entry)) => entry,
+                res => {
+                    let error = res.err().map(|e| e.to_string()).unwrap_or_default();
+                    tracing::error!(task_id = %meta.task_id, error = %error, "cannot read the stored result back; dropping it");
+                    self.outbox.remove_seq(meta.seq);
+                    self.forget(vec![meta.seq]).await;
+                    continue;
+                }
+            };
+            if self.link.send_with_barrier(entry.frame, &meta.task_id) {
+                self.inflight = Some(meta);
+            } else {
+                // The link's queue is full or closed: look again shortly.
+                self.outbox_retry_at = Some(Instant::now() + Duration::from_secs(1));
             }
+            return;
         }
     }
 
@@ -648,7 +742,7 @@ impl Daemon {
         // Whatever is still active (the running task, or one queued behind a dropped task)
         // was not finished: the next start asks the hub about it.
         self.queued = None;
-        if let Some(a) = &mut self.state.active {
+        if let Some(a) = &mut self.active {
             a.phase = Phase::Recovering;
         }
         self.save().await;
@@ -661,11 +755,14 @@ impl Daemon {
 /// 60 s acceptance timer, and only `task_accepted` moves it to `working`: without it the hub
 /// reclaims a task that is still running (generation + 1) or leaves the agent unusable. A hub
 /// that did not restart merely logs `fsm_unexpected_task_accepted`; it never rejects it.
-fn accepted_after_identify(running: Option<&str>, outbox: &[OutboxEntry]) -> Vec<String> {
+fn accepted_after_identify<'a>(
+    running: Option<&str>,
+    outboxed: impl IntoIterator<Item = &'a str>,
+) -> Vec<String> {
     let mut ids: Vec<String> = running.map(str::to_string).into_iter().collect();
-    for e in outbox {
-        if !ids.contains(&e.task_id) {
-            ids.push(e.task_id.clone());
+    for id in outboxed {
+        if !ids.iter().any(|i| i == id) {
+            ids.push(id.to_string());
         }
     }
     ids

@@ -12,7 +12,8 @@
 //! - [`hub`]: the hub link: wire types ([`hub::proto`]), connection, heartbeat, backoff,
 //!   the outgoing rate budget and resource reports.
 //! - [`task`]: the task model parsed from `task_assign`, executor choice.
-//! - [`state`]: the crash-safe state file: active task and the outbox of terminal frames.
+//! - [`state`]: the crash-safe state journal: active task and the outbox of terminal frames.
+//! - [`outbox`]: which unacknowledged result to send next (newest first, bound, expiry).
 //! - [`daemon`]: the lifecycle actor tying link, state and runner together.
 //! - [`runner`]: runs one task: workspace, executor + verification loop, git → result frame.
 //! - [`workspace`]: where a task runs: managed clones, `repo_dir`, per-task dirs, locks.
@@ -43,6 +44,7 @@ pub mod git;
 pub mod hub;
 pub mod mock_hub;
 pub mod ops;
+pub mod outbox;
 pub mod process;
 pub mod progress;
 pub mod recorder;

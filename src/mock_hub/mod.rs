@@ -227,6 +227,8 @@ struct State {
     recovery: HashMap<String, RecoveryAnswer>,
     state_report_actions: HashMap<String, String>,
     ack_terminal_off: bool,
+    /// Tasks whose terminal frames are swallowed (see [`MockHub::set_ignore_terminal`]).
+    ignore_terminal: std::collections::HashSet<String>,
     rate_limited: u64,
     acked_terminal: HashMap<String, u32>,
 }
@@ -469,6 +471,15 @@ impl MockHub {
     /// processed, no reply). Default `true`.
     pub fn set_ack_terminal(&self, ack: bool) {
         self.inner.lock().ack_terminal_off = !ack;
+    }
+
+    /// Swallow `task_complete` / `task_failed` for this one task (recorded, no reply), as a
+    /// hub that never answers one frame; other tasks are answered as usual.
+    pub fn set_ignore_terminal(&self, task_id: &str) {
+        self.inner
+            .lock()
+            .ignore_terminal
+            .insert(task_id.to_string());
     }
 
     /// Every frame, both directions, in order.
@@ -1084,7 +1095,7 @@ impl Inner {
                 Some(json!({"type": "task_ack", "task_id": task_id, "status": "accepted"}))
             }
             "task_complete" | "task_failed" => {
-                if st.ack_terminal_off {
+                if st.ack_terminal_off || st.ignore_terminal.contains(task_id) {
                     return None;
                 }
                 let complete = ty == "task_complete";

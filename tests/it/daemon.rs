@@ -125,8 +125,8 @@ async fn assign_accept_complete_echoes_generation_and_is_acked_once() {
     let state = dir.path().join("queue.json");
     assert!(
         wait_until(
-            || std::fs::read_to_string(&state)
-                .map(|s| s.contains("\"outbox\": []") && s.contains("\"active\": null"))
+            || hub_sidecar::state::read_state(&state)
+                .map(|s| s.outbox.is_empty() && s.active.is_none())
                 .unwrap_or(false),
             T
         )
@@ -430,8 +430,8 @@ async fn after_sigkill_task_reassign_drops_the_task() {
     let state = dir.path().join("queue.json");
     assert!(
         wait_until(
-            || std::fs::read_to_string(&state)
-                .map(|s| s.contains("\"active\": null"))
+            || hub_sidecar::state::read_state(&state)
+                .map(|s| s.active.is_none())
                 .unwrap_or(false),
             T
         )

@@ -73,10 +73,11 @@ fn zombie_children(pid: i32) -> Vec<i32> {
     out
 }
 
+/// The state on disk as JSON (the journal replayed), `Null` if there is none.
 fn state_json(path: &Path) -> Value {
-    std::fs::read_to_string(path)
+    hub_sidecar::state::read_state(path)
         .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
+        .and_then(|st| serde_json::to_value(st).ok())
         .unwrap_or(Value::Null)
 }
 

@@ -13,6 +13,7 @@ mod git;
 mod hub_restart;
 mod manifest;
 mod ops;
+mod outbox;
 mod real_claude;
 mod recorder;
 mod util;

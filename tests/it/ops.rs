@@ -22,14 +22,15 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The state on disk as JSON (the journal replayed).
 fn state_json(dir: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("queue.json")).unwrap()).unwrap()
+    serde_json::to_value(hub_sidecar::state::read_state(&dir.join("queue.json")).unwrap()).unwrap()
 }
 
 /// The phase of the active task in the state file, if any.
 fn active_phase(dir: &Path) -> Option<String> {
-    let s = std::fs::read_to_string(dir.join("queue.json")).ok()?;
-    let v: Value = serde_json::from_str(&s).ok()?;
+    let st = hub_sidecar::state::read_state(&dir.join("queue.json")).ok()?;
+    let v = serde_json::to_value(st).ok()?;
     v["active"]["phase"].as_str().map(str::to_string)
 }
 
