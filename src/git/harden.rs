@@ -24,6 +24,11 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::process::{self, ChildEnv, CommandSpec, Limits};
 
 /// The fixed `-c` overrides (and the safe directory) for a git call in `work_tree`.
 pub fn overrides(work_tree: &Path) -> Vec<OsString> {
@@ -160,6 +165,65 @@ fn allowed(key: &str) -> bool {
             _ => false,
         }
     })
+}
+
+/// Why git must not run in `work_tree`: its git directory (which the task could have
+/// written) sets a key outside the allowlist, or cannot be read. `None`: no git directory,
+/// or nothing but plain settings. Every git call of the daemon asks this first, except in a
+/// managed clone, whose git directory only the daemon writes.
+pub async fn refusal(
+    work_tree: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+) -> Option<String> {
+    let git_dir = git_dir_of(work_tree)?;
+    let limits = Limits {
+        timeout: Some(Duration::from_secs(30)),
+        grace: Duration::from_millis(500),
+        output_cap: 1024 * 1024,
+    };
+    for file in config_files(&git_dir) {
+        // From `/`, so git discovers no repository and reads nothing but this one file.
+        let spec = CommandSpec::new("git", "/", env.clone())
+            .args(["config", "--no-includes", "--file"])
+            .arg(&file)
+            .args(["--list", "-z"]);
+        let listing = match process::run(&spec, &limits, cancel, None).await {
+            Ok(o) if o.exit.success() => o.stdout,
+            Ok(o) => {
+                return Some(format!(
+                    "refused: cannot read {} ({}); the daemon runs no git in this work tree",
+                    file.display(),
+                    o.exit.describe()
+                ))
+            }
+            Err(e) => {
+                return Some(format!(
+                    "refused: cannot run git to read {}: {e}",
+                    file.display()
+                ))
+            }
+        };
+        let bad = untrusted_keys(listing.as_bytes());
+        if !bad.is_empty() {
+            return Some(format!(
+                "refused: {} sets {}, which can make git run a program; the daemon runs no git in this work tree until the key is removed (or use a managed clone: a task with `repo`)",
+                file.display(),
+                bad.join(", ")
+            ));
+        }
+    }
+    None
+}
+
+/// `git` in `cwd` with the fixed overrides and environment for `work_tree`; the caller
+/// adds its own arguments.
+pub fn command(cwd: &Path, work_tree: &Path, env: &ChildEnv) -> CommandSpec {
+    let mut spec = CommandSpec::new("git", cwd, env.clone()).args(overrides(work_tree));
+    for (k, v) in ENV {
+        spec.env.set(k, v);
+    }
+    spec
 }
 
 /// The git directory of the work tree at `work_tree`, as git would find it there: `.git`

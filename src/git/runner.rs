@@ -118,51 +118,16 @@ impl GitRunner {
     }
 
     /// Refuse to run git in a work tree whose git directory the task could have written
-    /// when its config sets anything outside the allowlist (see [`super::harden`]).
+    /// when its config sets anything outside the allowlist (see [`harden::refusal`]).
     async fn check_repo_config(&self, cwd: &Path, step: &str) -> Result<(), GitError> {
-        let Some(git_dir) = harden::git_dir_of(cwd) else {
-            return Ok(());
-        };
-        for file in harden::config_files(&git_dir) {
-            let file_arg = file.as_os_str().to_owned();
-            let args: Vec<OsString> = vec![
-                "config".into(),
-                "--no-includes".into(),
-                "--file".into(),
-                file_arg,
-                "--list".into(),
-                "-z".into(),
-            ];
-            // From `/`, so git discovers no repository and reads nothing but this file; a
-            // config it cannot read is refused too (fail closed).
-            let listing = self
-                .run_program(
-                    "git".as_ref(),
-                    "reading the repository's git config",
-                    Path::new("/"),
-                    &args,
-                    false,
-                )
-                .await
-                .map_err(|e| GitError {
-                    step: step.to_string(),
-                    refused: true,
-                    detail: format!("refused: cannot read {}: {}", file.display(), e.detail),
-                })?;
-            let bad = harden::untrusted_keys(listing.as_bytes());
-            if !bad.is_empty() {
-                return Err(GitError {
-                    step: step.to_string(),
-                    refused: true,
-                    detail: format!(
-                        "refused: {} sets {}, which can make git run a program; the daemon runs no git in this work tree until the key is removed (or use a managed clone: a task with `repo`)",
-                        file.display(),
-                        bad.join(", ")
-                    ),
-                });
-            }
+        match harden::refusal(cwd, &self.env, &self.cancel).await {
+            None => Ok(()),
+            Some(detail) => Err(GitError {
+                step: step.to_string(),
+                refused: true,
+                detail,
+            }),
         }
-        Ok(())
     }
 
     /// Run any program (gh) the same way as git.

@@ -302,7 +302,11 @@ async fn git_clean(ctx: &ExecContext, target: &str, bound: Duration) -> (CheckSt
         Ok(p) => p,
         Err(e) => return path_error("git_clean", target, e),
     };
-    let spec = CommandSpec::new("git", &ctx.workspace, ctx.env.clone())
+    // The daemon's git: never running what the repository names (see git::harden).
+    if let Some(why) = crate::git::harden::refusal(&dir, &ctx.env, &ctx.cancel).await {
+        return (CheckStatus::Error, why);
+    }
+    let spec = crate::git::harden::command(&ctx.workspace, &dir, &ctx.env)
         .arg("-C")
         .arg(&dir)
         .args(["status", "--porcelain"]);

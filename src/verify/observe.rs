@@ -26,7 +26,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use crate::process::{self, ChildEnv, CommandSpec};
+use crate::process::{self, ChildEnv};
 
 /// The one observation meaning "nothing changed".
 pub const UNCHANGED: &str = "workspace unchanged";
@@ -122,14 +122,15 @@ async fn git(
     cancel: &CancellationToken,
     args: &[&str],
 ) -> Result<GitOut, String> {
-    let mut safe = std::ffi::OsString::from("safe.directory=");
-    safe.push(ws);
+    // The daemon's git never runs what the repository names (hooks, fsmonitor, filters):
+    // a git directory the task could have written is checked first.
+    if let Some(why) = crate::git::harden::refusal(ws, env, cancel).await {
+        return Err(why);
+    }
     // `--no-optional-locks`: observing never takes the index lock a concurrent git of the
-    // agent (or of a check) may need.
-    let spec = CommandSpec::new("git", ws, env.clone())
+    // agent (or of a check) may need. The hardening overrides name `ws` a safe directory.
+    let spec = crate::git::harden::command(ws, ws, env)
         .arg("--no-optional-locks")
-        .arg("-c")
-        .arg(safe)
         .arg("-C")
         .arg(ws)
         .args(args.iter().copied());

@@ -153,10 +153,19 @@ async fn a_task_cannot_write_outside_its_workspace() {
         assert!(!t.exists(), "{} was created", t.display());
     }
     assert!(!Path::new(&via_link).exists());
-    // The state file only changed through the daemon (the task moved on): never "pwned".
+    // The state file only changed through the daemon: every line is still one of its
+    // journal records, none is the task's "pwned".
     let after = std::fs::read_to_string(&state).unwrap_or_default();
-    assert!(!after.contains("pwned"), "{after}");
-    let _ = before;
+    assert!(
+        after.starts_with(&String::from_utf8_lossy(&before)[..20]),
+        "{after}"
+    );
+    for line in after.lines() {
+        assert!(
+            serde_json::from_str::<Value>(line).is_ok(),
+            "a line the daemon did not write: {line}"
+        );
+    }
     d.stop().await;
     assert_no_violations(&hub);
 }
@@ -460,6 +469,54 @@ async fn a_gitdir_the_task_plants_in_a_managed_clone_is_never_used() {
     let done = terminal(&hub, "after").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     assert!(!marker.exists(), "git ran the task's program: {done}");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
+
+/// The task makes its workspace a repository whose config and attributes name a program;
+/// the daemon's own git after it (the observation of what changed, a `git_clean` check)
+/// refuses to run there instead of running it.
+#[tokio::test]
+async fn observation_and_checks_never_run_what_a_repository_the_task_made_names() {
+    if !supported() {
+        return;
+    }
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (c, _ws) = cfg_with_workspace(&hub, dir.path());
+    let marker = probe(dir.path()).join("pwned");
+    let evil = probe(dir.path()).join("evil.sh");
+    write_exe(
+        &evil,
+        &format!("#!/bin/sh\ntouch '{}'\ncat\n", marker.display()),
+    );
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let cmd = format!(
+        "git init -q . && git config core.fsmonitor '{e}' && git config filter.x.clean '{e}' && echo '* filter=x' > .gitattributes && echo data > data.txt",
+        e = evil.display()
+    );
+    let mut t = sample_shell_task("repo-maker", &cmd);
+    t["verification_steps"] = json!([
+        {"type": "file_exists", "target": "data.txt"},
+        {"type": "git_clean", "target": "."}
+    ]);
+    hub.assign(t);
+    let done = terminal(&hub, "repo-maker").await;
+    let report = &done["verification_report"];
+    let git_clean = &report["checks"][1];
+    assert_eq!(git_clean["status"], "error", "{done}");
+    assert!(
+        git_clean["output"]
+            .as_str()
+            .unwrap()
+            .contains("core.fsmonitor"),
+        "{done}"
+    );
+    assert!(
+        !marker.exists(),
+        "the daemon's git ran the task's program: {done}"
+    );
     d.stop().await;
     assert_no_violations(&hub);
 }
