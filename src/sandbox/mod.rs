@@ -480,3 +480,64 @@ fn probe_namespaces() -> Result<(), String> {
         Err(e) => Err(e.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn without_kernel_support() -> Support {
+        Support {
+            landlock_abi: 0,
+            namespaces: Err("EPERM".into()),
+        }
+    }
+
+    #[test]
+    fn strict_refuses_what_it_cannot_confine_and_says_what_is_missing() {
+        let cfg = Config::default();
+        let policy = Policy::decide(Some(Containment::Strict), without_kernel_support());
+        let dir = tempfile::tempdir().unwrap();
+        let err = confine(
+            &cfg,
+            &policy,
+            &ChildEnv::default(),
+            &dir.path().join("tmp"),
+            &Grants::default(),
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("containment_unavailable:"), "{msg}");
+        assert!(
+            msg.contains("Landlock") && msg.contains("namespaces"),
+            "{msg}"
+        );
+        assert!(msg.contains("best-effort"), "says what to do: {msg}");
+    }
+
+    #[test]
+    fn unset_means_strict_where_supported_and_best_effort_elsewhere() {
+        let full = Support {
+            landlock_abi: 6,
+            namespaces: Ok(()),
+        };
+        assert_eq!(Policy::decide(None, full).level, Containment::Strict);
+        let none = without_kernel_support();
+        assert_eq!(
+            Policy::decide(None, none.clone()).level,
+            Containment::BestEffort
+        );
+        // best-effort still runs the task, with what there is (here: limits only).
+        let cfg = Config::default();
+        let dir = tempfile::tempdir().unwrap();
+        let env = confine(
+            &cfg,
+            &Policy::decide(None, none),
+            &ChildEnv::default(),
+            &dir.path().join("tmp"),
+            &Grants::default(),
+        )
+        .unwrap();
+        assert!(env.sandbox().is_some());
+        assert_eq!(env.get("TMPDIR"), dir.path().join("tmp").to_str());
+    }
+}

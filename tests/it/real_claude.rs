@@ -102,6 +102,65 @@ async fn real_cli_a_401_fails_fast_with_a_reason_naming_authentication() {
     eprintln!("401 → task failure in {took:?}");
 }
 
+/// The real CLI inside the task sandbox the daemon gives it (Landlock, namespaces, limits):
+/// it still logs in from its own config directory, writes in the workspace, and nowhere else.
+#[tokio::test]
+async fn real_cli_works_inside_the_task_sandbox() {
+    let Some(claude) = real_claude() else { return };
+    let support = hub_sidecar::sandbox::Support::probe();
+    if !support.missing().is_empty() {
+        eprintln!(
+            "SKIPPED: this machine cannot confine: {:?}",
+            support.missing()
+        );
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let target = ws.path().join("hello.txt");
+    let outside = home.path().join("escaped.txt");
+    let api = FakeAnthropic::start(Script::Write {
+        file_path: target.display().to_string(),
+        content: "hi\n".into(),
+    })
+    .await;
+    let mut ctx = context(&claude, &api, ws.path(), home.path());
+    let mut cfg = (*ctx.config).clone();
+    cfg.state_dir = state.path().to_path_buf();
+    let policy = hub_sidecar::sandbox::Policy::decide(None, support);
+    ctx.env = hub_sidecar::sandbox::confine(
+        &cfg,
+        &policy,
+        &ctx.env,
+        &state.path().join("tmp/t"),
+        &hub_sidecar::sandbox::Grants {
+            write: vec![ws.path().to_path_buf()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    ctx.config = Arc::new(cfg);
+    let attempt = Attempt {
+        number: 1,
+        prompt: format!(
+            "Write hello.txt containing hi. Then write {}.",
+            outside.display()
+        ),
+    };
+    let out = ClaudeExecutor::new(&ctx)
+        .unwrap()
+        .execute(&ctx, &attempt)
+        .await;
+    assert_eq!(out.status, ExecStatus::Succeeded, "{:?}", out.error);
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "hi\n");
+    assert!(!outside.exists());
+    assert!(
+        home.path().join(".claude").is_dir(),
+        "claude keeps its state in its own directory under HOME"
+    );
+}
+
 #[tokio::test]
 async fn real_cli_a_write_inside_the_workspace_happens_and_no_transcript_is_left() {
     let Some(claude) = real_claude() else { return };
