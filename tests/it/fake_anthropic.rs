@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 /// How the fake answers `POST /v1/messages`.
@@ -69,34 +69,10 @@ impl FakeAnthropic {
 }
 
 async fn handle(mut sock: TcpStream, script: Script, requests: Arc<Mutex<Vec<(String, Value)>>>) {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 16384];
-    let head_end = loop {
-        match sock.read(&mut tmp).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&tmp[..n]),
-        }
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
+    let Some((head, body)) = crate::fakes::read_request(&mut sock).await else {
+        return;
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
     let request_line = head.lines().next().unwrap_or_default().to_string();
-    let len: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().unwrap_or(0))
-        })
-        .unwrap_or(0);
-    while buf.len() < head_end + len {
-        match sock.read(&mut tmp).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&tmp[..n]),
-        }
-    }
-    let body: Value = serde_json::from_slice(&buf[head_end..head_end + len]).unwrap_or(Value::Null);
     requests
         .lock()
         .unwrap()

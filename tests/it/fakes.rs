@@ -9,6 +9,39 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// Read one HTTP/1.1 request from `sock`: its head (request line and headers) and its
+/// body parsed as JSON (`Null` when it is not). `None` when the peer went away first.
+pub async fn read_request(sock: &mut TcpStream) -> Option<(String, Value)> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 16384];
+    let head_end = loop {
+        match sock.read(&mut tmp).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().unwrap_or(0))
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        match sock.read(&mut tmp).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+    }
+    let body = serde_json::from_slice(&buf[head_end..head_end + len]).unwrap_or(Value::Null);
+    Some((head, body))
+}
+
 /// One scripted answer of the fake Ollama.
 pub enum Reply {
     Status(u16, String),
@@ -67,34 +100,14 @@ async fn handle(
     script: Arc<Mutex<VecDeque<Reply>>>,
     requests: Arc<Mutex<Vec<Value>>>,
 ) {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
-    let head_end = loop {
-        match sock.read(&mut tmp).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&tmp[..n]),
-        }
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
+    let Some((head, body)) = read_request(&mut sock).await else {
+        return;
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let head = head.to_ascii_lowercase();
     assert!(
         head.starts_with("post /api/chat "),
         "unexpected request: {head}"
     );
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map(|v| v.trim().parse().unwrap())
-        .unwrap_or(0);
-    while buf.len() < head_end + len {
-        match sock.read(&mut tmp).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&tmp[..n]),
-        }
-    }
-    let body = serde_json::from_slice(&buf[head_end..head_end + len]).unwrap_or(Value::Null);
     requests.lock().unwrap().push(body);
     let reply = script
         .lock()
