@@ -132,32 +132,31 @@ async fn run_recorded(
                 .await
                 .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
         }
-        let git_env = sandbox::confine(
+        let git_env = confine_off_runtime(
             &cfg,
-            &deps.containment,
-            &deps.env,
+            deps,
             &tmp,
-            &Grants {
+            Grants {
                 write: git_roots,
                 read: Vec::new(),
                 home: true,
             },
         )
-        .map_err(|e| e.to_string())?;
+        .await?;
         let git = GitRunner::new(&cfg, &git_env, cancel.clone());
         let (ws, branch) = prepare_workspace(&cfg, &task, &git, &progress).await?;
-        let env = sandbox::confine(
+        let env = confine_off_runtime(
             &cfg,
-            &deps.containment,
-            &deps.env,
+            deps,
             &tmp,
-            &Grants {
+            Grants {
                 write: vec![ws.path.clone()],
                 // A managed clone's history, readable for the task's own git, not writable.
                 read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
                 home: false,
             },
-        );
+        )
+        .await;
         let git = match ws.git_dir() {
             Some(dir) => git.trusting(&ws.path, dir),
             None => git,
@@ -166,7 +165,7 @@ async fn run_recorded(
             Ok(env) => Ok((git, ws, branch, env)),
             Err(e) => {
                 ws.release().await;
-                Err(e.to_string())
+                Err(e)
             }
         }
     };
@@ -252,6 +251,26 @@ async fn run_recorded(
             TaskOutcome::Terminal(frame)
         }
     }
+}
+
+/// [`sandbox::confine`] on the blocking pool: building a ruleset opens every granted tree
+/// (and lists the ones it carves), file-system work that has no place on the runtime.
+async fn confine_off_runtime(
+    cfg: &Arc<Config>,
+    deps: &RunnerDeps,
+    tmp: &Path,
+    grants: Grants,
+) -> Result<ChildEnv, String> {
+    let (cfg, policy, env, tmp) = (
+        cfg.clone(),
+        deps.containment.clone(),
+        deps.env.clone(),
+        tmp.to_path_buf(),
+    );
+    tokio::task::spawn_blocking(move || sandbox::confine(&cfg, &policy, &env, &tmp, &grants))
+        .await
+        .map_err(|e| format!("containment_failed: the sandbox set-up panicked: {e}"))?
+        .map_err(|e| e.to_string())
 }
 
 /// The task's workspace and, when the git workflow applies, its task branch.
