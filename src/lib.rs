@@ -23,6 +23,7 @@
 //! - [`progress`]: progress events and their coalescing under the hub's budget.
 //! - [`process`]: the one spawn path: process groups, capped capture, group kill, sandbox.
 //! - [`sandbox`]: containment of what tasks run: Landlock, namespaces, limits.
+//! - [`spend`]: the spend ledger on disk: today's spend, each task's spend and attempts.
 //! - [`redact`]: secret scrubbing for everything that leaves the process.
 //! - [`recorder`]: the per-task flight record on disk and reading it back (`tasks`, `show`).
 //! - [`cost`]: model prices for estimated and equivalent costs.
