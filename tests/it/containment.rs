@@ -520,3 +520,46 @@ async fn observation_and_checks_never_run_what_a_repository_the_task_made_names(
     d.stop().await;
     assert_no_violations(&hub);
 }
+
+/// The loop as usual, inside the sandbox: a cargo test suite, a python and a sh check all
+/// run confined (the toolchains are readable, the build writes only the workspace).
+#[tokio::test]
+async fn cargo_python_and_sh_checks_work_under_containment() {
+    if !supported() {
+        return;
+    }
+    for tool in ["cargo", "python3"] {
+        if which::which(tool).is_err() {
+            eprintln!("skipped: `{tool}` is not installed");
+            return;
+        }
+    }
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (c, ws) = cfg_with_workspace(&hub, dir.path());
+    std::fs::create_dir_all(ws.join("src")).unwrap();
+    std::fs::write(
+        ws.join("Cargo.toml"),
+        "[package]\nname = \"tiny\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        ws.join("src/lib.rs"),
+        "pub fn add(a: i32, b: i32) -> i32 { a + b }\n#[test]\nfn adds() { assert_eq!(add(2, 2), 4); }\n",
+    )
+    .unwrap();
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let mut t = sample_shell_task("toolchains", "echo made > made.txt");
+    t["verification_steps"] = json!([
+        {"type": "test_passes", "target": "auto"},
+        {"type": "command_succeeds", "target": "python3 -c 'import json; print(json.dumps(1))'"},
+        {"type": "command_succeeds", "target": "test \"$(cat made.txt)\" = made"}
+    ]);
+    hub.assign(t);
+    let done = terminal(&hub, "toolchains").await;
+    assert_eq!(done["result"]["verification_status"], "verified", "{done}");
+    assert!(ws.join("target").is_dir(), "cargo built in the workspace");
+    d.stop().await;
+    assert_no_violations(&hub);
+}
