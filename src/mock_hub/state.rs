@@ -1,0 +1,210 @@
+//! The scripted hub's state: the locked task table and recordings, the per-agent rate
+//! limiter, and the answer to each valid frame from an identified agent. Nothing here
+//! touches a socket; `server` calls in with parsed frames.
+
+use super::*;
+
+impl Inner {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panicking test thread must not wedge the hub for the others.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn run_token(&self) -> CancellationToken {
+        self.run.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(super) fn push_identified(&self, make: impl Fn() -> Outbound) -> bool {
+        let st = self.lock();
+        let mut sent = false;
+        for c in st.conns.values().filter(|c| c.agent.is_some()) {
+            sent |= c.tx.send(make()).is_ok();
+        }
+        sent
+    }
+
+    pub(super) fn record(&self, conn: u64, inbound: bool, frame: Value) {
+        let mut st = self.lock();
+        if !inbound {
+            // Counters for the observing API are derived from what was really sent.
+            match type_of(&frame) {
+                Some("rate_limited") => st.rate_limited += 1,
+                Some("task_ack")
+                    if matches!(
+                        frame.get("status").and_then(Value::as_str),
+                        Some("complete" | "retried" | "dead_letter" | "failed")
+                    ) =>
+                {
+                    if let Some(id) = frame.get("task_id").and_then(Value::as_str) {
+                        *st.acked_terminal.entry(id.to_string()).or_default() += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        st.frames.push(Recorded {
+            conn,
+            at: Instant::now(),
+            inbound,
+            frame,
+        });
+        drop(st);
+        if inbound {
+            self.inbound.notify_waiters();
+        }
+    }
+
+    pub(super) fn violation(&self, conn: u64, frame: Value, errors: Vec<String>) {
+        tracing::warn!(conn, ?errors, "mock hub: protocol violation");
+        self.lock().violations.push(Violation {
+            conn,
+            frame,
+            errors,
+        });
+    }
+
+    pub(super) fn check_rate(&self, agent: &str, tier: Tier) -> Verdict {
+        let o = &self.opts;
+        let (cap, per_min) = match tier {
+            Tier::Light => (o.light_capacity, o.light_per_minute),
+            Tier::Normal => (o.normal_capacity, o.normal_per_minute),
+            Tier::Heavy => (o.heavy_capacity, o.heavy_per_minute),
+        };
+        let cap = f64::from(cap);
+        let per_ms = f64::from(per_min) / 60_000.0;
+        let now = Instant::now();
+        let mut st = self.lock();
+        let b = st
+            .buckets
+            .entry((agent.to_string(), tier))
+            .or_insert(Bucket {
+                tokens: cap,
+                last: now,
+            });
+        let elapsed = now.duration_since(b.last).as_secs_f64() * 1000.0;
+        b.tokens = (b.tokens + elapsed * per_ms).min(cap);
+        b.last = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            if b.tokens < cap * WARN_SHARE {
+                Verdict::Warn {
+                    remaining: b.tokens.floor() as u64,
+                    capacity: cap as u64,
+                }
+            } else {
+                Verdict::Allow
+            }
+        } else {
+            let ms = if per_ms > 0.0 {
+                ((1.0 - b.tokens) / per_ms).ceil() as u64
+            } else {
+                60_000
+            };
+            Verdict::Deny {
+                retry_after_ms: ms.div_ceil(1000).max(1) * 1000,
+            }
+        }
+    }
+
+    /// Answers one valid frame from an identified agent.
+    pub(super) fn dispatch(&self, agent: &str, ty: &str, f: &Value) -> Option<Value> {
+        let task_id = f.get("task_id").and_then(Value::as_str).unwrap_or_default();
+        let mut st = self.lock();
+        match ty {
+            "ping" => Some(json!({"type": "pong", "timestamp": now_ms()})),
+            "task_accepted" => {
+                if let Some(t) = st.tasks.get_mut(task_id) {
+                    if t.agent == agent && t.state == MockTaskState::Assigned {
+                        t.state = MockTaskState::Accepted;
+                    }
+                }
+                Some(json!({"type": "task_ack", "task_id": task_id, "status": "accepted"}))
+            }
+            "task_complete" | "task_failed" => {
+                if st.ack_terminal_off || st.ignore_terminal.contains(task_id) {
+                    return None;
+                }
+                let complete = ty == "task_complete";
+                let generation = f["generation"].as_u64();
+                let verdict = match st.tasks.get_mut(task_id) {
+                    None => Err("not_found".to_string()),
+                    Some(t) if !t.in_flight() => {
+                        Err(format!("invalid_state {:?}", t.state).to_lowercase())
+                    }
+                    Some(t) if t.agent != agent => Err("not_assigned_to_agent".into()),
+                    Some(t) if generation != Some(t.generation) => Err("stale_generation".into()),
+                    Some(t) => {
+                        if complete {
+                            t.state = MockTaskState::Complete;
+                        } else {
+                            t.generation += 1;
+                            t.state = MockTaskState::Queued;
+                        }
+                        Ok(())
+                    }
+                };
+                Some(match (verdict, complete) {
+                    (Ok(()), true) => {
+                        json!({"type": "task_ack", "task_id": task_id, "status": "complete"})
+                    }
+                    (Ok(()), false) => {
+                        json!({"type": "task_ack", "task_id": task_id, "status": "retried"})
+                    }
+                    (Err(r), true) => {
+                        json!({"type": "error", "error": format!("task_complete_failed: {r}")})
+                    }
+                    (Err(r), false) => {
+                        json!({"type": "error", "error": format!("task_fail_failed: {r}")})
+                    }
+                })
+            }
+            "task_recovering" => {
+                let forced = st.recovery.get(task_id).copied();
+                let ours = st
+                    .tasks
+                    .get(task_id)
+                    .is_some_and(|t| t.agent == agent && t.in_flight());
+                let answer = forced.unwrap_or(if ours {
+                    RecoveryAnswer::Continue
+                } else {
+                    RecoveryAnswer::Reassign
+                });
+                match (answer, st.tasks.get_mut(task_id)) {
+                    (RecoveryAnswer::Continue, Some(t)) => {
+                        if !t.in_flight() || t.agent != agent {
+                            // Forced continue of a task that was reclaimed: hand it back.
+                            t.agent = agent.to_string();
+                            t.state = MockTaskState::Assigned;
+                        }
+                        Some(json!({"type": "task_continue", "task_id": task_id,
+                                    "generation": t.generation}))
+                    }
+                    (RecoveryAnswer::Continue, None) => {
+                        Some(json!({"type": "task_continue", "task_id": task_id, "generation": 1}))
+                    }
+                    (RecoveryAnswer::Reassign, t) => {
+                        if let Some(t) = t.filter(|t| t.in_flight()) {
+                            t.generation += 1;
+                            t.state = MockTaskState::Queued;
+                        }
+                        Some(json!({"type": "task_reassign", "task_id": task_id}))
+                    }
+                }
+            }
+            "state_report" => {
+                let action = st
+                    .state_report_actions
+                    .get(task_id)
+                    .cloned()
+                    .unwrap_or_else(|| "continue".into());
+                Some(json!({"type": "state_report_ack", "task_id": task_id, "action": action}))
+            }
+            "status" => Some(json!({"type": "status_updated"})),
+            "list_agents" => Some(json!({"type": "agents", "agents": []})),
+            "list_channels" => Some(json!({"type": "channels", "channels": []})),
+            "message" => Some(json!({"type": "message_sent", "id": format!("msg-{}", now_ms())})),
+            // task_progress, resource_report, ollama_report, wake_result, channel_*: no reply.
+            _ => None,
+        }
+    }
+}
