@@ -6,4 +6,4 @@
 #   bash scripts/soak.sh long_soak   # one of them (cargo test filter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo test --release --test it -- --ignored --nocapture --test-threads=1 "${1:-faults::long_}"
+exec cargo test --release --test it -- --ignored --nocapture --test-threads=1 "${1:-::long_}"
