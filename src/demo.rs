@@ -65,7 +65,23 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         "hub-sidecar demo: the real daemon against an embedded mock hub at {}",
         hub.url()
     );
-    println!("workspace {}\n(the `claude` here is a labelled stand-in: examples/stand-in-claude/claude)\n", workspace.display());
+    println!(
+        "workspace {}\n(the `claude` here is a labelled stand-in: examples/stand-in-claude/claude)",
+        workspace.display()
+    );
+    // What every child of the task will run under (the daemon decides the same way).
+    let support = tokio::task::spawn_blocking(crate::sandbox::Support::probe)
+        .await
+        .context("probing what containment this kernel allows")?;
+    let missing = support.missing();
+    if missing.is_empty() {
+        println!("containment: strict ({})\n", support.describe());
+    } else {
+        println!(
+            "containment: best-effort; NOT enforced: {}\n",
+            missing.join("; ")
+        );
+    }
 
     let shutdown = Shutdown::new();
     let daemon = tokio::spawn(daemon::run(cfg, shutdown.clone(), Ops::new()));
