@@ -42,7 +42,7 @@ mod shutdown;
 mod slot;
 
 use delivery::accepted_after_identify;
-use shutdown::OUTBOX_FLUSH;
+use shutdown::{wait_unless_immediate, OUTBOX_FLUSH};
 pub use shutdown::{ExitReason, Shutdown};
 use slot::{join_running, Running};
 
@@ -124,6 +124,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     };
     let mut d = Daemon {
         cfg,
+        shutdown: shutdown.clone(),
         store,
         active,
         outbox,
@@ -151,18 +152,21 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
             "results from a previous run wait for the hub's acknowledgement"
         );
     }
-    let reason = d.run(&shutdown).await;
+    let reason = d.run().await;
     d.ops.stopping();
     link_cancel.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), link_task).await;
+    // An immediate stop waits for neither the link's goodbye nor the recorder's last lines.
+    wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), link_task).await;
     // The recorder's writer ends once its last handle is gone: let it write its last lines.
     drop(d);
-    let _ = tokio::time::timeout(Duration::from_secs(5), recorder_writer).await;
+    wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), recorder_writer).await;
     Ok(reason)
 }
 
 struct Daemon {
     cfg: Arc<Config>,
+    /// The caller's stop requests; the select loop and the forced stop observe them.
+    shutdown: Shutdown,
     store: StateStore,
     /// The task this daemon works on, as on disk.
     active: Option<ActiveTask>,
@@ -198,11 +202,16 @@ async fn sleep_until_opt(t: Option<Instant>) {
 }
 
 impl Daemon {
-    async fn run(&mut self, shutdown: &Shutdown) -> ExitReason {
+    async fn run(&mut self) -> ExitReason {
         self.ops.status("connecting to the hub");
+        let shutdown = self.shutdown.clone();
         loop {
             tokio::select! {
                 biased;
+                // `abort` sees `immediate` itself and skips the kill grace.
+                _ = shutdown.immediate.cancelled() => {
+                    return self.abort().await;
+                }
                 _ = shutdown.abort.cancelled() => {
                     return self.abort().await;
                 }
