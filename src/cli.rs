@@ -221,11 +221,11 @@ async fn run_daemon(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<Exit
     config::warn_about(&cfg);
     tracing::info!(agent_id = %cfg.agent_id, hub = %cfg.hub_url, state = %cfg.state_file().display(), "hub-sidecar starting");
     let shutdown = Shutdown::new();
-    tokio::spawn(stage_signals(shutdown.clone()));
     let ops = Ops::new();
     // Side services live exactly as long as the daemon: cancelled and awaited on every exit.
     let services = CancellationToken::new();
     let tracker = TaskTracker::new();
+    tracker.spawn(stage_signals(shutdown.clone(), services.clone()));
     if let Some(addr) = cfg.metrics_addr {
         crate::ops::http::start(addr, ops.clone(), services.clone(), &tracker).await?;
     }
@@ -251,11 +251,15 @@ async fn run_daemon(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<Exit
         ExitReason::Drained | ExitReason::Aborted | ExitReason::RestartRequested => {
             ExitCode::SUCCESS
         }
+        // What a shell reports for a process ended by SIGINT; the third signal asked for it.
+        ExitReason::Interrupted => ExitCode::from(130),
     })
 }
 
-/// First SIGTERM/SIGINT: drain. Second: abort the task (kept for recovery). Third: exit now.
-async fn stage_signals(shutdown: Shutdown) {
+/// First SIGTERM/SIGINT: drain. Second: abort the task (kept for recovery). Third: stop at
+/// once ([`Shutdown::immediate`]: the task's processes are killed, the binary exits 130).
+/// Ends with the daemon's side services (`services`).
+async fn stage_signals(shutdown: Shutdown, services: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -267,6 +271,7 @@ async fn stage_signals(shutdown: Shutdown) {
     let mut count = 0;
     loop {
         tokio::select! {
+            _ = services.cancelled() => return,
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
@@ -278,37 +283,12 @@ async fn stage_signals(shutdown: Shutdown) {
                 shutdown.abort.cancel();
             }
             _ => {
-                // State is already on disk; nothing is lost by leaving now. The running
-                // task's processes go with us: exiting must not leave orphans behind.
+                // State is already on disk; nothing is lost by leaving now. The daemon kills
+                // the task's process groups without a grace period (no orphans), returns
+                // `Interrupted`, and the binary exits 130 once its services have stopped.
                 tracing::warn!("third stop signal: exiting immediately");
-                kill_child_groups();
-                std::process::exit(130);
+                shutdown.immediate.cancel();
             }
-        }
-    }
-}
-
-/// SIGKILL the process groups led by this process's children (every task and check
-/// command is a group leader, see [`crate::process`]). Reads `/proc`; used only on the way
-/// out, where blocking for a moment does not matter.
-fn kill_child_groups() {
-    let me = std::process::id();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for e in dir.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // After "pid (comm)": state, ppid, pgrp, …
-        let mut fields = stat.rsplit(')').next().unwrap_or("").split_whitespace();
-        let ppid = fields.nth(1).and_then(|p| p.parse::<u32>().ok());
-        let pgrp = fields.next().and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(me) && pgrp == Some(pid) {
-            crate::process::signal_group(pid, libc::SIGKILL);
         }
     }
 }

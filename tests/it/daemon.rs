@@ -660,3 +660,49 @@ async fn the_daily_cap_holds_when_the_daemon_restarts_in_the_middle_of_a_task() 
     assert_eq!(bin.wait(T).await, Some(0));
     assert_no_violations(&hub);
 }
+
+/// `Shutdown::immediate` during a forced stop: the daemon stops waiting out the task's kill
+/// grace (60 s here, for a task that ignores SIGTERM), kills its processes at once, keeps the
+/// task for recovery and says `Interrupted`. This is what the third stop signal asks for.
+#[tokio::test]
+async fn an_immediate_stop_kills_a_task_in_its_kill_grace_and_keeps_it_for_recovery() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(&hub, dir.path());
+    c.executor.kill_grace_ms = 60_000;
+    // Without a PID namespace, so SIGTERM reaches the shell itself (which ignores it)
+    // rather than the namespace's supervisor (which would take the whole tree down).
+    c.containment = Some(hub_sidecar::sandbox::Containment::Off);
+    let d = spawn(c);
+    hub.wait_for_type("identify", T).await.unwrap();
+    let sleep = unique_sleep();
+    hub.assign(sample_shell_task(
+        "stubborn",
+        &format!("trap '' TERM; sleep {sleep}"),
+    ));
+    hub.wait_for_type("task_accepted", T).await.unwrap();
+    assert!(wait_until(|| !procs_with_arg(&sleep).is_empty(), T).await);
+    // Abort first, as the second signal does: the task shrugs off its SIGTERM, so the forced
+    // stop would wait the whole grace. Immediate cuts that short wherever the stop is.
+    d.shutdown.abort.cancel();
+    d.shutdown.immediate.cancel();
+    let state = dir.path().join("queue.json");
+    let reason = tokio::time::timeout(T, d.handle)
+        .await
+        .expect("an immediate stop must not wait out the 60 s kill grace")
+        .unwrap()
+        .unwrap();
+    assert_eq!(reason, hub_sidecar::daemon::ExitReason::Interrupted);
+    let gone = wait_until(|| procs_with_arg(&sleep).is_empty(), T).await;
+    for pid in procs_with_arg(&sleep) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    assert!(gone, "the task's processes outlived the immediate stop");
+    let st = hub_sidecar::state::read_state(&state).unwrap();
+    let phase = serde_json::to_value(&st).unwrap()["active"]["phase"].clone();
+    assert_eq!(phase, "recovering");
+    assert!(hub.received_of("task_complete").is_empty());
+    assert_no_violations(&hub);
+}

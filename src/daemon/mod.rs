@@ -1,0 +1,379 @@
+//! The daemon: one actor that owns the task state and reacts to the hub link, the runner
+//! and shutdown signals.
+//!
+//! Invariants it keeps:
+//! - at most one task is active; it is on disk before `task_accepted` is sent;
+//! - a terminal frame is in the on-disk outbox before it is sent, and leaves the outbox only
+//!   when the hub answers it (`task_ack`, or a final `task_*_failed` error);
+//! - outbox frames are sent one at a time, each followed by a barrier ping, so an answer can
+//!   be matched to its frame even though the hub's error replies carry no task id; which
+//!   entry goes next (newest first, a miss waits, bound, expiry) is [`crate::outbox`]'s rule;
+//! - shutdown drains (finish the task, deliver its result) before it stops, unless forced.
+//!
+//! Layout, one job per file:
+//! - `mod.rs`: start-up ([`run`]), the select loop and the dispatch of link events and frames;
+//! - `slot.rs`: the task slot: the assignment rule (`decide_assign`), start, finish, drop;
+//! - `delivery.rs`: terminal frames from the outbox to the hub and their answers;
+//! - `shutdown.rs`: [`Shutdown`], [`ExitReason`] and the forced stop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::hub::budget::RateBudget;
+use crate::hub::link::{self, LinkEvent, LinkHandle};
+use crate::hub::proto::{Inbound, Outbound};
+use crate::ops::Ops;
+use crate::outbox::Outbox;
+use crate::process::ChildEnv;
+use crate::recorder::Recorder;
+use crate::redact::Redactor;
+use crate::runner::RunnerDeps;
+use crate::state::{ActiveTask, OutboxMeta, Phase, StateStore};
+use crate::task::Task;
+
+mod delivery;
+mod shutdown;
+mod slot;
+
+use delivery::accepted_after_identify;
+use shutdown::{wait_unless_immediate, OUTBOX_FLUSH};
+pub use shutdown::{ExitReason, Shutdown};
+use slot::{join_running, Running};
+
+/// How long `task_recovering` may go unanswered before the task is dropped. The hub
+/// re-queues a task on any disconnect anyway; waiting forever would refuse every new
+/// assignment as `sidecar_busy`.
+const RECOVERY_ANSWER: Duration = Duration::from_secs(60);
+
+/// Run the daemon until shutdown. `ops` receives metrics and health.
+pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
+    let cfg = Arc::new(cfg);
+    let store = StateStore::new(cfg.state_file());
+    let loaded = store.load().await.with_context(|| {
+        format!(
+            "loading state from {}; fix its permissions or move it away",
+            store.path().display()
+        )
+    })?;
+    if let Some((aside, error)) = &loaded.corrupt {
+        tracing::error!(
+            file = %store.path().display(),
+            moved_to = %aside.display(),
+            error = %error,
+            "state file was corrupt: moved aside and starting with empty state; inspect the saved copy"
+        );
+    }
+    if let Some((aside, bytes)) = &loaded.torn {
+        tracing::warn!(
+            file = %store.path().display(),
+            kept_in = %aside.display(),
+            bytes,
+            "state file ended in a half-written change (a crash mid-write): kept those bytes aside; the state is what the complete changes say"
+        );
+    }
+    if loaded.upgraded {
+        tracing::info!(file = %store.path().display(), "state file converted to the journal format");
+    }
+    let mut active = loaded.active;
+    if let Some(active) = &mut active {
+        tracing::warn!(task_id = %active.task.task_id, "found an unfinished task from a previous run; will ask the hub with task_recovering");
+        active.phase = Phase::Recovering;
+    }
+    if let Err(e) = store.set_active(active.clone()).await {
+        tracing::error!(error = %e, "state directory is not writable: tasks will be refused until it is");
+    }
+    let outbox = Outbox::new(
+        cfg.outbox_max_entries,
+        Duration::from_secs(cfg.outbox_expiry_secs),
+    );
+
+    let budget = Arc::new(RateBudget::from_config(&cfg.progress));
+    let (handle, out_rx) = link::channel();
+    let (ev_tx, ev_rx) = mpsc::channel(1024);
+    let link_cancel = CancellationToken::new();
+    let link_task = tokio::spawn(link::run(
+        cfg.clone(),
+        budget.clone(),
+        ev_tx,
+        out_rx,
+        ops.clone(),
+        link_cancel.clone(),
+    ));
+    let redactor = Arc::new(Redactor::from_config(&cfg));
+    let containment = Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await);
+    let (recorder, recorder_writer) =
+        Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
+    let ledger = Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await);
+    ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
+    let deps = RunnerDeps {
+        config: cfg.clone(),
+        env: ChildEnv::from_config(&cfg),
+        redactor,
+        budget,
+        out: Arc::new(handle.clone()),
+        ops: ops.clone(),
+        recorder,
+        containment,
+        ledger,
+    };
+    let mut d = Daemon {
+        cfg,
+        shutdown: shutdown.clone(),
+        store,
+        active,
+        outbox,
+        link: handle,
+        deps,
+        ops,
+        events: ev_rx,
+        running: None,
+        identified: false,
+        inflight: None,
+        outbox_retry_at: None,
+        draining: false,
+        drain_deadline: None,
+        flush_deadline: None,
+        restart_requested: false,
+        recovery_deadline: None,
+        queued: None,
+    };
+    for meta in loaded.outbox {
+        d.add_to_outbox(meta).await;
+    }
+    if !d.outbox.is_empty() {
+        tracing::info!(
+            pending = d.outbox.len(),
+            "results from a previous run wait for the hub's acknowledgement"
+        );
+    }
+    let reason = d.run().await;
+    d.ops.stopping();
+    link_cancel.cancel();
+    // An immediate stop waits for neither the link's goodbye nor the recorder's last lines.
+    wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), link_task).await;
+    // The recorder's writer ends once its last handle is gone: let it write its last lines.
+    drop(d);
+    wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), recorder_writer).await;
+    Ok(reason)
+}
+
+struct Daemon {
+    cfg: Arc<Config>,
+    /// The caller's stop requests; the select loop and the forced stop observe them.
+    shutdown: Shutdown,
+    store: StateStore,
+    /// The task this daemon works on, as on disk.
+    active: Option<ActiveTask>,
+    /// Terminal frames waiting for the hub's answer (frames stay on disk in the store).
+    outbox: Outbox,
+    link: LinkHandle,
+    deps: RunnerDeps,
+    ops: Ops,
+    events: mpsc::Receiver<LinkEvent>,
+    running: Option<Running>,
+    identified: bool,
+    /// The outbox entry sent on this connection and not yet answered.
+    inflight: Option<OutboxMeta>,
+    /// When to look at the outbox again (an entry waits after a miss).
+    outbox_retry_at: Option<Instant>,
+    draining: bool,
+    drain_deadline: Option<Instant>,
+    /// Set once a drain has nothing left to run: how long the outbox may take.
+    flush_deadline: Option<Instant>,
+    restart_requested: bool,
+    /// When an unanswered `task_recovering` gives up.
+    recovery_deadline: Option<Instant>,
+    /// Accepted while a dropped task's runner was still winding down; starts when it ends,
+    /// so two tasks never share the workspace.
+    queued: Option<Task>,
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Daemon {
+    async fn run(&mut self) -> ExitReason {
+        self.ops.status("connecting to the hub");
+        let shutdown = self.shutdown.clone();
+        loop {
+            tokio::select! {
+                biased;
+                // `abort` sees `immediate` itself and skips the kill grace.
+                _ = shutdown.immediate.cancelled() => {
+                    return self.abort().await;
+                }
+                _ = shutdown.abort.cancelled() => {
+                    return self.abort().await;
+                }
+                _ = sleep_until_opt(self.drain_deadline) => {
+                    tracing::warn!(drain_timeout_secs = self.cfg.drain_timeout_secs, "drain timeout reached; cancelling the task and keeping it for recovery");
+                    return self.abort().await;
+                }
+                _ = shutdown.drain.cancelled(), if !self.draining => {
+                    tracing::info!(running = self.running.is_some(), "stop requested: draining (no new tasks; the current one may finish)");
+                    self.draining = true;
+                    self.drain_deadline = Some(Instant::now() + Duration::from_secs(self.cfg.drain_timeout_secs));
+                    self.ops.status("draining");
+                }
+                res = join_running(&mut self.running) => {
+                    let r = self.running.take().expect("joined a running task");
+                    self.task_finished(r, res).await;
+                }
+                ev = self.events.recv() => match ev {
+                    Some(ev) => self.on_link_event(ev).await,
+                    None => {
+                        tracing::error!("hub link task ended unexpectedly");
+                        return self.abort().await;
+                    }
+                },
+                _ = sleep_until_opt(self.outbox_retry_at) => {
+                    self.outbox_retry_at = None;
+                    self.pump_outbox().await;
+                }
+                _ = sleep_until_opt(self.recovery_deadline) => {
+                    self.recovery_deadline = None;
+                    if let Some(a) = self.active.as_ref().filter(|a| a.phase == Phase::Recovering) {
+                        let task_id = a.task.task_id.clone();
+                        tracing::warn!(task_id = %task_id, "no answer to task_recovering in time; dropping the task (the hub re-queues it)");
+                        self.drop_task(&task_id).await;
+                    }
+                }
+                _ = sleep_until_opt(self.flush_deadline) => {
+                    tracing::warn!(pending = self.outbox.len(), "outbox not flushed in time; results stay on disk and are re-sent on the next start");
+                    return self.idle_exit_reason();
+                }
+            }
+            if (self.draining || self.restart_requested) && self.running.is_none() {
+                if self.outbox.is_empty() {
+                    return self.idle_exit_reason();
+                }
+                self.flush_deadline
+                    .get_or_insert_with(|| Instant::now() + OUTBOX_FLUSH);
+            }
+        }
+    }
+
+    /// Write the active task to disk; `false` (logged) when it could not be.
+    async fn save(&self) -> bool {
+        match self.store.set_active(self.active.clone()).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "state not persisted");
+                false
+            }
+        }
+    }
+
+    async fn on_link_event(&mut self, ev: LinkEvent) {
+        match ev {
+            LinkEvent::Identified { epoch } => {
+                self.link.set_epoch(epoch);
+                self.identified = true;
+                self.inflight = None;
+                self.ops.ready();
+                self.after_identify().await;
+            }
+            LinkEvent::Disconnected { reason } => {
+                tracing::debug!(reason = %reason, "link down");
+                self.identified = false;
+                self.inflight = None;
+                self.ops.status("reconnecting to the hub");
+            }
+            LinkEvent::Barrier { task_id } => self.on_barrier(&task_id).await,
+            LinkEvent::Frame(frame) => self.on_frame(frame).await,
+        }
+    }
+
+    /// After each `identified`: `task_accepted` (see [`accepted_after_identify`]), recovery
+    /// question, state report, outbox.
+    async fn after_identify(&mut self) {
+        let running = self
+            .running
+            .as_ref()
+            .filter(|r| !r.dropped)
+            .map(|r| r.task_id.as_str());
+        for task_id in
+            accepted_after_identify(running, self.outbox.iter().map(|m| m.task_id.as_str()))
+        {
+            self.link.send(Outbound::TaskAccepted { task_id });
+        }
+        if let Some(active) = &self.active {
+            let task = &active.task;
+            match active.phase {
+                Phase::Recovering if self.running.is_none() => {
+                    self.link.send(Outbound::TaskRecovering {
+                        task_id: task.task_id.clone(),
+                        generation: task.generation,
+                    });
+                    self.recovery_deadline = Some(Instant::now() + RECOVERY_ANSWER);
+                }
+                _ if self.running.is_some() => {
+                    self.link.send(Outbound::StateReport {
+                        task_id: task.task_id.clone(),
+                        status: "working".into(),
+                        generation: task.generation,
+                        assigned_at: task.assigned_at,
+                    });
+                }
+                _ => {}
+            }
+        }
+        self.status_line();
+        self.pump_outbox().await;
+    }
+
+    fn status_line(&self) {
+        match &self.active {
+            Some(a) => self
+                .ops
+                .status(&format!("connected, running task {}", a.task.task_id)),
+            None => self.ops.status("connected, idle"),
+        }
+    }
+
+    async fn on_frame(&mut self, frame: Inbound) {
+        match frame {
+            Inbound::TaskAssign(task) => self.on_assign(*task).await,
+            Inbound::TaskCancelled { task_id } => {
+                tracing::info!(task_id = %task_id, "hub cancelled the task");
+                self.drop_task(&task_id).await;
+            }
+            Inbound::TaskReassign { task_id } => {
+                tracing::info!(task_id = %task_id, "hub re-queued the task; dropping it");
+                self.drop_task(&task_id).await;
+            }
+            Inbound::StateReportAck { task_id, action } => {
+                if action == "abort" {
+                    tracing::warn!(task_id = %task_id, "hub says abort the task");
+                    self.drop_task(&task_id).await;
+                }
+            }
+            Inbound::TaskContinue {
+                task_id,
+                generation,
+            } => self.on_continue(&task_id, generation).await,
+            Inbound::RestartSidecar { reason } => {
+                tracing::info!(reason = ?reason, "hub asked for a restart; exiting once idle");
+                self.restart_requested = true;
+            }
+            Inbound::TaskAck { task_id, status } => self.on_ack(&task_id, status.as_deref()).await,
+            Inbound::Error {
+                error,
+                message_type,
+                ..
+            } => self.on_hub_error(&error, message_type.as_deref()).await,
+            Inbound::RateLimited { .. } => {}
+            other => tracing::debug!(frame = ?other, "hub frame needs no action"),
+        }
+    }
+}

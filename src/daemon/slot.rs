@@ -1,0 +1,461 @@
+//! The task slot: which task this agent works on, whether a new assignment is taken,
+//! refused or adopted, starting the runner, and what happens when it ends.
+//!
+//! The rule for an assignment is the pure [`decide_assign`], so it can be tested without a
+//! hub; [`Daemon::on_assign`] carries the decision out (persist, answer, start).
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::Daemon;
+use crate::hub::proto::Outbound;
+use crate::progress::{ProgressEvent, ProgressSink};
+use crate::runner::{self, TaskOutcome};
+use crate::state::{ActiveTask, OutboxEntry, Phase};
+use crate::task::Task;
+use crate::util::now_ms;
+
+/// The task being worked on now.
+pub(super) struct Running {
+    pub(super) task_id: String,
+    pub(super) cancel: CancellationToken,
+    pub(super) handle: JoinHandle<TaskOutcome>,
+    /// The hub took the task back (cancelled, reassigned, aborted): send nothing for it.
+    pub(super) dropped: bool,
+}
+
+/// Wait for the running task's runner to end; pending forever when nothing runs.
+pub(super) async fn join_running(
+    r: &mut Option<Running>,
+) -> Result<TaskOutcome, tokio::task::JoinError> {
+    match r {
+        Some(r) => (&mut r.handle).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What [`decide_assign`] looks at: the slot as it is when a `task_assign` arrives.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SlotView<'a> {
+    /// The runner still working: its task and whether the hub already took that task back
+    /// (a dropped runner is only winding down).
+    pub(super) running: Option<(&'a str, bool)>,
+    /// The task this agent owns, as on disk, and its phase.
+    pub(super) active: Option<(&'a str, Phase)>,
+    /// Draining, or the hub asked for a restart.
+    pub(super) stopping: bool,
+}
+
+/// Why an assignment is refused; [`Refusal::reason`] is the `task_failed` reason the hub sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// Draining or restarting: the hub should not expect this agent back soon.
+    ShuttingDown,
+    /// Another task owns the slot.
+    Busy,
+    /// The slot could not be written to disk, so the task would be lost on a crash.
+    StateNotPersistable,
+}
+
+impl Refusal {
+    pub(super) fn reason(self) -> &'static str {
+        match self {
+            Refusal::ShuttingDown => "sidecar_shutting_down",
+            Refusal::Busy => "sidecar_busy",
+            Refusal::StateNotPersistable => {
+                "state_not_persistable: the sidecar cannot write its state file"
+            }
+        }
+    }
+}
+
+/// What to do with a `task_assign`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Assign {
+    /// The hub re-assigned the task already running here (after a reconnect): keep the
+    /// work, adopt the new generation, accept again.
+    Readopt,
+    /// Answer `task_failed` with this reason; nothing changes here.
+    Refuse(Refusal),
+    /// Take the task.
+    Take {
+        /// It is the task we were about to ask about with `task_recovering`: the hub handing
+        /// it back is its answer, so that recovering slot is given up for this run.
+        replaces_recovering: bool,
+        /// A dropped task's runner is still winding down: start right after it ends, so
+        /// two tasks never share the workspace.
+        after_runner: bool,
+    },
+}
+
+/// The assignment rule. In order: the task already running here is re-adopted (even while
+/// stopping: the hub merely reconnected); stopping refuses everything else (it wins over
+/// busy); the recovering task handed back is taken; any other owned slot is busy.
+pub(super) fn decide_assign(task_id: &str, slot: SlotView<'_>) -> Assign {
+    let running_live = slot
+        .running
+        .filter(|(_, dropped)| !dropped)
+        .map(|(id, _)| id);
+    let active_id = slot.active.map(|(id, _)| id);
+    if running_live == Some(task_id) && active_id == Some(task_id) {
+        return Assign::Readopt;
+    }
+    if slot.stopping {
+        return Assign::Refuse(Refusal::ShuttingDown);
+    }
+    let replaces_recovering =
+        slot.running.is_none() && slot.active == Some((task_id, Phase::Recovering));
+    if slot.active.is_some() && !replaces_recovering {
+        return Assign::Refuse(Refusal::Busy);
+    }
+    Assign::Take {
+        replaces_recovering,
+        after_runner: slot.running.is_some(),
+    }
+}
+
+impl Daemon {
+    fn slot_view(&self) -> SlotView<'_> {
+        SlotView {
+            running: self
+                .running
+                .as_ref()
+                .map(|r| (r.task_id.as_str(), r.dropped)),
+            active: self
+                .active
+                .as_ref()
+                .map(|a| (a.task.task_id.as_str(), a.phase)),
+            stopping: self.draining || self.restart_requested,
+        }
+    }
+
+    pub(super) async fn on_assign(&mut self, task: Task) {
+        let task_id = task.task_id.clone();
+        tracing::info!(task_id = %task_id, generation = task.generation, "task assigned");
+        let after_runner = match decide_assign(&task_id, self.slot_view()) {
+            Assign::Readopt => {
+                if let Some(active) = &mut self.active {
+                    active.task.generation = task.generation;
+                }
+                self.save().await;
+                self.link.send(Outbound::TaskAccepted { task_id });
+                return;
+            }
+            Assign::Refuse(refusal) => {
+                if refusal == Refusal::Busy {
+                    tracing::warn!(task_id = %task_id, "busy with another task: refusing");
+                }
+                return self.refuse(&task, refusal).await;
+            }
+            Assign::Take {
+                replaces_recovering,
+                after_runner,
+            } => {
+                if replaces_recovering {
+                    tracing::info!(task_id = %task_id, generation = task.generation, "recovering task assigned again: running it");
+                    self.active = None;
+                    self.recovery_deadline = None;
+                }
+                after_runner
+            }
+        };
+        // A fresh assignment starts a fresh attempt count and task budget (only
+        // `task_continue` resumes them); the day's spend stays.
+        self.deps.ledger.finish_task(&task_id).await;
+        self.active = Some(ActiveTask {
+            task: task.clone(),
+            phase: Phase::Running,
+            accepted_at: now_ms(),
+        });
+        if !self.save().await {
+            self.active = None;
+            tracing::error!(task_id = %task_id, state_file = %self.store.path().display(), "cannot persist the task, so not accepting it");
+            return self.refuse(&task, Refusal::StateNotPersistable).await;
+        }
+        self.link.send(Outbound::TaskAccepted {
+            task_id: task_id.clone(),
+        });
+        if after_runner {
+            self.queued = Some(task);
+        } else {
+            self.start(task);
+        }
+    }
+
+    /// Answer an assignment we will not run with `task_failed` (via the outbox).
+    async fn refuse(&mut self, task: &Task, refusal: Refusal) {
+        let entry = OutboxEntry {
+            task_id: task.task_id.clone(),
+            frame: Outbound::task_failed(&task.task_id, task.generation, refusal.reason()),
+            created_at: now_ms(),
+        };
+        let (meta, res) = self.store.push(entry, None).await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, task_id = %task.task_id, "refusal not persisted; sending it from memory");
+        }
+        self.add_to_outbox(meta).await;
+        self.pump_outbox().await;
+    }
+
+    pub(super) async fn on_continue(&mut self, task_id: &str, generation: Option<u64>) {
+        let Some(active) = &mut self.active else {
+            return;
+        };
+        if active.task.task_id != task_id
+            || active.phase != Phase::Recovering
+            || self.running.is_some()
+        {
+            return;
+        }
+        if let Some(g) = generation {
+            active.task.generation = g;
+        }
+        active.phase = Phase::Running;
+        self.recovery_deadline = None;
+        let task = active.task.clone();
+        tracing::info!(task_id = %task_id, generation = task.generation, "hub says continue: running the task again");
+        self.save().await;
+        self.start(task);
+        // A restarted hub's AgentFSM waits in `assigned`; `task_continue` does not move it.
+        self.link.send(Outbound::TaskAccepted {
+            task_id: task_id.to_string(),
+        });
+    }
+
+    /// Stop and forget a task the hub no longer wants us to run.
+    pub(super) async fn drop_task(&mut self, task_id: &str) {
+        if let Some(r) = self.running.as_mut().filter(|r| r.task_id == task_id) {
+            // Its processes are killed as the runner unwinds; nothing is reported for it.
+            r.dropped = true;
+            r.cancel.cancel();
+        }
+        // The slot is free now, on disk too: the hub considers this agent idle and may assign
+        // the next task before a cancelled runner has finished unwinding.
+        if self
+            .active
+            .as_ref()
+            .is_some_and(|a| a.task.task_id == task_id)
+        {
+            self.active = None;
+            self.recovery_deadline = None;
+            self.ops.set_active_task(None);
+            self.save().await;
+            self.status_line();
+        }
+    }
+
+    fn start(&mut self, task: Task) {
+        let task = Arc::new(task);
+        let cancel = CancellationToken::new();
+        let sink = ProgressSink::new(self.cfg.progress.max_text_bytes);
+        sink.emit(ProgressEvent::status("task accepted"));
+        self.ops.set_active_task(Some(&task.task_id));
+        let handle = tokio::spawn(runner::run_task(
+            task.clone(),
+            self.deps.clone(),
+            sink,
+            cancel.clone(),
+        ));
+        self.running = Some(Running {
+            task_id: task.task_id.clone(),
+            cancel,
+            handle,
+            dropped: false,
+        });
+        self.status_line();
+    }
+
+    pub(super) async fn task_finished(
+        &mut self,
+        r: Running,
+        res: Result<TaskOutcome, tokio::task::JoinError>,
+    ) {
+        self.ops.set_active_task(None);
+        // A dropped task already gave up its slot (maybe to a queued task): leave that alone.
+        let owned = self
+            .active
+            .as_ref()
+            .filter(|a| a.task.task_id == r.task_id && !r.dropped)
+            .map(|a| a.task.generation);
+        let generation = owned.unwrap_or(0);
+        if owned.is_some() {
+            self.active = None;
+        }
+        let outcome = match res {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::error!(task_id = %r.task_id, error = %e, "task runner crashed");
+                TaskOutcome::Terminal(Outbound::task_failed(
+                    &r.task_id,
+                    generation,
+                    &format!("sidecar internal error while running the task: {e}"),
+                ))
+            }
+        };
+        let mut stored = false;
+        match outcome {
+            _ if r.dropped => {
+                tracing::info!(task_id = %r.task_id, "task stopped and dropped as the hub asked");
+            }
+            TaskOutcome::Cancelled => {
+                tracing::info!(task_id = %r.task_id, "task cancelled");
+            }
+            TaskOutcome::Terminal(mut frame) => {
+                // The hub may have moved the generation on while we worked (re-assign).
+                match &mut frame {
+                    Outbound::TaskComplete { generation: g, .. }
+                    | Outbound::TaskFailed { generation: g, .. } => *g = generation,
+                    _ => {}
+                }
+                tracing::info!(task_id = %r.task_id, frame = frame.kind(), "task finished; result stored in the outbox");
+                let entry = OutboxEntry {
+                    task_id: r.task_id.clone(),
+                    frame,
+                    created_at: now_ms(),
+                };
+                // One durable write for both: the result and the slot it frees.
+                let (meta, res) = self.store.push(entry, Some(self.active.clone())).await;
+                if let Err(e) = res {
+                    tracing::error!(error = %e, task_id = %r.task_id, "result not persisted; sending it from memory");
+                }
+                self.add_to_outbox(meta).await;
+                stored = true;
+            }
+        }
+        if !stored {
+            // Dropped or cancelled: no result, but the freed slot must reach the disk.
+            self.save().await;
+        }
+        if let Some(next) = self.queued.take() {
+            self.start(next);
+        }
+        self.status_line();
+        self.pump_outbox().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idle() -> SlotView<'static> {
+        SlotView {
+            running: None,
+            active: None,
+            stopping: false,
+        }
+    }
+
+    const TAKE_NOW: Assign = Assign::Take {
+        replaces_recovering: false,
+        after_runner: false,
+    };
+
+    #[test]
+    fn an_idle_slot_takes_the_task_and_starts_it_now() {
+        assert_eq!(decide_assign("t1", idle()), TAKE_NOW);
+    }
+
+    #[test]
+    fn a_slot_owned_by_another_task_is_busy_running_or_recovering() {
+        let running = SlotView {
+            running: Some(("t1", false)),
+            active: Some(("t1", Phase::Running)),
+            ..idle()
+        };
+        assert_eq!(decide_assign("t2", running), Assign::Refuse(Refusal::Busy));
+        let recovering = SlotView {
+            active: Some(("t1", Phase::Recovering)),
+            ..idle()
+        };
+        assert_eq!(
+            decide_assign("t2", recovering),
+            Assign::Refuse(Refusal::Busy)
+        );
+    }
+
+    #[test]
+    fn stopping_refuses_even_an_idle_slot_and_wins_over_busy() {
+        let stopping = SlotView {
+            stopping: true,
+            ..idle()
+        };
+        assert_eq!(
+            decide_assign("t1", stopping),
+            Assign::Refuse(Refusal::ShuttingDown)
+        );
+        let busy_and_stopping = SlotView {
+            running: Some(("t1", false)),
+            active: Some(("t1", Phase::Running)),
+            stopping: true,
+        };
+        assert_eq!(
+            decide_assign("t2", busy_and_stopping),
+            Assign::Refuse(Refusal::ShuttingDown)
+        );
+    }
+
+    #[test]
+    fn the_running_task_assigned_again_is_readopted_even_while_stopping() {
+        let running = SlotView {
+            running: Some(("t1", false)),
+            active: Some(("t1", Phase::Running)),
+            ..idle()
+        };
+        assert_eq!(decide_assign("t1", running), Assign::Readopt);
+        let stopping = SlotView {
+            stopping: true,
+            ..running
+        };
+        assert_eq!(decide_assign("t1", stopping), Assign::Readopt);
+    }
+
+    #[test]
+    fn a_dropped_task_assigned_again_waits_for_its_runner_to_end() {
+        // The hub cancelled t1 (the slot is free, its runner winds down) and sends it again.
+        let winding_down = SlotView {
+            running: Some(("t1", true)),
+            ..idle()
+        };
+        let queued = Assign::Take {
+            replaces_recovering: false,
+            after_runner: true,
+        };
+        assert_eq!(decide_assign("t1", winding_down), queued);
+        assert_eq!(decide_assign("t2", winding_down), queued);
+    }
+
+    #[test]
+    fn the_recovering_task_handed_back_is_taken_but_only_with_no_runner_left() {
+        let recovering = SlotView {
+            active: Some(("t1", Phase::Recovering)),
+            ..idle()
+        };
+        assert_eq!(
+            decide_assign("t1", recovering),
+            Assign::Take {
+                replaces_recovering: true,
+                after_runner: false,
+            }
+        );
+        let still_winding_down = SlotView {
+            running: Some(("t0", true)),
+            ..recovering
+        };
+        assert_eq!(
+            decide_assign("t1", still_winding_down),
+            Assign::Refuse(Refusal::Busy)
+        );
+    }
+
+    #[test]
+    fn refusal_reasons_are_the_wire_strings_the_hub_knows() {
+        assert_eq!(Refusal::Busy.reason(), "sidecar_busy");
+        assert_eq!(Refusal::ShuttingDown.reason(), "sidecar_shutting_down");
+        assert!(Refusal::StateNotPersistable
+            .reason()
+            .starts_with("state_not_persistable"));
+    }
+}
