@@ -3,7 +3,6 @@
 //! Raw flags live here; [`crate::config::Config::load`] turns them (with the file and the
 //! environment) into the validated configuration, once.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -12,8 +11,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::commands::check::CheckArgs;
 use crate::commands::run_task::RunTaskArgs;
 use crate::commands::verify::VerifyArgs;
-use crate::config::{self, Config, Layers};
+pub use crate::commands::ConfigArgs;
+use crate::config;
 use crate::daemon::{self, ExitReason, Shutdown};
+pub use crate::demo::DemoArgs;
 use crate::ops::Ops;
 use crate::redact::{RedactingWriter, Redactor};
 use tokio_util::sync::CancellationToken;
@@ -112,83 +113,11 @@ impl Default for Command {
     }
 }
 
-/// Settings shared by commands that load a config.
-#[derive(Debug, Clone, Default, Args)]
-pub struct ConfigArgs {
-    /// Config file: TOML, or the Node sidecar's config.json.
-    #[arg(long, short = 'c', env = "HUB_SIDECAR_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Agent id at the hub (overrides the file and HUB_SIDECAR_AGENT_ID).
-    #[arg(long)]
-    pub agent_id: Option<String>,
-    /// Hub token. Prefer the file or HUB_SIDECAR_TOKEN: flags show up in `ps`.
-    #[arg(long, hide = true)]
-    pub token: Option<String>,
-    /// Hub WebSocket URL, e.g. ws://hub:4000/ws.
-    #[arg(long)]
-    pub hub_url: Option<String>,
-    /// State directory (state file, workspaces).
-    #[arg(long)]
-    pub state_dir: Option<PathBuf>,
-    /// Workspace for tasks without a repository.
-    #[arg(long)]
-    pub repo_dir: Option<PathBuf>,
-    /// Serve /healthz and /metrics here, e.g. 127.0.0.1:9464.
-    #[arg(long)]
-    pub metrics_addr: Option<String>,
-}
-
-impl ConfigArgs {
-    /// Each flag from `self`, else from `fallback` (flags given before the subcommand).
-    pub fn or(self, fallback: ConfigArgs) -> ConfigArgs {
-        ConfigArgs {
-            config: self.config.or(fallback.config),
-            agent_id: self.agent_id.or(fallback.agent_id),
-            token: self.token.or(fallback.token),
-            hub_url: self.hub_url.or(fallback.hub_url),
-            state_dir: self.state_dir.or(fallback.state_dir),
-            repo_dir: self.repo_dir.or(fallback.repo_dir),
-            metrics_addr: self.metrics_addr.or(fallback.metrics_addr),
-        }
-    }
-
-    /// Load and validate the configuration from file, environment and these flags.
-    pub fn load(&self) -> Result<Config, config::ConfigError> {
-        let mut flags = Vec::new();
-        let mut put = |k: &str, v: Option<String>| {
-            if let Some(v) = v {
-                flags.push((k.to_string(), v));
-            }
-        };
-        put("agent_id", self.agent_id.clone());
-        put("token", self.token.clone());
-        put("hub_url", self.hub_url.clone());
-        put(
-            "state_dir",
-            self.state_dir.as_ref().map(|p| p.display().to_string()),
-        );
-        put(
-            "repo_dir",
-            self.repo_dir.as_ref().map(|p| p.display().to_string()),
-        );
-        put("metrics_addr", self.metrics_addr.clone());
-        Config::load(&Layers::from_process(self.config.clone(), flags))
-    }
-}
-
 /// `run` flags.
 #[derive(Debug, Clone, Default, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-}
-
-/// `demo` flags.
-#[derive(Debug, Clone, Default, Args)]
-pub struct DemoArgs {
-    /// Keep the demo's temporary directory and print where it is.
-    #[arg(long)]
-    pub keep: bool,
 }
 
 /// Run the parsed command line.
@@ -314,6 +243,7 @@ pub fn init_tracing(format: LogFormat, level: &str, secrets: Vec<String>) -> Red
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn config_flags_work_without_the_default_run_subcommand() {

@@ -14,7 +14,6 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use crate::cli::DemoArgs;
 use crate::config::Config;
 use crate::daemon::{self, Shutdown};
 use crate::mock_hub::{MockHub, MockHubOptions};
@@ -40,6 +39,15 @@ pub fn sample_task() -> Value {
     })
 }
 
+/// `demo` flags.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DemoArgs {
+    /// Keep the demo's temporary directory and print where it is.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Run the demo: the real daemon against an embedded mock hub, one sample task.
 pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let dir = tempfile::Builder::new()
         .prefix("hub-sidecar-demo-")

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::cli::ConfigArgs;
+use super::ConfigArgs;
 use crate::config::Config;
 use crate::redact::Redactor;
 

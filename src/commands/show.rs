@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 
-use crate::cli::ConfigArgs;
+use super::ConfigArgs;
 use crate::recorder::story::{self, TaskStory, TaskSummary};
 
 /// `tasks` flags.

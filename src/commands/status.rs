@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::Args;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::cli::ConfigArgs;
+use super::ConfigArgs;
 use crate::ops::StatusSnapshot;
 
 /// `status` flags.

@@ -15,8 +15,8 @@ use crate::task::Task;
 use crate::util::truncate_chars;
 
 use super::checks::status_str;
+use super::report::AttemptRecord;
 use super::report::CheckStatus;
-use super::retry_loop::AttemptRecord;
 
 /// Characters of a failed check's output shown in a corrective prompt.
 pub const CHECK_OUTPUT_CHARS: usize = 2_000;

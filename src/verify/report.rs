@@ -135,3 +135,13 @@ impl VerificationReport {
         }
     }
 }
+
+/// One attempt's record in `verification_history`: its report and what changed in the
+/// workspace during it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptRecord {
+    #[serde(flatten)]
+    pub report: VerificationReport,
+    /// What changed in the workspace during the attempt.
+    pub observations: Vec<String>,
+}

@@ -31,8 +31,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use crate::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus, Executor};
 use crate::progress::{EventKind, ProgressEvent};
 use crate::spend::SpendLedger;
@@ -44,14 +42,7 @@ use super::report::{CheckStatus, VerificationReport};
 use super::signature::failure_signature;
 use super::VerificationStatus;
 
-/// One attempt's record in `verification_history`.
-#[derive(Debug, Clone, Serialize)]
-pub struct AttemptRecord {
-    #[serde(flatten)]
-    pub report: VerificationReport,
-    /// What changed in the workspace during the attempt.
-    pub observations: Vec<String>,
-}
+pub use super::report::AttemptRecord;
 
 /// The loop's result: what the runner turns into `task_complete` / `task_failed`.
 #[derive(Debug, Clone)]
