@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use hub_sidecar::config::Config;
 use hub_sidecar::process::{self, ChildEnv, CommandSpec, Limits};
-use hub_sidecar::sandbox::{self, Grants, Policy, Support};
+use hub_sidecar::sandbox::{Grants, Policy, Support};
 use tokio_util::sync::CancellationToken;
 
 fn stats(name: &str, mut v: Vec<Duration>) {
@@ -77,7 +77,7 @@ async fn main() {
     let mut confined = None;
     for _ in 0..50 {
         let t = Instant::now();
-        let env = sandbox::confine(&cfg, &policy, &base, &tmp, &grants).expect("confine");
+        let env = process::confine(&cfg, &policy, &base, &tmp, &grants).expect("confine");
         builds.push(t.elapsed());
         confined = Some(env);
     }

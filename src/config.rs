@@ -88,9 +88,9 @@ pub struct Config {
     pub env: EnvConfig,
     pub git: GitConfig,
     /// How hard tasks are confined; unset: strict where the kernel supports it.
-    pub containment: Option<crate::sandbox::Containment>,
+    pub containment: Option<Containment>,
     /// Paths and limits of containment.
-    pub sandbox: crate::sandbox::SandboxConfig,
+    pub sandbox: SandboxConfig,
     /// `[recorder]`: the per-task flight record under `state_dir/tasks`.
     pub recorder: RecorderConfig,
     /// Keys this build does not know (e.g. the Node sidecar's `wake_command`): warned, ignored.
@@ -143,7 +143,7 @@ impl Default for Config {
             env: EnvConfig::default(),
             git: GitConfig::default(),
             containment: None,
-            sandbox: crate::sandbox::SandboxConfig::default(),
+            sandbox: SandboxConfig::default(),
             recorder: RecorderConfig::default(),
             unknown: BTreeMap::new(),
             origin: None,
@@ -331,6 +331,50 @@ impl Default for VerificationConfig {
             judge_backend: "ollama".into(),
             judge_model: None,
             judge_min_confidence: 0.85,
+        }
+    }
+}
+
+/// How hard the daemon confines what tasks run (`containment` in the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Containment {
+    /// Every layer or no task: a task that cannot be confined fully is refused.
+    Strict,
+    /// Every layer the kernel supports; the missing ones are logged once at start.
+    BestEffort,
+    /// No confinement beyond process groups and environment scrubbing.
+    Off,
+}
+
+/// `[sandbox]`: the paths and limits of containment.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct SandboxConfig {
+    /// More trees children may read (and execute), e.g. a toolchain outside PATH.
+    pub read_paths: Vec<PathBuf>,
+    /// More trees children may write, e.g. a shared build cache. Each one widens what a
+    /// hostile agent can change: keep it short.
+    pub write_paths: Vec<PathBuf>,
+    /// Private writable memory per process (RLIMIT_DATA), MiB; 0: no limit.
+    pub max_memory_mb: u64,
+    /// Processes and threads of the service user (RLIMIT_NPROC); 0: no limit.
+    pub max_processes: u64,
+    /// Largest file a child may write (RLIMIT_FSIZE), MiB; 0: no limit.
+    pub max_file_size_mb: u64,
+    /// Open files per process (RLIMIT_NOFILE); 0: no limit.
+    pub max_open_files: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            read_paths: Vec::new(),
+            write_paths: Vec::new(),
+            max_memory_mb: 8 * 1024,
+            max_processes: 4096,
+            max_file_size_mb: 4 * 1024,
+            max_open_files: 4096,
         }
     }
 }

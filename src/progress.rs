@@ -445,6 +445,13 @@ impl Pump {
     }
 }
 
+/// The hub link is where a task's progress frames go in the daemon.
+impl FrameSender for crate::hub::link::LinkHandle {
+    fn send_progress(&self, frame: Outbound) {
+        self.send(frame);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

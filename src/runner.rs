@@ -22,6 +22,7 @@ use crate::git::{url::url_secrets, GitRunner};
 use crate::hub::budget::RateBudget;
 use crate::hub::proto::Outbound;
 use crate::ops::Ops;
+use crate::process::head_tail;
 use crate::process::ChildEnv;
 use crate::progress::{FrameSender, ProgressEvent, ProgressSink, Pump};
 use crate::recorder::{Recorder, TaskRecord};
@@ -253,7 +254,7 @@ async fn run_recorded(
     }
 }
 
-/// [`sandbox::confine`] on the blocking pool: building a ruleset opens every granted tree
+/// [`process::confine`](crate::process::confine) on the blocking pool: building a ruleset opens every granted tree
 /// (and lists the ones it carves), file-system work that has no place on the runtime.
 async fn confine_off_runtime(
     cfg: &Arc<Config>,
@@ -267,7 +268,7 @@ async fn confine_off_runtime(
         deps.env.clone(),
         tmp.to_path_buf(),
     );
-    tokio::task::spawn_blocking(move || sandbox::confine(&cfg, &policy, &env, &tmp, &grants))
+    tokio::task::spawn_blocking(move || crate::process::confine(&cfg, &policy, &env, &tmp, &grants))
         .await
         .map_err(|e| format!("containment_failed: the sandbox set-up panicked: {e}"))?
         .map_err(|e| e.to_string())
@@ -547,40 +548,6 @@ pub fn result_json(lo: &LoopOutcome) -> Value {
         v["flaky_checks"] = json!(lo.flaky_checks);
     }
     v
-}
-
-/// `s` cut to about `max` bytes keeping head and tail, with one marker saying how much was
-/// cut. `s` may already carry markers (the executor's capture cap): those bytes are counted in,
-/// so the marker reports everything left out, not just this second cut.
-pub fn head_tail(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let marker = regex::Regex::new(r"\n?\[… (\d+) bytes elided …\]\n?").expect("valid regex");
-    let earlier: u64 = marker
-        .captures_iter(s)
-        .filter_map(|c| c[1].parse::<u64>().ok())
-        .sum();
-    let content = marker.replace_all(s, "");
-    let mut buf = crate::process::CappedBuf::new(max);
-    buf.push(content.as_bytes());
-    let head_tail = buf.to_string_lossy();
-    if earlier == 0 {
-        return head_tail;
-    }
-    let now = buf.dropped();
-    let (head, tail) = match marker.find(&head_tail) {
-        Some(m) => (&head_tail[..m.start()], &head_tail[m.end()..]),
-        // Nothing cut this time: put the earlier marker between what is left.
-        None => {
-            let mut mid = head_tail.len() / 2;
-            while !head_tail.is_char_boundary(mid) {
-                mid -= 1;
-            }
-            head_tail.split_at(mid)
-        }
-    };
-    format!("{head}\n[… {} bytes elided …]\n{tail}", earlier + now)
 }
 
 fn redact_frame(r: &Redactor, frame: &mut Outbound) {

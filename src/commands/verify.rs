@@ -52,7 +52,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         ..Default::default()
     };
     let tmp = state.path().join("tmp");
-    let env = crate::sandbox::confine(&cfg, &policy, &ChildEnv::from_config(&cfg), &tmp, &grants)?;
+    let env = crate::process::confine(&cfg, &policy, &ChildEnv::from_config(&cfg), &tmp, &grants)?;
     let line = crate::term::ProgressLine::start(1);
     let ctx = ExecContext {
         task: Arc::new(task),

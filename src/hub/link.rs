@@ -102,12 +102,6 @@ impl LinkHandle {
     }
 }
 
-impl crate::progress::FrameSender for LinkHandle {
-    fn send_progress(&self, frame: Outbound) {
-        self.send(frame);
-    }
-}
-
 /// Capacity of the daemon → link queue. Progress is rate-limited upstream, so a full queue
 /// means a wedged socket, not a burst.
 const OUT_QUEUE: usize = 256;

@@ -94,6 +94,40 @@ impl LineSplitter {
     }
 }
 
+/// `s` cut to about `max` bytes keeping head and tail, with one marker saying how much was
+/// cut. `s` may already carry markers (the executor's capture cap): those bytes are counted in,
+/// so the marker reports everything left out, not just this second cut.
+pub fn head_tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let marker = regex::Regex::new(r"\n?\[… (\d+) bytes elided …\]\n?").expect("valid regex");
+    let earlier: u64 = marker
+        .captures_iter(s)
+        .filter_map(|c| c[1].parse::<u64>().ok())
+        .sum();
+    let content = marker.replace_all(s, "");
+    let mut buf = CappedBuf::new(max);
+    buf.push(content.as_bytes());
+    let head_tail = buf.to_string_lossy();
+    if earlier == 0 {
+        return head_tail;
+    }
+    let now = buf.dropped();
+    let (head, tail) = match marker.find(&head_tail) {
+        Some(m) => (&head_tail[..m.start()], &head_tail[m.end()..]),
+        // Nothing cut this time: put the earlier marker between what is left.
+        None => {
+            let mut mid = head_tail.len() / 2;
+            while !head_tail.is_char_boundary(mid) {
+                mid -= 1;
+            }
+            head_tail.split_at(mid)
+        }
+    };
+    format!("{head}\n[… {} bytes elided …]\n{tail}", earlier + now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -73,7 +73,7 @@ impl ChildEnv {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The same environment, confined by `sandbox` (see [`crate::sandbox::confine`]).
+    /// The same environment, confined by `sandbox` (see [`confine`]).
     pub fn with_sandbox(mut self, sandbox: Arc<Sandbox>) -> ChildEnv {
         self.sandbox = Some(sandbox);
         self
@@ -89,4 +89,25 @@ impl ChildEnv {
         self.vars.retain(|(k, _)| k != key);
         self.vars.push((key.to_string(), value.to_string()));
     }
+}
+
+/// `env` confined by `policy` for one task, with `tmp` as its private TMPDIR: the variables
+/// the sandbox sets, and the sandbox every child started with the result runs in (see
+/// [`crate::sandbox::plan`]). Unchanged when containment is off.
+pub fn confine(
+    cfg: &crate::config::Config,
+    policy: &crate::sandbox::Policy,
+    env: &ChildEnv,
+    tmp: &std::path::Path,
+    grants: &crate::sandbox::Grants,
+) -> Result<ChildEnv, crate::sandbox::ContainmentError> {
+    let c = crate::sandbox::plan(cfg, policy, env.vars(), tmp, grants)?;
+    let mut out = env.clone();
+    for (k, v) in &c.set {
+        out.set(k, v);
+    }
+    Ok(match c.sandbox {
+        Some(sb) => out.with_sandbox(sb),
+        None => out,
+    })
 }

@@ -19,9 +19,9 @@ use crate::progress::{EventKind, ProgressSink};
 mod capture;
 mod env;
 
-pub use capture::CappedBuf;
 use capture::LineSplitter;
-pub use env::ChildEnv;
+pub use capture::{head_tail, CappedBuf};
+pub use env::{confine, ChildEnv};
 
 /// A command to run: program and argv, never a shell string built from task data.
 #[derive(Debug, Clone)]

@@ -293,7 +293,7 @@ impl TaskRecord {
                 "cost_usd": exec.cost_usd,
                 "execution_ms": exec.execution_ms,
                 "termination_reason": exec.termination_reason,
-                "output": crate::runner::head_tail(&exec.output, 16 * 1024),
+                "output": crate::process::head_tail(&exec.output, 16 * 1024),
             }),
         );
     }
@@ -480,7 +480,7 @@ impl Drop for RecordShared {
 /// Cap every string in `v` at about `max` bytes (head and tail kept).
 fn cap_strings(v: &mut Value, max: usize) {
     match v {
-        Value::String(s) if s.len() > max => *s = crate::runner::head_tail(s, max),
+        Value::String(s) if s.len() > max => *s = crate::process::head_tail(s, max),
         Value::Array(a) => a.iter_mut().for_each(|x| cap_strings(x, max)),
         Value::Object(m) => m.values_mut().for_each(|x| cap_strings(x, max)),
         _ => {}

@@ -36,57 +36,12 @@ pub mod landlock;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Deserialize;
-
 use crate::config::Config;
-use crate::process::ChildEnv;
 
 use child::{ChildPlan, IdMaps};
 use landlock::FsPolicy;
 
-/// How hard the daemon confines what tasks run (`containment` in the config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Containment {
-    /// Every layer or no task: a task that cannot be confined fully is refused.
-    Strict,
-    /// Every layer the kernel supports; the missing ones are logged once at start.
-    BestEffort,
-    /// No confinement beyond process groups and environment scrubbing.
-    Off,
-}
-
-/// `[sandbox]`: the paths and limits of containment.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-pub struct SandboxConfig {
-    /// More trees children may read (and execute), e.g. a toolchain outside PATH.
-    pub read_paths: Vec<PathBuf>,
-    /// More trees children may write, e.g. a shared build cache. Each one widens what a
-    /// hostile agent can change: keep it short.
-    pub write_paths: Vec<PathBuf>,
-    /// Private writable memory per process (RLIMIT_DATA), MiB; 0: no limit.
-    pub max_memory_mb: u64,
-    /// Processes and threads of the service user (RLIMIT_NPROC); 0: no limit.
-    pub max_processes: u64,
-    /// Largest file a child may write (RLIMIT_FSIZE), MiB; 0: no limit.
-    pub max_file_size_mb: u64,
-    /// Open files per process (RLIMIT_NOFILE); 0: no limit.
-    pub max_open_files: u64,
-}
-
-impl Default for SandboxConfig {
-    fn default() -> Self {
-        SandboxConfig {
-            read_paths: Vec::new(),
-            write_paths: Vec::new(),
-            max_memory_mb: 8 * 1024,
-            max_processes: 4096,
-            max_file_size_mb: 4 * 1024,
-            max_open_files: 4096,
-        }
-    }
-}
+pub use crate::config::{Containment, SandboxConfig};
 
 /// Trees every child may read: the system, never anyone's home or the daemon's state.
 const SYSTEM_READ: &[&str] = &[
@@ -268,17 +223,29 @@ pub struct Grants {
     pub home: bool,
 }
 
-/// `env` confined by `policy` for one task, with `tmp` as its private TMPDIR (created).
-/// `Ok(env unchanged)` when containment is off.
-pub fn confine(
+/// The environment a task's children get beyond the daemon's: the variables the sandbox
+/// sets and the sandbox itself (`None` when containment is off). Applied to a child
+/// environment by [`crate::process::confine`].
+#[derive(Debug)]
+pub struct Confined {
+    pub set: Vec<(String, String)>,
+    pub sandbox: Option<Arc<Sandbox>>,
+}
+
+/// The sandbox for one task whose children inherit `vars`, with `tmp` as their private
+/// TMPDIR (created). Refuses, in strict mode, what this machine cannot confine.
+pub fn plan(
     cfg: &Config,
     policy: &Policy,
-    env: &ChildEnv,
+    vars: &[(String, String)],
     tmp: &Path,
     grants: &Grants,
-) -> Result<ChildEnv, ContainmentError> {
+) -> Result<Confined, ContainmentError> {
     if policy.level == Containment::Off {
-        return Ok(env.clone());
+        return Ok(Confined {
+            set: Vec::new(),
+            sandbox: None,
+        });
     }
     let missing = policy.support.missing();
     if policy.level == Containment::Strict && !missing.is_empty() {
@@ -287,29 +254,35 @@ pub fn confine(
     std::fs::create_dir_all(tmp).map_err(|e| {
         ContainmentError::Setup(format!("cannot create TMPDIR {}: {e}", tmp.display()))
     })?;
-    let mut vars = env.clone();
+    let mut set = Vec::new();
     let tmp_s = tmp.to_string_lossy().into_owned();
     for k in ["TMPDIR", "TMP", "TEMP"] {
-        vars.set(k, &tmp_s);
+        set.push((k.to_string(), tmp_s.clone()));
     }
+    let get = |k: &str| {
+        vars.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .filter(|v| !v.is_empty())
+    };
     // `claude` keeps its login, settings and state in one directory under HOME: pin it
     // there (CLAUDE_CONFIG_DIR), so the sandbox can open that one directory and not HOME.
-    if let Some(home) = vars
-        .get("HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-    {
-        let claude_dir = vars
-            .get("CLAUDE_CONFIG_DIR")
-            .filter(|d| !d.is_empty())
+    if let Some(home) = get("HOME").map(PathBuf::from) {
+        let claude_dir = get("CLAUDE_CONFIG_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| home.join(".claude"));
         if std::fs::create_dir_all(&claude_dir).is_ok() {
-            vars.set("CLAUDE_CONFIG_DIR", &claude_dir.to_string_lossy());
+            set.push((
+                "CLAUDE_CONFIG_DIR".to_string(),
+                claude_dir.to_string_lossy().into_owned(),
+            ));
         }
     }
     let ruleset = if policy.support.landlock_abi > 0 {
-        let fs = fs_policy(cfg, &vars, tmp, grants);
+        let mut all: Vec<(String, String)> = vars.to_vec();
+        all.retain(|(k, _)| !set.iter().any(|(s, _)| s == k));
+        all.extend(set.iter().cloned());
+        let fs = fs_policy(cfg, &all, tmp, grants);
         Some(landlock::build(&fs).map_err(ContainmentError::Setup)?)
     } else {
         None
@@ -319,12 +292,14 @@ pub fn confine(
         namespaces: policy.support.namespaces.is_ok().then(IdMaps::current),
         landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
     };
-    let sb = Arc::new(Sandbox {
-        plan,
-        _ruleset: ruleset,
-        tmp: tmp.to_path_buf(),
-    });
-    Ok(vars.with_sandbox(sb))
+    Ok(Confined {
+        set,
+        sandbox: Some(Arc::new(Sandbox {
+            plan,
+            _ruleset: ruleset,
+            tmp: tmp.to_path_buf(),
+        })),
+    })
 }
 
 fn rlimits(c: &SandboxConfig) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> {
@@ -344,12 +319,18 @@ fn rlimits(c: &SandboxConfig) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> 
 }
 
 /// The filesystem policy of a task's children (see the module docs).
-fn fs_policy(cfg: &Config, env: &ChildEnv, tmp: &Path, grants: &Grants) -> FsPolicy {
-    let var = |k: &str| env.get(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+fn fs_policy(cfg: &Config, env: &[(String, String)], tmp: &Path, grants: &Grants) -> FsPolicy {
+    let get = |k: &str| {
+        env.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+            .filter(|v| !v.is_empty())
+    };
+    let var = |k: &str| get(k).map(PathBuf::from);
     let home = var("HOME");
     let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
     // Programs on the children's PATH, and the toolchain homes their shims exec into.
-    if let Some(path) = env.get("PATH") {
+    if let Some(path) = get("PATH") {
         read.extend(std::env::split_paths(path).filter(|p| p.is_absolute()));
     }
     for (k, under_home) in [
@@ -497,10 +478,10 @@ mod tests {
         let cfg = Config::default();
         let policy = Policy::decide(Some(Containment::Strict), without_kernel_support());
         let dir = tempfile::tempdir().unwrap();
-        let err = confine(
+        let err = plan(
             &cfg,
             &policy,
-            &ChildEnv::default(),
+            &[],
             &dir.path().join("tmp"),
             &Grants::default(),
         )
@@ -529,15 +510,16 @@ mod tests {
         // best-effort still runs the task, with what there is (here: limits only).
         let cfg = Config::default();
         let dir = tempfile::tempdir().unwrap();
-        let env = confine(
+        let c = plan(
             &cfg,
             &Policy::decide(None, none),
-            &ChildEnv::default(),
+            &[],
             &dir.path().join("tmp"),
             &Grants::default(),
         )
         .unwrap();
-        assert!(env.sandbox().is_some());
-        assert_eq!(env.get("TMPDIR"), dir.path().join("tmp").to_str());
+        assert!(c.sandbox.is_some());
+        let tmp = dir.path().join("tmp").to_string_lossy().into_owned();
+        assert!(c.set.contains(&("TMPDIR".to_string(), tmp)), "{:?}", c.set);
     }
 }

@@ -129,7 +129,7 @@ async fn real_cli_works_inside_the_task_sandbox() {
     let mut cfg = (*ctx.config).clone();
     cfg.state_dir = state.path().to_path_buf();
     let policy = hub_sidecar::sandbox::Policy::decide(None, support);
-    ctx.env = hub_sidecar::sandbox::confine(
+    ctx.env = hub_sidecar::process::confine(
         &cfg,
         &policy,
         &ctx.env,
