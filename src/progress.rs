@@ -319,7 +319,7 @@ impl ProgressSink {
         let mut texts: Vec<String> = events.iter().map(|e| e.text.clone()).collect();
         if !stream.is_empty() {
             texts.push(if cut > 0 {
-                format!("[… {cut} bytes elided …]\n{stream}")
+                format!("{}\n{stream}", crate::util::elision(cut as u64))
             } else {
                 stream
             });

@@ -12,8 +12,8 @@ use serde_json::Value;
 
 pub const MARK: &str = "[REDACTED]";
 
-/// What every truncation in the daemon writes where it cut: `[… N bytes elided …]`.
-const ELISION: &str = " bytes elided …]";
+/// How the marker every truncation writes ends (see [`crate::util::elision`]).
+const ELISION: &str = crate::util::ELISION_END;
 
 /// The shortest piece of a cut secret that is redacted at an elision: shorter pieces are
 /// too likely to be ordinary text, and too short to be worth anything to a reader.

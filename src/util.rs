@@ -18,6 +18,16 @@ pub fn truncate_chars(s: &str, max: usize) -> String {
     }
 }
 
+/// The marker every truncation in the daemon writes where it cut `n` bytes. The redactor
+/// finds cuts by it ([`ELISION_END`]) to remove both halves of a secret a cut split, so every
+/// truncation must write exactly this.
+pub fn elision(n: u64) -> String {
+    format!("[… {n} bytes elided …]")
+}
+
+/// How every [`elision`] marker ends.
+pub const ELISION_END: &str = " bytes elided …]";
+
 /// The last `max` bytes of `s` (on a char boundary), prefixed with an elision marker when cut.
 pub fn tail_bytes(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -27,7 +37,7 @@ pub fn tail_bytes(s: &str, max: usize) -> String {
     while !s.is_char_boundary(start) {
         start += 1;
     }
-    format!("[… {start} bytes elided …]\n{}", &s[start..])
+    format!("{}\n{}", elision(start as u64), &s[start..])
 }
 
 #[cfg(test)]

@@ -48,7 +48,9 @@ impl CappedBuf {
     pub fn to_string_lossy(&self) -> String {
         let mut out = String::from_utf8_lossy(&self.head).into_owned();
         if self.dropped > 0 {
-            out.push_str(&format!("\n[… {} bytes elided …]\n", self.dropped));
+            out.push('\n');
+            out.push_str(&crate::util::elision(self.dropped));
+            out.push('\n');
         }
         let (a, b) = self.tail.as_slices();
         let mut t = Vec::with_capacity(a.len() + b.len());
@@ -101,7 +103,11 @@ pub fn head_tail(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
-    let marker = regex::Regex::new(r"\n?\[… (\d+) bytes elided …\]\n?").expect("valid regex");
+    // The one marker format (`util::elision`), compiled once, on first use.
+    static MARKER: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"\n?\[… (\d+) bytes elided …\]\n?").expect("valid regex")
+    });
+    let marker = &*MARKER;
     let earlier: u64 = marker
         .captures_iter(s)
         .filter_map(|c| c[1].parse::<u64>().ok())
@@ -125,7 +131,7 @@ pub fn head_tail(s: &str, max: usize) -> String {
             head_tail.split_at(mid)
         }
     };
-    format!("{head}\n[… {} bytes elided …]\n{tail}", earlier + now)
+    format!("{head}\n{}\n{tail}", crate::util::elision(earlier + now))
 }
 
 #[cfg(test)]

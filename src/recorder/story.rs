@@ -168,8 +168,9 @@ impl TaskStory {
                 let at = self.attempt_mut(a);
                 let elided = v["elided_before"].as_u64().unwrap_or(0);
                 if elided > 0 {
-                    at.output
-                        .push_str(&format!("\n[… {elided} bytes elided …]\n"));
+                    at.output.push('\n');
+                    at.output.push_str(&crate::util::elision(elided));
+                    at.output.push('\n');
                 }
                 at.output.push_str(v["text"].as_str().unwrap_or(""));
             }
