@@ -259,12 +259,7 @@ pub fn plan(
     for k in ["TMPDIR", "TMP", "TEMP"] {
         set.push((k.to_string(), tmp_s.clone()));
     }
-    let get = |k: &str| {
-        vars.iter()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.clone())
-            .filter(|v| !v.is_empty())
-    };
+    let get = |k: &str| var_in(&[vars], k).map(str::to_string);
     // `claude` keeps its login, settings and state in one directory under HOME: pin it
     // there (CLAUDE_CONFIG_DIR), so the sandbox can open that one directory and not HOME.
     if let Some(home) = get("HOME").map(PathBuf::from) {
@@ -279,10 +274,8 @@ pub fn plan(
         }
     }
     let ruleset = if policy.support.landlock_abi > 0 {
-        let mut all: Vec<(String, String)> = vars.to_vec();
-        all.retain(|(k, _)| !set.iter().any(|(s, _)| s == k));
-        all.extend(set.iter().cloned());
-        let fs = fs_policy(cfg, &all, tmp, grants);
+        // What the children will see: the variables set here over the inherited ones.
+        let fs = fs_policy(cfg, &[&set, vars], tmp, grants);
         Some(landlock::build(&fs).map_err(ContainmentError::Setup)?)
     } else {
         None
@@ -319,13 +312,9 @@ fn rlimits(c: &SandboxConfig) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> 
 }
 
 /// The filesystem policy of a task's children (see the module docs).
-fn fs_policy(cfg: &Config, env: &[(String, String)], tmp: &Path, grants: &Grants) -> FsPolicy {
-    let get = |k: &str| {
-        env.iter()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| v.as_str())
-            .filter(|v| !v.is_empty())
-    };
+/// `env` is a stack of variable lists, the first that names a variable wins.
+fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Grants) -> FsPolicy {
+    let get = |k: &str| var_in(env, k);
     let var = |k: &str| get(k).map(PathBuf::from);
     let home = var("HOME");
     let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
@@ -410,6 +399,15 @@ fn fs_policy(cfg: &Config, env: &[(String, String)], tmp: &Path, grants: &Grants
         write: canonical(write),
         deny: canonical(deny),
     }
+}
+
+/// `key`'s value in the first of `lists` that names it, unless empty.
+fn var_in<'a>(lists: &[&'a [(String, String)]], key: &str) -> Option<&'a str> {
+    lists
+        .iter()
+        .find_map(|l| l.iter().find(|(k, _)| k == key))
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.is_empty())
 }
 
 /// Existing paths, canonical (Landlock rules follow the real tree), without duplicates.
