@@ -51,7 +51,7 @@ impl Redactor {
             }
             let b64 = base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
             let b64_trim = b64.trim_end_matches('=').to_string();
-            let url = url_encode(&s);
+            let url = crate::util::percent_encode(&s);
             let mut forms = vec![s.clone(), b64, b64_trim, url];
             forms.extend(base64_cores(s.as_bytes()));
             for n in forms {
@@ -218,19 +218,6 @@ pub fn scrub_url_userinfo(s: &str) -> String {
         }
     })
     .into_owned()
-}
-
-fn url_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                out.push(b as char)
-            }
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

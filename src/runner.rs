@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus, Executor};
 use crate::git::branch::TaskBranch;
 use crate::git::publish::{self, Publish};
-use crate::git::{url::url_secrets, GitRunner};
+use crate::git::{url::url_secrets, GitError, GitRunner};
 use crate::hub::budget::RateBudget;
 use crate::hub::proto::Outbound;
 use crate::ops::Ops;
@@ -27,7 +27,7 @@ use crate::process::ChildEnv;
 use crate::progress::{FrameSender, ProgressEvent, ProgressSink, Pump};
 use crate::recorder::{Recorder, TaskRecord};
 use crate::redact::Redactor;
-use crate::sandbox::{self, Grants};
+use crate::sandbox::{self, ContainmentError, Grants};
 use crate::spend::SpendLedger;
 use crate::task::Task;
 use crate::verify::retry_loop::{self, Attempter, LoopOptions, LoopOutcome};
@@ -131,7 +131,10 @@ async fn run_recorded(
             // A Landlock rule needs an existing directory.
             tokio::fs::create_dir_all(root)
                 .await
-                .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+                .map_err(|source| PrepareError::GitRoot {
+                    path: root.clone(),
+                    source,
+                })?;
         }
         let git_env = confine_off_runtime(
             &cfg,
@@ -166,7 +169,7 @@ async fn run_recorded(
             Ok(env) => Ok((git, ws, branch, env)),
             Err(e) => {
                 ws.release().await;
-                Err(e)
+                Err(PrepareError::Containment(e))
             }
         }
     };
@@ -177,7 +180,7 @@ async fn run_recorded(
             pump_cancel.cancel();
             let _ = pump.await;
             workspace::remove_task_tmp_dir(&tmp).await;
-            return failed(&task, &redactor, &reason, &cancel);
+            return failed(&task, &redactor, &reason.to_string(), &cancel);
         }
     };
     let workspace = ws.path.clone();
@@ -196,7 +199,7 @@ async fn run_recorded(
             Some(Outbound::task_failed(
                 &task.task_id,
                 task.generation,
-                &reason,
+                &reason.to_string(),
             ))
         }
         Ok(mut executor) => {
@@ -254,6 +257,26 @@ async fn run_recorded(
     }
 }
 
+/// Why a task never reached its executor; the message is the `task_failed` reason.
+#[derive(Debug, thiserror::Error)]
+enum PrepareError {
+    /// A directory the daemon's git writes in could not be created.
+    #[error("cannot create {}: {source}", path.display())]
+    GitRoot {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The task's children cannot be confined as the level demands.
+    #[error(transparent)]
+    Containment(#[from] ContainmentError),
+    /// The workspace could not be prepared (the workspace module's own message).
+    #[error("{0}")]
+    Workspace(String),
+    /// The task branch could not be created.
+    #[error("creating the task branch: {0}")]
+    Branch(GitError),
+}
+
 /// [`process::confine`](crate::process::confine) on the blocking pool: building a ruleset opens every granted tree
 /// (and lists the ones it carves), file-system work that has no place on the runtime.
 async fn confine_off_runtime(
@@ -261,7 +284,7 @@ async fn confine_off_runtime(
     deps: &RunnerDeps,
     tmp: &Path,
     grants: Grants,
-) -> Result<ChildEnv, String> {
+) -> Result<ChildEnv, ContainmentError> {
     let (cfg, policy, env, tmp) = (
         cfg.clone(),
         deps.containment.clone(),
@@ -270,8 +293,7 @@ async fn confine_off_runtime(
     );
     tokio::task::spawn_blocking(move || crate::process::confine(&cfg, &policy, &env, &tmp, &grants))
         .await
-        .map_err(|e| format!("containment_failed: the sandbox set-up panicked: {e}"))?
-        .map_err(|e| e.to_string())
+        .map_err(|e| ContainmentError::Panicked(e.to_string()))?
 }
 
 /// The task's workspace and, when the git workflow applies, its task branch.
@@ -280,11 +302,13 @@ async fn prepare_workspace(
     task: &Task,
     git: &GitRunner,
     progress: &ProgressSink,
-) -> Result<(Workspace, Option<TaskBranch>), String> {
+) -> Result<(Workspace, Option<TaskBranch>), PrepareError> {
     if task.repo.is_some() {
         progress.emit(ProgressEvent::status("preparing the repository workspace"));
     }
-    let ws = workspace::prepare(cfg, task, git).await?;
+    let ws = workspace::prepare(cfg, task, git)
+        .await
+        .map_err(PrepareError::Workspace)?;
     let branch = match &ws.kind {
         // A per-task directory is nobody's repository: nothing to branch or push.
         WorkspaceKind::Temp => Ok(None),
@@ -308,7 +332,7 @@ async fn prepare_workspace(
         }
         Err(e) => {
             ws.release().await;
-            Err(format!("creating the task branch: {e}"))
+            Err(PrepareError::Branch(e))
         }
     }
 }

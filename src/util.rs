@@ -1,6 +1,11 @@
-//! Small helpers shared across modules: time, truncation.
+//! Small helpers shared across modules: time, truncation, URLs.
+//!
+//! URLs are parsed with the `url` crate and percent-encoded with `percent-encoding` here, and
+//! nowhere else: one reading of what a host is, one set of characters left unencoded.
 
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 
 /// Milliseconds since the Unix epoch (the hub's timestamp unit).
 pub fn now_ms() -> i64 {
@@ -40,9 +45,70 @@ pub fn tail_bytes(s: &str, max: usize) -> String {
     format!("{}\n{}", elision(start as u64), &s[start..])
 }
 
+/// Everything but RFC 3986's unreserved characters (`A-Z a-z 0-9 - _ . ~`).
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// `s` with every byte outside RFC 3986's unreserved set as `%XX`: safe as one URL path
+/// segment or query value, and the form a secret takes when a tool URL-encodes it.
+pub fn percent_encode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, NOT_UNRESERVED).to_string()
+}
+
+/// Whether `url`'s host is a loopback address (or `localhost`), as the `url` crate parses it.
+///
+/// Decided on the parsed host, never on a prefix: `127.0.0.1.evil.example` is a DNS name.
+pub fn is_loopback_url(url: &str) -> bool {
+    match url::Url::parse(url).ok().as_ref().and_then(url::Url::host) {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
+/// An HTTP endpoint as configured (`host:port`, or a full `http(s)://` URL) as a base URL:
+/// `http://` added when no scheme is given, no trailing slash. Paths are appended to it.
+pub fn http_base_url(endpoint: &str) -> String {
+    let e = endpoint.trim().trim_end_matches('/');
+    if e.starts_with("http://") || e.starts_with("https://") {
+        e.to_string()
+    } else {
+        format!("http://{e}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_is_decided_on_the_parsed_host() {
+        assert!(is_loopback_url("ws://127.0.0.1:4000/ws"));
+        assert!(is_loopback_url("ws://localhost/ws"));
+        assert!(is_loopback_url("ws://[::1]:4000/ws"));
+        assert!(is_loopback_url("http://user:pw@127.0.0.1:11434"));
+        assert!(!is_loopback_url("ws://hub.example:4000/ws"));
+        assert!(!is_loopback_url("ws://127.0.0.1.evil.example/ws"));
+        assert!(!is_loopback_url("http://localhost@evil.example/"));
+        assert!(!is_loopback_url("not a url"));
+    }
+
+    #[test]
+    fn percent_encoding_keeps_only_unreserved_characters() {
+        assert_eq!(percent_encode("a-b_c.d~e"), "a-b_c.d~e");
+        assert_eq!(percent_encode("t/1 ?&=+é"), "t%2F1%20%3F%26%3D%2B%C3%A9");
+    }
+
+    #[test]
+    fn endpoints_become_base_urls() {
+        assert_eq!(http_base_url("gpu:11434/"), "http://gpu:11434");
+        assert_eq!(http_base_url(" https://o.example/ "), "https://o.example");
+        assert_eq!(http_base_url("http://127.0.0.1:1"), "http://127.0.0.1:1");
+    }
 
     #[test]
     fn truncation_respects_char_boundaries() {

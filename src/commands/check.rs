@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::{anyhow, bail, Context};
 use clap::Args;
 
 use super::ConfigArgs;
@@ -39,10 +40,11 @@ pub struct Item {
 }
 
 impl Item {
-    fn new(name: &'static str, required: bool, res: Result<String, String>) -> Item {
+    /// A probed item: `Ok` says what was found, `Err` what failed and what to do.
+    fn new(name: &'static str, required: bool, res: anyhow::Result<String>) -> Item {
         let (ok, detail) = match res {
             Ok(d) => (Some(true), d),
-            Err(d) => (Some(false), d),
+            Err(e) => (Some(false), format!("{e:#}")),
         };
         Item {
             name,
@@ -74,7 +76,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let cfg = match args.config.load() {
         Ok(cfg) => cfg,
         Err(e) => {
-            print_items(&[Item::new("config", true, Err(e.to_string()))]);
+            print_items(&[Item::new("config", true, Err(anyhow!(e)))]);
             println!("\nFAILED: config");
             return Ok(ExitCode::FAILURE);
         }
@@ -174,16 +176,15 @@ async fn containment_item(cfg: &Config) -> Item {
         .unwrap_or_else(|_| Support::none());
     let missing = support.missing();
     let res = match (cfg.containment, missing.is_empty()) {
-        (Some(Containment::Off), _) => Err(
+        (Some(Containment::Off), _) => Err(anyhow!(
             "off: tasks run with the daemon's full privileges (set containment = \"strict\")"
-                .into(),
-        ),
+        )),
         (_, true) => Ok(format!("strict available: {}", support.describe())),
-        (Some(Containment::BestEffort), false) | (None, false) => Err(format!(
+        (Some(Containment::BestEffort), false) | (None, false) => Err(anyhow!(
             "best-effort only, NOT enforced: {}",
             missing.join("; ")
         )),
-        (Some(Containment::Strict), false) => Err(format!(
+        (Some(Containment::Strict), false) => Err(anyhow!(
             "strict is configured but unavailable, every task will be refused: {}",
             missing.join("; ")
         )),
@@ -195,14 +196,14 @@ async fn containment_item(cfg: &Config) -> Item {
     )
 }
 
-async fn probe_hub(cfg: &Config) -> Result<String, String> {
+async fn probe_hub(cfg: &Config) -> anyhow::Result<String> {
     match tokio::time::timeout(PROBE_TIMEOUT, crate::hub::link::probe(cfg)).await {
         Ok(Ok(())) => Ok(format!(
             "{} reachable, token accepted (identified as {})",
             cfg.hub_url, cfg.agent_id
         )),
-        Ok(Err(e)) => Err(format!("{e}; check hub_url, agent_id and token")),
-        Err(_) => Err(format!(
+        Ok(Err(e)) => Err(anyhow!("{e}; check hub_url, agent_id and token")),
+        Err(_) => Err(anyhow!(
             "no answer from {} within {PROBE_TIMEOUT:?}",
             cfg.hub_url
         )),
@@ -210,18 +211,26 @@ async fn probe_hub(cfg: &Config) -> Result<String, String> {
 }
 
 async fn probe_claude(cfg: &Config) -> Item {
-    let path = match &cfg.executor.claude_path {
-        Some(p) => p.clone(),
-        None => match tokio::task::spawn_blocking(|| which::which("claude")).await {
-            Ok(Ok(p)) => p,
-            _ => {
-                return Item::new(
-                    "claude",
-                    false,
-                    Err("`claude` not found on PATH: install Claude Code or set executor.claude_path (needed for claude tasks only)".into()),
-                )
-            }
-        },
+    // Found the way the executor finds it: config, else the PATH tasks get.
+    let env = crate::process::ChildEnv::from_config(cfg);
+    let located = {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || {
+            let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+            crate::executor::claude::locate(&cfg, &env, &cwd)
+        })
+        .await
+    };
+    let path = match located {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            return Item::new(
+                "claude",
+                false,
+                Err(anyhow!("{e} (needed for claude tasks only)")),
+            )
+        }
+        Err(e) => return Item::new("claude", false, Err(anyhow!("probe crashed: {e}"))),
     };
     let version = match probe_version("claude", &path).await {
         Ok(v) => v,
@@ -239,7 +248,7 @@ async fn probe_claude(cfg: &Config) -> Item {
 /// `claude auth status` (JSON, under a second) with the environment claude tasks get. It
 /// does not validate the credential (the first run's `authentication_failed` does), but it
 /// tells "not logged in" from "logged in".
-async fn probe_claude_auth(cfg: &Config, program: &Path) -> Result<String, String> {
+async fn probe_claude_auth(cfg: &Config, program: &Path) -> anyhow::Result<String> {
     let env = crate::process::ChildEnv::from_config(cfg);
     let mut cmd = tokio::process::Command::new(program);
     // JSON is the default output (2.1.x also knows `--json`; older versions may not).
@@ -249,11 +258,11 @@ async fn probe_claude_auth(cfg: &Config, program: &Path) -> Result<String, Strin
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
     match tokio::time::timeout(Duration::from_secs(10), cmd.output()).await {
-        Err(_) => Err(format!(
+        Err(_) => Err(anyhow!(
             "`{} auth status` did not answer in 10 s",
             program.display()
         )),
-        Ok(Err(e)) => Err(format!(
+        Ok(Err(e)) => Err(anyhow!(
             "cannot run `{} auth status`: {e}",
             program.display()
         )),
@@ -263,18 +272,18 @@ async fn probe_claude_auth(cfg: &Config, program: &Path) -> Result<String, Strin
 }
 
 /// Read `claude auth status` JSON: `loggedIn`, `authMethod`, `apiKeySource`.
-pub fn claude_auth_verdict(stdout: &str) -> Result<String, String> {
+pub fn claude_auth_verdict(stdout: &str) -> anyhow::Result<String> {
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).map_err(|e| {
-        format!(
+        anyhow!(
             "`claude auth status` printed no JSON ({e}): {}",
             crate::util::truncate_chars(stdout.trim(), 200)
         )
     })?;
     let method = v["authMethod"].as_str().unwrap_or("unknown");
     if v["loggedIn"].as_bool() != Some(true) {
-        return Err(format!(
+        bail!(
             "claude is not logged in (authMethod {method}): run `claude auth login` as the daemon's user, or pass ANTHROPIC_API_KEY to it ([env] allow)"
-        ));
+        );
     }
     match v["apiKeySource"].as_str() {
         Some(source) => Ok(format!(
@@ -287,18 +296,18 @@ pub fn claude_auth_verdict(stdout: &str) -> Result<String, String> {
 }
 
 /// `PROGRAM --version`, first line, with a timeout; the child dies with the probe.
-async fn probe_version(name: &str, program: &Path) -> Result<String, String> {
+async fn probe_version(name: &str, program: &Path) -> anyhow::Result<String> {
     let mut cmd = tokio::process::Command::new(program);
     cmd.arg("--version")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
     match tokio::time::timeout(Duration::from_secs(10), cmd.output()).await {
-        Err(_) => Err(format!(
+        Err(_) => Err(anyhow!(
             "`{} --version` did not answer in 10 s",
             program.display()
         )),
-        Ok(Err(e)) => Err(format!("cannot run {name} ({}): {e}", program.display())),
-        Ok(Ok(out)) if !out.status.success() => Err(format!(
+        Ok(Err(e)) => Err(anyhow!("cannot run {name} ({}): {e}", program.display())),
+        Ok(Ok(out)) if !out.status.success() => Err(anyhow!(
             "`{} --version` failed ({}): {}",
             program.display(),
             out.status,
@@ -322,24 +331,24 @@ async fn probe_ollama(cfg: &Config) -> Item {
             "ollama_url not set (tasks naming an endpoint still work)",
         );
     };
-    let tags = format!("{}/api/tags", url.trim_end_matches('/'));
+    let tags = format!("{}/api/tags", crate::util::http_base_url(url));
     let res = async {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
+            .context("HTTP client")?;
         let resp = client
             .get(&tags)
             .send()
             .await
-            .map_err(|e| format!("GET {tags} failed: {e}; is Ollama running?"))?;
+            .map_err(|e| anyhow!("GET {tags} failed: {e}; is Ollama running?"))?;
         if !resp.status().is_success() {
-            return Err(format!("GET {tags}: HTTP {}", resp.status()));
+            bail!("GET {tags}: HTTP {}", resp.status());
         }
         let v: serde_json::Value = resp
             .json()
             .await
-            .map_err(|e| format!("GET {tags}: not Ollama's JSON: {e}"))?;
+            .with_context(|| format!("GET {tags}: not Ollama's JSON"))?;
         let models: Vec<&str> = v["models"]
             .as_array()
             .into_iter()
@@ -366,22 +375,22 @@ async fn probe_ollama(cfg: &Config) -> Item {
 }
 
 /// Create `dir` if needed and write and remove a file in it.
-async fn probe_writable(dir: &Path) -> Result<(), String> {
+async fn probe_writable(dir: &Path) -> anyhow::Result<()> {
     let dir = dir.to_path_buf();
-    let res = tokio::task::spawn_blocking(move || -> Result<(), String> {
+    let res = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            .map_err(|e| anyhow!("cannot create {}: {e}", dir.display()))?;
         tempfile::NamedTempFile::new_in(&dir)
             .map(drop)
             .map_err(|e| {
-                format!(
+                anyhow!(
                     "cannot write in {}: {e}; fix ownership/permissions for the daemon's user",
                     dir.display()
                 )
             })
     })
     .await;
-    res.unwrap_or_else(|e| Err(format!("probe crashed: {e}")))
+    res.unwrap_or_else(|e| Err(anyhow!("probe crashed: {e}")))
 }
 
 /// The table: mark, name, detail, `(optional)` where it does not decide the result.
@@ -408,7 +417,7 @@ mod tests {
     #[test]
     fn claude_counts_as_ok_only_when_auth_status_says_logged_in() {
         let out = r#"{"loggedIn": false, "authMethod": "none", "apiProvider": "firstParty"}"#;
-        let e = claude_auth_verdict(out).unwrap_err();
+        let e = claude_auth_verdict(out).unwrap_err().to_string();
         assert!(
             e.contains("not logged in") && e.contains("claude auth login"),
             "{e}"

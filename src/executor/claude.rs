@@ -37,8 +37,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Config;
 use crate::cost;
-use crate::process::{self, CommandSpec, Exit, Limits};
+use crate::process::{self, ChildEnv, CommandSpec, Exit, Limits};
 use crate::progress::{EventKind, ProgressEvent};
 
 use super::claude_stream::{ClaudeFailure, StreamState};
@@ -49,33 +50,40 @@ pub struct ClaudeExecutor {
     program: PathBuf,
 }
 
+/// Why the `claude` CLI was not found.
+#[derive(Debug, thiserror::Error)]
+pub enum LocateError {
+    /// `executor.claude_path` names no file.
+    #[error("executor.claude_path {} does not exist or is not a file; install Claude Code (`npm install -g @anthropic-ai/claude-code`) or fix executor.claude_path", .0.display())]
+    BadPath(PathBuf),
+    /// No `claude` on the children's PATH.
+    #[error("the `claude` CLI was not found on PATH ({0}); install it with `npm install -g @anthropic-ai/claude-code` or set executor.claude_path")]
+    NotOnPath(which::Error),
+}
+
+/// The one way `claude` is found (executor, judge, `check`): `executor.claude_path`, else
+/// the PATH of the child environment `env` (so what a child would find is what runs), with
+/// relative PATH entries taken from `cwd`. Blocking (stat calls), and cheap.
+pub fn locate(cfg: &Config, env: &ChildEnv, cwd: &Path) -> Result<PathBuf, LocateError> {
+    if let Some(p) = &cfg.executor.claude_path {
+        return if p.is_file() {
+            Ok(p.clone())
+        } else {
+            Err(LocateError::BadPath(p.clone()))
+        };
+    }
+    let path = env
+        .get("PATH")
+        .map(std::ffi::OsString::from)
+        .or_else(|| std::env::var_os("PATH"));
+    which::which_in("claude", path, cwd).map_err(LocateError::NotOnPath)
+}
+
 impl ClaudeExecutor {
-    /// Locate `claude`: `executor.claude_path`, else the PATH of the child environment
-    /// (`ctx.env`, so what the child would find is what we run). `Err` says how to fix it.
-    pub fn new(ctx: &ExecContext) -> Result<ClaudeExecutor, String> {
-        if let Some(p) = &ctx.config.executor.claude_path {
-            return if p.is_file() {
-                Ok(ClaudeExecutor { program: p.clone() })
-            } else {
-                Err(format!(
-                    "executor.claude_path {} does not exist or is not a file; install Claude Code (`npm install -g @anthropic-ai/claude-code`) or fix executor.claude_path",
-                    p.display()
-                ))
-            };
-        }
-        let path = ctx
-            .env
-            .vars()
-            .iter()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| std::ffi::OsString::from(v))
-            .or_else(|| std::env::var_os("PATH"));
-        match which::which_in("claude", path, &ctx.workspace) {
-            Ok(program) => Ok(ClaudeExecutor { program }),
-            Err(e) => Err(format!(
-                "the `claude` CLI was not found on PATH ({e}); install it with `npm install -g @anthropic-ai/claude-code` or set executor.claude_path"
-            )),
-        }
+    /// Locate `claude` (see [`locate`]). `Err` says how to fix it.
+    pub fn new(ctx: &ExecContext) -> Result<ClaudeExecutor, LocateError> {
+        let program = locate(&ctx.config, &ctx.env, &ctx.workspace)?;
+        Ok(ClaudeExecutor { program })
     }
 
     /// The binary this executor runs.

@@ -29,7 +29,27 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::process::ChildEnv;
 use crate::progress::ProgressSink;
-use crate::task::{ExecutorKind, Task, Tier};
+use crate::task::{ExecutorKind, RoutingError, Task, Tier};
+
+/// Why no executor can run a task; the message is the task's `task_failed` reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// The routing decision names no executor this sidecar has.
+    #[error(transparent)]
+    Routing(#[from] RoutingError),
+    /// A shell task without `metadata.shell_command`.
+    #[error("shell task has no metadata.shell_command; the description is prose and is never run as a command. Route the task to an LLM executor or give it a shell_command")]
+    NoShellCommand,
+    /// The `claude` CLI is not where the config or PATH says.
+    #[error(transparent)]
+    ClaudeNotFound(#[from] claude::LocateError),
+    /// The agentic Ollama loop would take tool calls over plain http from another host.
+    #[error("refused: the agentic Ollama loop would run tool calls answered over plain http by {url}; use an https:// endpoint, run Ollama on this host, or set executor.ollama_allow_insecure_remote = true if the network path is trusted")]
+    InsecureOllama {
+        /// The endpoint's base URL.
+        url: String,
+    },
+}
 
 /// Everything an executor may use; shared by all attempts of one task.
 #[derive(Clone)]
@@ -143,8 +163,8 @@ pub enum Executor {
 
 impl Executor {
     /// Pick and build the executor for `ctx.task`. An `Err` is a reason for `task_failed`.
-    pub fn for_task(ctx: &ExecContext) -> Result<Executor, String> {
-        let kind = ctx.task.executor_kind().map_err(|e| e.to_string())?;
+    pub fn for_task(ctx: &ExecContext) -> Result<Executor, ExecutorError> {
+        let kind = ctx.task.executor_kind()?;
         Ok(match kind {
             ExecutorKind::Shell => Executor::Shell(shell::ShellExecutor::new(ctx)?),
             ExecutorKind::Claude => Executor::Claude(claude::ClaudeExecutor::new(ctx)?),

@@ -35,13 +35,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::config::Config;
 use crate::cost;
 use crate::progress::{EventKind, ProgressEvent};
-use crate::task::Tier;
+use crate::task::{Task, Tier};
 use crate::util::truncate_chars;
 
 use super::tools::{self, Tools};
-use super::{Attempt, ExecContext, ExecOutcome, ExecStatus};
+use super::{Attempt, ExecContext, ExecOutcome, ExecStatus, ExecutorError};
 
 /// Used when neither the routing decision nor `ollama_url` names an endpoint.
 pub const DEFAULT_URL: &str = "http://localhost:11434";
@@ -60,6 +61,21 @@ no tool calls.";
 
 const NUDGE: &str = "You have not used any tool yet. Do the task with the tools (write_file to \
 change files, run_command to check them) instead of describing the change.";
+
+/// The one place a task's Ollama endpoint is resolved (executor and judge): the routing
+/// decision's `selected_endpoint` (`host:port`), else `ollama_url`, else [`DEFAULT_URL`], as
+/// a base URL without a trailing slash.
+pub fn endpoint(task: &Task, cfg: &Config) -> String {
+    let chosen = task
+        .routing_decision
+        .as_ref()
+        .and_then(|r| r.selected_endpoint.as_deref())
+        .filter(|s| !s.trim().is_empty())
+        .or(cfg.ollama_url.as_deref())
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or(DEFAULT_URL);
+    crate::util::http_base_url(chosen)
+}
 
 /// Runs a task against one Ollama endpoint and model, keeping the conversation.
 pub struct OllamaExecutor {
@@ -82,6 +98,36 @@ enum CallError {
     TimedOut,
 }
 
+/// Why one `/api/chat` call gave no reply (each is retried up to `ollama_retries`).
+#[derive(Debug, thiserror::Error)]
+enum ChatError {
+    #[error("the HTTP client was not built")]
+    NoClient,
+    #[error("request failed: {0}")]
+    Request(reqwest::Error),
+    /// A non-2xx answer, with the start of its body.
+    #[error("HTTP {status}: {body}")]
+    Status {
+        status: reqwest::StatusCode,
+        body: String,
+    },
+    #[error("reading the response failed: {0}")]
+    Read(reqwest::Error),
+    #[error("the response exceeded {} MiB (or a line {} MiB); refusing to read more", MAX_RESPONSE_BYTES >> 20, MAX_LINE_BYTES >> 20)]
+    TooLarge,
+    #[error("unparseable response line ({source}): {line}")]
+    BadLine {
+        source: serde_json::Error,
+        /// The start of the line.
+        line: String,
+    },
+    /// Ollama's own `{"error": ...}`.
+    #[error("ollama error: {0}")]
+    Ollama(String),
+    #[error("the response ended without a `done: true` line")]
+    NoDone,
+}
+
 /// One assistant message and its token counts.
 #[derive(Default)]
 struct ChatReply {
@@ -100,30 +146,18 @@ impl OllamaExecutor {
     /// Endpoint: `routing_decision.selected_endpoint` (`host:port`), else `ollama_url`, else
     /// [`DEFAULT_URL`]. Model: `routing_decision.selected_model`, else `executor.ollama_model`.
     /// Agentic unless `metadata.agentic` is false (every task has a workspace to work in).
-    pub fn new(ctx: &ExecContext) -> Result<OllamaExecutor, String> {
+    pub fn new(ctx: &ExecContext) -> Result<OllamaExecutor, ExecutorError> {
         let rd = ctx.task.routing_decision.as_ref();
-        let endpoint = rd
-            .and_then(|r| r.selected_endpoint.as_deref())
-            .or(ctx.config.ollama_url.as_deref())
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .unwrap_or(DEFAULT_URL);
-        let base_url = if endpoint.starts_with("http://") || endpoint.starts_with("https://") {
-            endpoint.trim_end_matches('/').to_string()
-        } else {
-            format!("http://{}", endpoint.trim_end_matches('/'))
-        };
+        let base_url = endpoint(&ctx.task, &ctx.config);
         let agentic = ctx.task.metadata.agentic.unwrap_or(true);
         // An agentic loop executes what the answer says: the answer must come from this
         // host or over TLS, not from whoever sits on the network path.
         if agentic
             && base_url.starts_with("http://")
-            && !crate::hub::link::is_loopback_url(&base_url)
+            && !crate::util::is_loopback_url(&base_url)
             && !ctx.config.executor.ollama_allow_insecure_remote
         {
-            return Err(format!(
-                "refused: the agentic Ollama loop would run tool calls answered over plain http by {base_url}; use an https:// endpoint, run Ollama on this host, or set executor.ollama_allow_insecure_remote = true if the network path is trusted"
-            ));
+            return Err(ExecutorError::InsecureOllama { url: base_url });
         }
         let model = rd
             .and_then(|r| r.selected_model.as_deref())
@@ -244,7 +278,7 @@ impl OllamaExecutor {
                 .await
                 {
                     Ok(t) => self.tools.insert(t).clone(),
-                    Err(e) => return ExecOutcome::failed(e),
+                    Err(e) => return ExecOutcome::failed(e.to_string()),
                 }
             }
         };
@@ -396,14 +430,15 @@ impl OllamaExecutor {
         tokens_base: u64,
     ) -> Result<ChatReply, CallError> {
         let tries = ctx.config.executor.ollama_retries + 1;
-        let mut last = String::new();
+        let mut last: Option<ChatError> = None;
         for n in 1..=tries {
             if n > 1 {
                 let delay = Duration::from_millis(200 << (n - 2).min(5));
                 ctx.progress.emit(ProgressEvent::new(
                     EventKind::Error,
                     format!(
-                        "ollama call failed ({last}); retry {} in {} ms",
+                        "ollama call failed ({}); retry {} in {} ms",
+                        last.as_ref().map(ToString::to_string).unwrap_or_default(),
                         n - 1,
                         delay.as_millis()
                     ),
@@ -424,14 +459,16 @@ impl OllamaExecutor {
                     }
                     Err(e) => {
                         tracing::warn!(task_id = %ctx.task.task_id, try_ = n, error = %e, "ollama call failed");
-                        last = e;
+                        last = Some(e);
                     }
                 },
             }
         }
         Err(CallError::Failed(format!(
-            "ollama /api/chat at {} (model {}) failed after {tries} tries: {last}; check that Ollama is running there and has the model",
-            self.base_url, self.model
+            "ollama /api/chat at {} (model {}) failed after {tries} tries: {}; check that Ollama is running there and has the model",
+            self.base_url,
+            self.model,
+            last.as_ref().map(ToString::to_string).unwrap_or_default()
         )))
     }
 
@@ -441,20 +478,17 @@ impl OllamaExecutor {
         ctx: &ExecContext,
         body: &Value,
         tokens_base: u64,
-    ) -> Result<ChatReply, String> {
+    ) -> Result<ChatReply, ChatError> {
         let url = format!("{}/api/chat", self.base_url);
         let timeout = Duration::from_secs(ctx.config.executor.ollama_timeout_secs.max(1));
-        let client = self
-            .client
-            .as_ref()
-            .ok_or("the HTTP client was not built")?;
+        let client = self.client.as_ref().ok_or(ChatError::NoClient)?;
         let mut resp = client
             .post(&url)
             .timeout(timeout)
             .json(body)
             .send()
             .await
-            .map_err(|e| format!("request failed: {e}"))?;
+            .map_err(ChatError::Request)?;
         let status = resp.status();
         if !status.is_success() {
             // Only the start of the body is reported: read no more than that.
@@ -466,10 +500,10 @@ impl OllamaExecutor {
                 }
             }
             let text = String::from_utf8_lossy(&body);
-            return Err(format!(
-                "HTTP {status}: {}",
-                truncate_chars(text.trim(), 500)
-            ));
+            return Err(ChatError::Status {
+                status,
+                body: truncate_chars(text.trim(), 500),
+            });
         }
         let streaming = body.get("stream").and_then(Value::as_bool) == Some(true);
         let mut parse = LineParser {
@@ -487,19 +521,11 @@ impl OllamaExecutor {
         };
         let mut buf: Vec<u8> = Vec::new();
         let mut total = 0usize;
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| format!("reading the response failed: {e}"))?
-        {
+        while let Some(chunk) = resp.chunk().await.map_err(ChatError::Read)? {
             // A server that never stops (or never ends a line) must not grow the daemon.
             total += chunk.len();
             if total > MAX_RESPONSE_BYTES || buf.len() + chunk.len() > MAX_LINE_BYTES {
-                return Err(format!(
-                    "the response exceeded {} MiB (or a line {} MiB); refusing to read more",
-                    MAX_RESPONSE_BYTES >> 20,
-                    MAX_LINE_BYTES >> 20
-                ));
+                return Err(ChatError::TooLarge);
             }
             buf.extend_from_slice(&chunk);
             while let Some(i) = buf.iter().position(|&b| b == b'\n') {
@@ -510,7 +536,7 @@ impl OllamaExecutor {
         parse.line(&buf)?;
         let LineParser { reply, done, .. } = parse;
         if !done {
-            return Err("the response ended without a `done: true` line".into());
+            return Err(ChatError::NoDone);
         }
         Ok(reply)
     }
@@ -526,24 +552,22 @@ struct LineParser<F: FnMut(&str, u64)> {
 }
 
 impl<F: FnMut(&str, u64)> LineParser<F> {
-    fn line(&mut self, raw: &[u8]) -> Result<(), String> {
+    fn line(&mut self, raw: &[u8]) -> Result<(), ChatError> {
         let line = String::from_utf8_lossy(raw);
         let line = line.trim();
         if line.is_empty() {
             return Ok(());
         }
-        let v: Value = serde_json::from_str(line).map_err(|e| {
-            format!(
-                "unparseable response line ({e}): {}",
-                truncate_chars(line, 200)
-            )
+        let v: Value = serde_json::from_str(line).map_err(|source| ChatError::BadLine {
+            source,
+            line: truncate_chars(line, 200),
         })?;
         if let Some(err) = v.get("error") {
             let msg = err
                 .as_str()
                 .map(str::to_string)
                 .unwrap_or_else(|| err.to_string());
-            return Err(format!("ollama error: {msg}"));
+            return Err(ChatError::Ollama(msg));
         }
         let msg = &v["message"];
         if let Some(t) = msg.get("content").and_then(Value::as_str) {

@@ -6,19 +6,21 @@ use std::time::{Duration, Instant};
 use crate::process::{self, CommandSpec, Exit, Limits};
 use crate::progress::ProgressEvent;
 
-use super::{Attempt, ExecContext, ExecOutcome, ExecStatus};
+use super::{Attempt, ExecContext, ExecOutcome, ExecStatus, ExecutorError};
 
+/// Runs one task's `metadata.shell_command`.
 pub struct ShellExecutor {
     command: String,
 }
 
 impl ShellExecutor {
-    pub fn new(ctx: &ExecContext) -> Result<ShellExecutor, String> {
+    /// The executor for `ctx.task`, which must carry a non-empty `metadata.shell_command`.
+    pub fn new(ctx: &ExecContext) -> Result<ShellExecutor, ExecutorError> {
         match ctx.task.metadata.shell_command.as_deref().map(str::trim) {
             Some(c) if !c.is_empty() => Ok(ShellExecutor {
                 command: c.to_string(),
             }),
-            _ => Err("shell task has no metadata.shell_command; the description is prose and is never run as a command. Route the task to an LLM executor or give it a shell_command".into()),
+            _ => Err(ExecutorError::NoShellCommand),
         }
     }
 

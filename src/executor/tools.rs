@@ -72,6 +72,83 @@ pub fn schemas() -> Value {
     ])
 }
 
+/// Why a model-supplied path is refused: the sandbox's verdict, never an I/O accident.
+#[derive(Debug, thiserror::Error)]
+pub enum PathRefusal {
+    /// A NUL byte: no file system path holds one.
+    #[error("path contains a NUL byte")]
+    Nul,
+    /// `..` climbs above the workspace root.
+    #[error("path `{0}` escapes the workspace; use a path inside it")]
+    Escapes(String),
+    /// A component on the way is a dangling symlink or cannot be read.
+    #[error("path `{path}` goes through `{}`, a dangling symlink or unreadable entry ({source})", entry.display())]
+    Unresolvable {
+        /// The path as the model gave it.
+        path: String,
+        /// The entry that could not be followed.
+        entry: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not even `/` exists above it (a path the OS cannot name).
+    #[error("path `{0}` has no existing ancestor")]
+    NoAncestor(String),
+    /// It resolves (through `..`, an absolute path or a symlink) outside the workspace.
+    #[error("path `{path}` resolves to {} outside the workspace (absolute paths and symlinks must stay inside it); use a path inside the workspace", resolved.display())]
+    Outside {
+        /// The path as the model gave it.
+        path: String,
+        /// Where it leads.
+        resolved: PathBuf,
+    },
+}
+
+/// Why a file tool did nothing; the message goes back to the model as the tool's result.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    /// The path is refused by the workspace sandbox.
+    #[error(transparent)]
+    Refused(#[from] PathRefusal),
+    /// The model's arguments are missing or malformed; the text says which and how.
+    #[error("{0}")]
+    BadArgs(String),
+    /// The file is larger than `read_file` returns.
+    #[error("{rel} is {size} bytes, more than read_file handles ({MAX_READ_FILE_BYTES}); use search_files or run_command (head, sed -n) on it")]
+    TooLarge {
+        /// The file, relative to the workspace.
+        rel: String,
+        /// Its size in bytes.
+        size: u64,
+    },
+    /// The file system failed on an allowed path.
+    #[error("cannot {action} {rel}: {source}")]
+    Io {
+        /// What was attempted: `read`, `write`, `create the directories of`.
+        action: &'static str,
+        /// The file, relative to the workspace.
+        rel: String,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+}
+
+/// Why the agentic tools could not be set up for a workspace.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolsSetupError {
+    /// The workspace cannot be canonicalized (gone, or unreadable).
+    #[error("workspace {} is not usable for the agentic tools: {source}", path.display())]
+    Workspace {
+        /// The workspace.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The set-up on the blocking pool panicked.
+    #[error("sandbox setup panicked: {0}")]
+    Panicked(String),
+}
+
 /// Resolves model-supplied paths inside one workspace.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
@@ -97,9 +174,9 @@ impl Sandbox {
     /// existing ancestor is canonicalized, which resolves every symlink on the way; the
     /// result must still be inside the root. A dangling symlink anywhere is refused, since
     /// writing through it would create its (unchecked) target.
-    pub fn resolve(&self, path: &str) -> Result<PathBuf, String> {
+    pub fn resolve(&self, path: &str) -> Result<PathBuf, PathRefusal> {
         if path.contains('\0') {
-            return Err("path contains a NUL byte".into());
+            return Err(PathRefusal::Nul);
         }
         let p = Path::new(if path.trim().is_empty() { "." } else { path });
         let mut lexical = if p.is_absolute() {
@@ -112,9 +189,7 @@ impl Sandbox {
                 Component::Prefix(_) | Component::RootDir | Component::CurDir => {}
                 Component::ParentDir => {
                     if !p.is_absolute() && lexical == self.root {
-                        return Err(format!(
-                            "path `{path}` escapes the workspace; use a path inside it"
-                        ));
+                        return Err(PathRefusal::Escapes(path.to_string()));
                     }
                     lexical.pop();
                 }
@@ -126,8 +201,12 @@ impl Sandbox {
         let mut rest: Vec<&std::ffi::OsStr> = Vec::new();
         let resolved = loop {
             if std::fs::symlink_metadata(existing).is_ok() {
-                let canon = std::fs::canonicalize(existing).map_err(|e| {
-                    format!("path `{path}` goes through `{}`, a dangling symlink or unreadable entry ({e})", existing.display())
+                let canon = std::fs::canonicalize(existing).map_err(|source| {
+                    PathRefusal::Unresolvable {
+                        path: path.to_string(),
+                        entry: existing.to_path_buf(),
+                        source,
+                    }
                 })?;
                 let mut full = canon;
                 for r in rest.iter().rev() {
@@ -140,16 +219,16 @@ impl Sandbox {
                     rest.push(name);
                     existing = parent;
                 }
-                _ => return Err(format!("path `{path}` has no existing ancestor")),
+                _ => return Err(PathRefusal::NoAncestor(path.to_string())),
             }
         };
         if resolved.starts_with(&self.root) {
             Ok(resolved)
         } else {
-            Err(format!(
-                "path `{path}` resolves to {} outside the workspace (absolute paths and symlinks must stay inside it); use a path inside the workspace",
-                resolved.display()
-            ))
+            Err(PathRefusal::Outside {
+                path: path.to_string(),
+                resolved,
+            })
         }
     }
 
@@ -235,16 +314,14 @@ impl Tools {
         env: ChildEnv,
         grace: Duration,
         output_cap: usize,
-    ) -> Result<Tools, String> {
+    ) -> Result<Tools, ToolsSetupError> {
         let ws = workspace.to_path_buf();
         let sandbox = tokio::task::spawn_blocking(move || Sandbox::new(&ws))
             .await
-            .map_err(|e| format!("sandbox setup panicked: {e}"))?
-            .map_err(|e| {
-                format!(
-                    "workspace {} is not usable for the agentic tools: {e}",
-                    workspace.display()
-                )
+            .map_err(|e| ToolsSetupError::Panicked(e.to_string()))?
+            .map_err(|source| ToolsSetupError::Workspace {
+                path: workspace.to_path_buf(),
+                source,
             })?;
         Ok(Tools {
             sandbox: Arc::new(sandbox),
@@ -385,28 +462,34 @@ fn file_tool(sb: &Sandbox, name: &str, args: &Value) -> ToolOutcome {
     };
     match res {
         Ok(out) => out,
-        Err(e) => ToolOutcome::err(e),
+        Err(e) => ToolOutcome::err(e.to_string()),
     }
 }
 
-fn required_path(sb: &Sandbox, args: &Value, tool: &str) -> Result<PathBuf, String> {
-    let p = str_arg(args, "path").ok_or_else(|| format!("{tool} needs a `path` string"))?;
-    sb.resolve(p)
+fn required_path(sb: &Sandbox, args: &Value, tool: &str) -> Result<PathBuf, ToolError> {
+    let p = str_arg(args, "path")
+        .ok_or_else(|| ToolError::BadArgs(format!("{tool} needs a `path` string")))?;
+    Ok(sb.resolve(p)?)
 }
 
-fn read_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
+/// An I/O failure on `rel`.
+fn io_err(action: &'static str, rel: &str) -> impl FnOnce(std::io::Error) -> ToolError {
+    let rel = rel.to_string();
+    move |source| ToolError::Io {
+        action,
+        rel,
+        source,
+    }
+}
+
+fn read_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, ToolError> {
     let path = required_path(sb, args, "read_file")?;
     let rel = sb.rel(&path);
-    let (file, size) = sb
-        .open_regular(&path)
-        .map_err(|e| format!("cannot read {rel}: {e}"))?;
+    let (file, size) = sb.open_regular(&path).map_err(io_err("read", &rel))?;
     if size > MAX_READ_FILE_BYTES {
-        return Err(format!(
-            "{rel} is {size} bytes, more than read_file handles ({MAX_READ_FILE_BYTES}); use search_files or run_command (head, sed -n) on it"
-        ));
+        return Err(ToolError::TooLarge { rel, size });
     }
-    let bytes =
-        read_capped(file, MAX_READ_FILE_BYTES).map_err(|e| format!("cannot read {rel}: {e}"))?;
+    let bytes = read_capped(file, MAX_READ_FILE_BYTES).map_err(io_err("read", &rel))?;
     let text = String::from_utf8_lossy(&bytes);
     let start = args.get("start_line").and_then(Value::as_u64);
     let end = args.get("end_line").and_then(Value::as_u64);
@@ -419,7 +502,9 @@ fn read_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
     let start = start.unwrap_or(1).max(1) as usize;
     let end = end.map(|e| e as usize).unwrap_or(usize::MAX);
     if end < start {
-        return Err(format!("end_line {end} is before start_line {start}"));
+        return Err(ToolError::BadArgs(format!(
+            "end_line {end} is before start_line {start}"
+        )));
     }
     let lines: Vec<&str> = text
         .lines()
@@ -456,18 +541,20 @@ fn head_of(text: &str, hint: &str) -> String {
     )
 }
 
-fn write_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
+fn write_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, ToolError> {
     let path = required_path(sb, args, "write_file")?;
-    let content = str_arg(args, "content").ok_or("write_file needs a `content` string")?;
+    let content = str_arg(args, "content")
+        .ok_or_else(|| ToolError::BadArgs("write_file needs a `content` string".into()))?;
     let rel = sb.rel(&path);
     if path == sb.root() || path.is_dir() {
-        return Err(format!("{rel} is a directory; give a file path"));
+        return Err(ToolError::BadArgs(format!(
+            "{rel} is a directory; give a file path"
+        )));
     }
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create the directories of {rel}: {e}"))?;
+        std::fs::create_dir_all(parent).map_err(io_err("create the directories of", &rel))?;
     }
-    std::fs::write(&path, content).map_err(|e| format!("cannot write {rel}: {e}"))?;
+    std::fs::write(&path, content).map_err(io_err("write", &rel))?;
     Ok(ToolOutcome {
         ok: true,
         output: format!("wrote {} bytes to {rel}", content.len()),
@@ -499,10 +586,13 @@ fn walk(dir: &Path, recursive: bool, f: &mut dyn FnMut(&Path, bool) -> bool) -> 
     true
 }
 
-fn list_directory(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
+fn list_directory(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, ToolError> {
     let path = sb.resolve(str_arg(args, "path").unwrap_or("."))?;
     if !path.is_dir() {
-        return Err(format!("{} is not a directory", sb.rel(&path)));
+        return Err(ToolError::BadArgs(format!(
+            "{} is not a directory",
+            sb.rel(&path)
+        )));
     }
     let recursive = args
         .get("recursive")
@@ -511,7 +601,7 @@ fn list_directory(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
     let matcher = match str_arg(args, "pattern").filter(|p| !p.is_empty()) {
         Some(p) => Some(
             globset::Glob::new(p)
-                .map_err(|e| format!("bad glob pattern `{p}`: {e}"))?
+                .map_err(|e| ToolError::BadArgs(format!("bad glob pattern `{p}`: {e}")))?
                 .compile_matcher(),
         ),
         None => None,
@@ -542,9 +632,11 @@ fn list_directory(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
     Ok(ToolOutcome::ok(lines.join("\n")))
 }
 
-fn search_files(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, String> {
-    let pattern = str_arg(args, "pattern").ok_or("search_files needs a `pattern` string")?;
-    let re = regex::Regex::new(pattern).map_err(|e| format!("bad regex `{pattern}`: {e}"))?;
+fn search_files(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, ToolError> {
+    let pattern = str_arg(args, "pattern")
+        .ok_or_else(|| ToolError::BadArgs("search_files needs a `pattern` string".into()))?;
+    let re = regex::Regex::new(pattern)
+        .map_err(|e| ToolError::BadArgs(format!("bad regex `{pattern}`: {e}")))?;
     let path = sb.resolve(str_arg(args, "path").unwrap_or("."))?;
     let max = args
         .get("max_results")
@@ -635,7 +727,8 @@ mod tests {
         }
         // The FIFO in particular: refused as not a regular file, without blocking.
         let e = read_file(&sb, &json!({"path": "pipe"})).unwrap_err();
-        assert!(e.contains("not a regular file"), "{e}");
+        assert!(matches!(e, ToolError::Io { action: "read", .. }), "{e:?}");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
         assert!(read_file(&sb, &json!({"path": "plain.txt"})).is_ok());
     }
 

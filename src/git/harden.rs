@@ -167,6 +167,35 @@ fn allowed(key: &str) -> bool {
     })
 }
 
+/// Why the daemon runs no git in a work tree.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// A config file of the git directory could not be listed.
+    #[error("refused: cannot read {} ({exit}); the daemon runs no git in this work tree", file.display())]
+    Unreadable {
+        /// The config file.
+        file: PathBuf,
+        /// How `git config --list` ended.
+        exit: String,
+    },
+    /// git itself could not be started to list the config.
+    #[error("refused: cannot run git to read {}: {source}", file.display())]
+    Spawn {
+        /// The config file.
+        file: PathBuf,
+        /// Why git did not start.
+        source: std::io::Error,
+    },
+    /// The config sets keys outside the allowlist.
+    #[error("refused: {} sets {}, which can make git run a program; the daemon runs no git in this work tree until the key is removed (or use a managed clone: a task with `repo`)", file.display(), keys.join(", "))]
+    UntrustedKeys {
+        /// The config file.
+        file: PathBuf,
+        /// The keys, sorted.
+        keys: Vec<String>,
+    },
+}
+
 /// Why git must not run in `work_tree`: its git directory (which the task could have
 /// written) sets a key outside the allowlist, or cannot be read. `None`: no git directory,
 /// or nothing but plain settings. Every git call of the daemon asks this first, except in a
@@ -175,42 +204,49 @@ pub async fn refusal(
     work_tree: &Path,
     env: &ChildEnv,
     cancel: &CancellationToken,
-) -> Option<String> {
+) -> Option<Refusal> {
     let git_dir = git_dir_of(work_tree)?;
+    refusal_of(&config_files(&git_dir), env, cancel).await
+}
+
+/// [`refusal`] for the config files of one git directory (see [`config_files`]).
+pub async fn refusal_of(
+    files: &[PathBuf],
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+) -> Option<Refusal> {
     let limits = Limits {
         timeout: Some(Duration::from_secs(30)),
         grace: Duration::from_millis(500),
         output_cap: 1024 * 1024,
     };
-    for file in config_files(&git_dir) {
+    for file in files {
         // From `/`, so git discovers no repository and reads nothing but this one file.
         let spec = CommandSpec::new("git", "/", env.clone())
             .args(["config", "--no-includes", "--file"])
-            .arg(&file)
+            .arg(file)
             .args(["--list", "-z"]);
         let listing = match process::run(&spec, &limits, cancel, None).await {
             Ok(o) if o.exit.success() => o.stdout,
             Ok(o) => {
-                return Some(format!(
-                    "refused: cannot read {} ({}); the daemon runs no git in this work tree",
-                    file.display(),
-                    o.exit.describe()
-                ))
+                return Some(Refusal::Unreadable {
+                    file: file.clone(),
+                    exit: o.exit.describe(),
+                })
             }
-            Err(e) => {
-                return Some(format!(
-                    "refused: cannot run git to read {}: {e}",
-                    file.display()
-                ))
+            Err(source) => {
+                return Some(Refusal::Spawn {
+                    file: file.clone(),
+                    source,
+                })
             }
         };
-        let bad = untrusted_keys(listing.as_bytes());
-        if !bad.is_empty() {
-            return Some(format!(
-                "refused: {} sets {}, which can make git run a program; the daemon runs no git in this work tree until the key is removed (or use a managed clone: a task with `repo`)",
-                file.display(),
-                bad.join(", ")
-            ));
+        let keys = untrusted_keys(listing.as_bytes());
+        if !keys.is_empty() {
+            return Some(Refusal::UntrustedKeys {
+                file: file.clone(),
+                keys,
+            });
         }
     }
     None

@@ -10,7 +10,6 @@ use crate::config::Config;
 use crate::task::Task;
 
 use super::branch::{commit_title, is_dirty, slugify, TaskBranch};
-use super::url::slug_path_segment;
 use super::{GitError, GitRunner};
 
 /// Bound on the classification request: the hub answers from memory, so a slow answer means
@@ -259,7 +258,7 @@ pub async fn classify(cfg: &Config, task_id: &str, stats: &DiffStats) -> Value {
     let url = format!(
         "{}/api/tasks/{}/classify",
         cfg.hub_api_url(),
-        slug_path_segment(task_id)
+        crate::util::percent_encode(task_id)
     );
     // Building a client loads the native root store: blocking work, so off the runtime.
     let client = match tokio::task::spawn_blocking(|| {

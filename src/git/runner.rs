@@ -122,10 +122,10 @@ impl GitRunner {
     async fn check_repo_config(&self, cwd: &Path, step: &str) -> Result<(), GitError> {
         match harden::refusal(cwd, &self.env, &self.cancel).await {
             None => Ok(()),
-            Some(detail) => Err(GitError {
+            Some(why) => Err(GitError {
                 step: step.to_string(),
                 refused: true,
-                detail,
+                detail: why.to_string(),
             }),
         }
     }

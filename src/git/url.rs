@@ -81,19 +81,6 @@ pub fn url_secrets(url: &str) -> Vec<String> {
     v
 }
 
-/// A task id made safe as one URL path segment (percent-encoding everything unusual).
-pub(crate) fn slug_path_segment(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

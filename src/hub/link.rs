@@ -166,7 +166,7 @@ pub async fn run(
         }
         ops.link_state(false);
         let end = match connect(&cfg, connector.clone()).await {
-            Err(e) => End::Lost(e),
+            Err(e) => End::Lost(e.to_string()),
             Ok(ws) => match identify(&cfg, ws, &cancel).await {
                 Err(end) => end,
                 Ok(ws) => {
@@ -231,8 +231,8 @@ pub async fn run(
 
 /// One connect + `identify` round trip, then a clean close (1000): what `hub-sidecar check`
 /// reports as "hub reachable, token accepted". The error says which step failed.
-pub async fn probe(cfg: &Config) -> Result<(), String> {
-    let connector = tls_connector(cfg).map_err(|e| format!("{e:#}"))?;
+pub async fn probe(cfg: &Config) -> Result<(), ProbeError> {
+    let connector = tls_connector(cfg).map_err(ProbeError::Tls)?;
     let ws = connect(cfg, connector).await?;
     match identify(cfg, ws, &CancellationToken::new()).await {
         Ok(mut ws) => {
@@ -243,36 +243,65 @@ pub async fn probe(cfg: &Config) -> Result<(), String> {
             let _ = tokio::time::timeout(Duration::from_secs(2), ws.close(Some(close))).await;
             Ok(())
         }
-        Err(End::Auth(e)) => Err(format!(
-            "the hub refused the token for agent {}: {e}",
-            cfg.agent_id
-        )),
-        Err(End::Cooldown(_, reason)) => Err(format!("the hub asked to wait: {reason}")),
-        Err(End::Lost(e)) => Err(e),
-        Err(End::Shutdown) => Err("cancelled".into()),
+        Err(End::Auth(code)) => Err(ProbeError::Auth {
+            agent_id: cfg.agent_id.clone(),
+            code,
+        }),
+        Err(End::Cooldown(_, reason)) => Err(ProbeError::Cooldown(reason)),
+        Err(End::Lost(e)) => Err(ProbeError::Lost(e)),
+        Err(End::Shutdown) => Err(ProbeError::Cancelled),
     }
 }
 
-/// Whether `url`'s host is a loopback address (or `localhost`): plain `ws://` is fine there.
-///
-/// Decided on the address, never on a prefix: `127.0.0.1.evil.example` is a DNS name.
-pub fn is_loopback_url(url: &str) -> bool {
-    let rest = url.split("://").nth(1).unwrap_or("");
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let host = authority
-        .rsplit_once('@')
-        .map(|(_, h)| h)
-        .unwrap_or(authority);
-    let host = match host.strip_prefix('[') {
-        // [v6]:port
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map(|(h, _)| h).unwrap_or(host),
-    };
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+/// Why [`probe`] failed: the hub refused us, asked us to wait, or could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// `ca_file` or the TLS set-up is wrong.
+    #[error("{0:#}")]
+    Tls(anyhow::Error),
+    /// No WebSocket to the hub.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The hub refused the token (`invalid_token`, `token_agent_mismatch`).
+    #[error("the hub refused the token for agent {agent_id}: {code}")]
+    Auth {
+        /// The agent that identified.
+        agent_id: String,
+        /// The hub's error code.
+        code: String,
+    },
+    /// The hub is in a cooldown for this agent.
+    #[error("the hub asked to wait: {0}")]
+    Cooldown(String),
+    /// The link broke during `identify`.
+    #[error("{0}")]
+    Lost(String),
+    /// The probe was cancelled.
+    #[error("cancelled")]
+    Cancelled,
 }
+
+/// Why the WebSocket to the hub could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The TCP, TLS or WebSocket handshake failed.
+    #[error("connect to {url} failed: {source}")]
+    Failed {
+        /// `hub_url`.
+        url: String,
+        /// What failed.
+        source: Box<tokio_tungstenite::tungstenite::Error>,
+    },
+    /// No handshake within the connect timeout.
+    #[error("connect to {url} timed out")]
+    TimedOut {
+        /// `hub_url`.
+        url: String,
+    },
+}
+
+/// Whether `url`'s host is a loopback address (or `localhost`): plain `ws://` is fine there.
+pub use crate::util::is_loopback_url;
 
 /// TLS settings for `wss://`: system roots plus `ca_file`, certificates always verified.
 fn tls_connector(cfg: &Config) -> anyhow::Result<Option<Connector>> {
@@ -304,7 +333,7 @@ fn tls_connector(cfg: &Config) -> anyhow::Result<Option<Connector>> {
     Ok(Some(Connector::Rustls(Arc::new(config))))
 }
 
-async fn connect(cfg: &Config, connector: Option<Connector>) -> Result<Ws, String> {
+async fn connect(cfg: &Config, connector: Option<Connector>) -> Result<Ws, ConnectError> {
     let ws_cfg = WebSocketConfig::default()
         .max_message_size(Some(cfg.max_frame_bytes))
         .max_frame_size(Some(cfg.max_frame_bytes));
@@ -316,8 +345,13 @@ async fn connect(cfg: &Config, connector: Option<Connector>) -> Result<Ws, Strin
     );
     match tokio::time::timeout(Duration::from_secs(15), fut).await {
         Ok(Ok((ws, _))) => Ok(ws),
-        Ok(Err(e)) => Err(format!("connect to {} failed: {e}", cfg.hub_url)),
-        Err(_) => Err(format!("connect to {} timed out", cfg.hub_url)),
+        Ok(Err(e)) => Err(ConnectError::Failed {
+            url: cfg.hub_url.clone(),
+            source: Box::new(e),
+        }),
+        Err(_) => Err(ConnectError::TimedOut {
+            url: cfg.hub_url.clone(),
+        }),
     }
 }
 
@@ -574,14 +608,6 @@ impl Connection<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_detection() {
-        assert!(is_loopback_url("ws://127.0.0.1:4000/ws"));
-        assert!(is_loopback_url("ws://localhost/ws"));
-        assert!(is_loopback_url("ws://[::1]:4000/ws"));
-        assert!(!is_loopback_url("ws://hub.example:4000/ws"));
-    }
 
     #[test]
     fn policy_close_becomes_cooldown() {

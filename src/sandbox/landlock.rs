@@ -50,9 +50,37 @@ pub struct FsPolicy {
     pub deny: Vec<PathBuf>,
 }
 
+/// Why a ruleset could not be built: Landlock missing here, or the kernel refusing a step.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The kernel has no Landlock (or it is not in the `lsm=` list).
+    #[error("Landlock is not available in this kernel (needs Linux ≥ 5.13 with landlock in the `lsm=` list)")]
+    Unavailable,
+    /// One step of building the ruleset failed; `step` says which.
+    #[error("Landlock: {step}: {source}")]
+    Step {
+        /// What was being done, e.g. `granting /usr`.
+        step: String,
+        /// What the landlock crate reported.
+        source: landlock::RulesetError,
+    },
+    /// A granted path could not be opened to name it in a rule.
+    #[error("Landlock: granting {}: {source}", path.display())]
+    Open {
+        /// The path the rule was for.
+        path: PathBuf,
+        /// What opening it reported.
+        source: landlock::PathFdError,
+    },
+    /// The kernel accepted every rule but handed back no ruleset descriptor.
+    #[error("Landlock: the kernel refused the ruleset")]
+    Refused,
+}
+
 /// An enforceable ruleset, and what the kernel made of it.
 #[derive(Debug)]
 pub struct Built {
+    /// The ruleset descriptor the child restricts itself with.
     pub fd: OwnedFd,
     /// The ABI in force (≤ [`TARGET_ABI`]).
     pub abi: i32,
@@ -61,16 +89,17 @@ pub struct Built {
 }
 
 impl Built {
+    /// The descriptor as the child's `landlock_restrict_self` takes it.
     pub fn raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
     }
 }
 
 /// Build the ruleset for `policy`. `Err` names what failed.
-pub fn build(policy: &FsPolicy) -> Result<Built, String> {
+pub fn build(policy: &FsPolicy) -> Result<Built, BuildError> {
     let abi = kernel_abi();
     if abi < 1 {
-        return Err("Landlock is not available in this kernel (needs Linux ≥ 5.13 with landlock in the `lsm=` list)".into());
+        return Err(BuildError::Unavailable);
     }
     let all = AccessFs::from_all(TARGET_ABI);
     let read = AccessFs::from_read(TARGET_ABI);
@@ -78,24 +107,26 @@ pub fn build(policy: &FsPolicy) -> Result<Built, String> {
     // around every rule here.
     let write = all & !(AccessFs::MakeChar | AccessFs::MakeBlock);
     let file_rights = AccessFs::from_file(TARGET_ABI);
-    let err = |what: &str, e: &dyn std::fmt::Display| format!("Landlock: {what}: {e}");
+    let step = |what: &str| {
+        let what = what.to_string();
+        move |source: landlock::RulesetError| BuildError::Step { step: what, source }
+    };
     let mut rs = Ruleset::default()
         .handle_access(all)
-        .map_err(|e| err("handling filesystem access", &e))?
+        .map_err(step("handling filesystem access"))?
         .scope(Scope::from_all(TARGET_ABI))
-        .map_err(|e| err("scoping signals and sockets", &e))?
+        .map_err(step("scoping signals and sockets"))?
         .create()
-        .map_err(|e| err("creating the ruleset", &e))?;
+        .map_err(step("creating the ruleset"))?;
     for (paths, access) in [(&policy.read, read), (&policy.write, write)] {
         for grant in paths {
             for p in carve(grant, &policy.deny) {
-                rs = add(rs, &p, access, file_rights)
-                    .map_err(|e| err(&format!("granting {}", p.display()), &e))?;
+                rs = add(rs, &p, access, file_rights)?;
             }
         }
     }
     let fd: Option<OwnedFd> = rs.into();
-    let fd = fd.ok_or_else(|| "Landlock: the kernel refused the ruleset".to_string())?;
+    let fd = fd.ok_or(BuildError::Refused)?;
     Ok(Built {
         fd,
         abi: abi.min(6),
@@ -108,7 +139,7 @@ fn add(
     path: &Path,
     access: BitFlags<AccessFs>,
     file_rights: BitFlags<AccessFs>,
-) -> Result<landlock::RulesetCreated, String> {
+) -> Result<landlock::RulesetCreated, BuildError> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         // A path that does not exist grants nothing; nothing to add.
@@ -120,9 +151,15 @@ fn add(
     } else {
         access & file_rights
     };
-    let fd = PathFd::new(path).map_err(|e| e.to_string())?;
+    let fd = PathFd::new(path).map_err(|source| BuildError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
     rs.add_rule(PathBeneath::new(fd, access))
-        .map_err(|e| e.to_string())
+        .map_err(|source| BuildError::Step {
+            step: format!("granting {}", path.display()),
+            source,
+        })
 }
 
 /// `grant`, minus every path in `deny` (see the module docs). A grant that is itself denied

@@ -64,7 +64,24 @@ pub struct Support {
     /// Landlock ABI version, 0 when absent.
     pub landlock_abi: i32,
     /// Whether a child can enter new user + PID namespaces, else why not.
-    pub namespaces: Result<(), String>,
+    pub namespaces: Result<(), NamespaceError>,
+}
+
+/// Why children cannot get their own user + PID namespaces here.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NamespaceError {
+    /// `containment = "off"`: nothing was probed.
+    #[error("containment is off")]
+    Off,
+    /// Neither `/usr/bin/true` nor `/bin/true` exists to run the probe with.
+    #[error("no /bin/true to probe with")]
+    NoProbeProgram,
+    /// The probe started but did not exit 0 inside the namespaces.
+    #[error("the probe exited with {0}")]
+    ProbeFailed(std::process::ExitStatus),
+    /// The probe could not start (typically EPERM: unprivileged user namespaces are off).
+    #[error("{0}")]
+    Spawn(Arc<std::io::Error>),
 }
 
 impl Support {
@@ -81,7 +98,7 @@ impl Support {
     pub fn none() -> Support {
         Support {
             landlock_abi: 0,
-            namespaces: Err("containment is off".into()),
+            namespaces: Err(NamespaceError::Off),
         }
     }
 
@@ -118,7 +135,9 @@ impl Support {
 /// The containment level in force, decided once from the config and the probe.
 #[derive(Debug, Clone)]
 pub struct Policy {
+    /// The level in force: the configured one, or the default for this machine.
     pub level: Containment,
+    /// What the kernel can enforce.
     pub support: Support,
 }
 
@@ -176,10 +195,23 @@ impl Policy {
 /// Why a task's children cannot be confined as the level demands.
 #[derive(Debug, thiserror::Error)]
 pub enum ContainmentError {
+    /// Strict containment, and the machine lacks these layers (joined with `; `).
     #[error("containment_unavailable: containment = \"strict\" but {0}; fix the machine or set containment = \"best-effort\"")]
     Unavailable(String),
+    /// The task's private TMPDIR could not be created.
+    #[error("containment_failed: cannot set up the task's sandbox: cannot create TMPDIR {}: {source}", path.display())]
+    Tmpdir {
+        /// The TMPDIR that was to be created.
+        path: PathBuf,
+        /// Why creating it failed.
+        source: std::io::Error,
+    },
+    /// The Landlock ruleset could not be built.
     #[error("containment_failed: cannot set up the task's sandbox: {0}")]
-    Setup(String),
+    Landlock(#[from] landlock::BuildError),
+    /// The set-up, run on the blocking pool, panicked or was cancelled.
+    #[error("containment_failed: the sandbox set-up panicked: {0}")]
+    Panicked(String),
 }
 
 /// One task's confinement, shared by every child of the task.
@@ -228,7 +260,9 @@ pub struct Grants {
 /// environment by [`crate::process::confine`].
 #[derive(Debug)]
 pub struct Confined {
+    /// Variables set for the children (TMPDIR and friends, CLAUDE_CONFIG_DIR).
     pub set: Vec<(String, String)>,
+    /// The sandbox every child installs; `None` when containment is off.
     pub sandbox: Option<Arc<Sandbox>>,
 }
 
@@ -251,8 +285,9 @@ pub fn plan(
     if policy.level == Containment::Strict && !missing.is_empty() {
         return Err(ContainmentError::Unavailable(missing.join("; ")));
     }
-    std::fs::create_dir_all(tmp).map_err(|e| {
-        ContainmentError::Setup(format!("cannot create TMPDIR {}: {e}", tmp.display()))
+    std::fs::create_dir_all(tmp).map_err(|source| ContainmentError::Tmpdir {
+        path: tmp.to_path_buf(),
+        source,
     })?;
     let mut set = Vec::new();
     let tmp_s = tmp.to_string_lossy().into_owned();
@@ -276,7 +311,7 @@ pub fn plan(
     let ruleset = if policy.support.landlock_abi > 0 {
         // What the children will see: the variables set here over the inherited ones.
         let fs = fs_policy(cfg, &[&set, vars], tmp, grants);
-        Some(landlock::build(&fs).map_err(ContainmentError::Setup)?)
+        Some(landlock::build(&fs)?)
     } else {
         None
     };
@@ -433,7 +468,7 @@ pub fn protect_daemon() {
 }
 
 /// Can a child enter new user + PID namespaces here? Runs `true` in them.
-fn probe_namespaces() -> Result<(), String> {
+fn probe_namespaces() -> Result<(), NamespaceError> {
     let plan = ChildPlan {
         rlimits: Vec::new(),
         namespaces: Some(IdMaps::current()),
@@ -447,7 +482,7 @@ fn probe_namespaces() -> Result<(), String> {
     let true_bin = ["/usr/bin/true", "/bin/true"]
         .into_iter()
         .find(|p| Path::new(p).exists())
-        .ok_or("no /bin/true to probe with")?;
+        .ok_or(NamespaceError::NoProbeProgram)?;
     let mut cmd = std::process::Command::new(true_bin);
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -455,8 +490,8 @@ fn probe_namespaces() -> Result<(), String> {
     sb.install(&mut cmd);
     match cmd.status() {
         Ok(s) if s.success() => Ok(()),
-        Ok(s) => Err(format!("the probe exited with {s}")),
-        Err(e) => Err(e.to_string()),
+        Ok(s) => Err(NamespaceError::ProbeFailed(s)),
+        Err(e) => Err(NamespaceError::Spawn(Arc::new(e))),
     }
 }
 
@@ -467,7 +502,9 @@ mod tests {
     fn without_kernel_support() -> Support {
         Support {
             landlock_abi: 0,
-            namespaces: Err("EPERM".into()),
+            namespaces: Err(NamespaceError::Spawn(Arc::new(
+                std::io::Error::from_raw_os_error(libc::EPERM),
+            ))),
         }
     }
 

@@ -304,7 +304,7 @@ async fn git_clean(ctx: &ExecContext, target: &str, bound: Duration) -> (CheckSt
     };
     // The daemon's git: never running what the repository names (see git::harden).
     if let Some(why) = crate::git::harden::refusal(&dir, &ctx.env, &ctx.cancel).await {
-        return (CheckStatus::Error, why);
+        return (CheckStatus::Error, why.to_string());
     }
     let spec = crate::git::harden::command(&ctx.workspace, &dir, &ctx.env)
         .arg("-C")

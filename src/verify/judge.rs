@@ -108,24 +108,6 @@ pub fn decide(verdict: Option<&Verdict>, min_confidence: f64) -> (CheckStatus, S
     }
 }
 
-/// `http://host:port` for the judge: the routing decision's endpoint, else config, else local.
-pub fn ollama_endpoint(ctx: &ExecContext) -> String {
-    let raw = ctx
-        .task
-        .routing_decision
-        .as_ref()
-        .and_then(|r| r.selected_endpoint.clone())
-        .filter(|s| !s.trim().is_empty())
-        .or_else(|| ctx.config.ollama_url.clone())
-        .unwrap_or_else(|| "localhost:11434".into());
-    let raw = raw.trim().trim_end_matches('/');
-    if raw.starts_with("http://") || raw.starts_with("https://") {
-        raw.to_string()
-    } else {
-        format!("http://{raw}")
-    }
-}
-
 /// The judge model: `judge_model`, else the task's selected model, else the executor default.
 pub fn judge_model(ctx: &ExecContext) -> String {
     ctx.config
@@ -206,12 +188,7 @@ pub async fn judge_check(
     let (answer, cost_usd) = match ctx.config.verification.judge_backend.as_str() {
         "claude" => ask_claude(ctx, &prompt, bound).await,
         "ollama" | "" => (ask_ollama(ctx, &prompt, bound).await, 0.0),
-        other => (
-            Err(format!(
-                "unknown judge_backend `{other}`: use \"ollama\" or \"claude\""
-            )),
-            0.0,
-        ),
+        other => (Err(JudgeError::UnknownBackend(other.to_string())), 0.0),
     };
     match answer {
         Ok(text) => {
@@ -227,7 +204,7 @@ pub async fn judge_check(
         }
         Err(e) => JudgeOutcome {
             status: CheckStatus::Error,
-            output: e,
+            output: e.to_string(),
             cost_usd,
         },
     }
@@ -236,8 +213,54 @@ pub async fn judge_check(
 /// The start of a check's output when a cost cap kept it from running.
 pub const BUDGET_EXHAUSTED: &str = "not run: the cost cap is reached";
 
-async fn ask_ollama(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<String, String> {
-    let url = format!("{}/api/chat", ollama_endpoint(ctx));
+/// Why the judge gave no answer; the message is the check's output.
+#[derive(Debug, thiserror::Error)]
+enum JudgeError {
+    #[error("unknown judge_backend `{0}`: use \"ollama\" or \"claude\"")]
+    UnknownBackend(String),
+    #[error("cannot build HTTP client: {0}")]
+    Client(reqwest::Error),
+    #[error("judge request to {url} failed: {source}")]
+    Request { url: String, source: reqwest::Error },
+    #[error("reading the judge's answer from {url} failed: {source}")]
+    Read { url: String, source: reqwest::Error },
+    #[error("the judge at {url} answered more than 1 MiB; refused")]
+    TooLarge { url: String },
+    #[error("judge response from {url} is not JSON ({status}): {source}")]
+    NotJson {
+        url: String,
+        status: reqwest::StatusCode,
+        source: serde_json::Error,
+    },
+    #[error("judge at {url} answered {status}: {body}")]
+    Status {
+        url: String,
+        status: reqwest::StatusCode,
+        body: Value,
+    },
+    #[error("cannot create a scratch dir for the claude judge: {0}")]
+    Scratch(std::io::Error),
+    #[error("could not start the claude judge: {0}")]
+    NotFound(crate::executor::claude::LocateError),
+    #[error("could not start the claude judge: {0}")]
+    Spawn(std::io::Error),
+    #[error("judge timed out after {} ms", .0.as_millis())]
+    TimedOut(Duration),
+    #[error("claude judge: {0}")]
+    Claude(crate::executor::claude_stream::ClaudeFailure),
+    #[error("cancelled")]
+    Cancelled,
+}
+
+async fn ask_ollama(
+    ctx: &ExecContext,
+    prompt: &str,
+    bound: Duration,
+) -> Result<String, JudgeError> {
+    let url = format!(
+        "{}/api/chat",
+        crate::executor::ollama::endpoint(&ctx.task, &ctx.config)
+    );
     let body = json!({
         "model": judge_model(ctx),
         "stream": false,
@@ -251,40 +274,47 @@ async fn ask_ollama(ctx: &ExecContext, prompt: &str, bound: Duration) -> Result<
     let client = reqwest::Client::builder()
         .timeout(bound)
         .build()
-        .map_err(|e| format!("cannot build HTTP client: {e}"))?;
+        .map_err(JudgeError::Client)?;
     let call = async {
         let resp = client
             .post(&url)
             .json(&body)
             .send()
             .await
-            .map_err(|e| format!("judge request to {url} failed: {e}"))?;
+            .map_err(|source| JudgeError::Request {
+                url: url.clone(),
+                source,
+            })?;
         let status = resp.status();
         // A verdict is a few hundred bytes: read at most 1 MiB of whatever answers.
         let mut resp = resp;
         let mut raw = Vec::new();
-        while let Some(c) = resp
-            .chunk()
-            .await
-            .map_err(|e| format!("reading the judge's answer from {url} failed: {e}"))?
-        {
+        while let Some(c) = resp.chunk().await.map_err(|source| JudgeError::Read {
+            url: url.clone(),
+            source,
+        })? {
             if raw.len() + c.len() > 1 << 20 {
-                return Err(format!(
-                    "the judge at {url} answered more than 1 MiB; refused"
-                ));
+                return Err(JudgeError::TooLarge { url: url.clone() });
             }
             raw.extend_from_slice(&c);
         }
-        let v: Value = serde_json::from_slice(&raw)
-            .map_err(|e| format!("judge response from {url} is not JSON ({status}): {e}"))?;
+        let v: Value = serde_json::from_slice(&raw).map_err(|source| JudgeError::NotJson {
+            url: url.clone(),
+            status,
+            source,
+        })?;
         if !status.is_success() {
-            return Err(format!("judge at {url} answered {status}: {v}"));
+            return Err(JudgeError::Status {
+                url: url.clone(),
+                status,
+                body: v,
+            });
         }
         Ok(v["message"]["content"].as_str().unwrap_or("").to_string())
     };
     tokio::select! {
         r = call => r,
-        _ = ctx.cancel.cancelled() => Err("cancelled".into()),
+        _ = ctx.cancel.cancelled() => Err(JudgeError::Cancelled),
     }
 }
 
@@ -296,28 +326,18 @@ async fn ask_claude(
     ctx: &ExecContext,
     prompt: &str,
     bound: Duration,
-) -> (Result<String, String>, f64) {
+) -> (Result<String, JudgeError>, f64) {
     use crate::executor::claude_stream::StreamState;
-    let program = ctx
-        .config
-        .executor
-        .claude_path
-        .clone()
-        .map(|p| p.into_os_string())
-        .unwrap_or_else(|| "claude".into());
     let scratch = match tempfile::Builder::new()
         .prefix("hub-sidecar-judge-")
         .tempdir()
     {
         Ok(d) => d,
-        Err(e) => {
-            return (
-                Err(format!(
-                    "cannot create a scratch dir for the claude judge: {e}"
-                )),
-                0.0,
-            )
-        }
+        Err(e) => return (Err(JudgeError::Scratch(e)), 0.0),
+    };
+    let program = match crate::executor::claude::locate(&ctx.config, &ctx.env, scratch.path()) {
+        Ok(p) => p,
+        Err(e) => return (Err(JudgeError::NotFound(e)), 0.0),
     };
     let model = judge_model_claude(ctx);
     let mut spec = CommandSpec::new(program, scratch.path(), ctx.env.clone())
@@ -353,20 +373,17 @@ async fn ask_claude(
     };
     let out = match process::run_with(&spec, &limits, &ctx.cancel, None, Some(&mut on_line)).await {
         Ok(o) => o,
-        Err(e) => return (Err(format!("could not start the claude judge: {e}")), 0.0),
+        Err(e) => return (Err(JudgeError::Spawn(e)), 0.0),
     };
     let (_, _, cost) = stream.usage();
     if out.exit == Exit::TimedOut {
-        return (
-            Err(format!("judge timed out after {} ms", bound.as_millis())),
-            cost,
-        );
+        return (Err(JudgeError::TimedOut(bound)), cost);
     }
     if out.exit == Exit::Cancelled {
-        return (Err("cancelled".into()), cost);
+        return (Err(JudgeError::Cancelled), cost);
     }
     match stream.failure(out.exit.success(), &out.stderr) {
-        Some(f) => (Err(format!("claude judge: {f}")), cost),
+        Some(f) => (Err(JudgeError::Claude(f)), cost),
         None => (Ok(stream.output()), cost),
     }
 }

@@ -109,6 +109,22 @@ pub fn unavailable(observations: &[String]) -> Option<&str> {
         .find_map(|o| o.strip_prefix(UNAVAILABLE_PREFIX))
 }
 
+/// Why one git call of the observer gave nothing; the snapshot falls back to a walk and
+/// says why.
+#[derive(Debug, thiserror::Error)]
+enum GitCallError {
+    #[error(transparent)]
+    Refused(crate::git::harden::Refusal),
+    #[error("git {command} failed ({exit}): {stderr}")]
+    Failed {
+        command: String,
+        exit: String,
+        stderr: String,
+    },
+    #[error("could not start git: {0}")]
+    Spawn(std::io::Error),
+}
+
 /// What one git call gave.
 struct GitOut {
     stdout: String,
@@ -121,11 +137,11 @@ async fn git(
     env: &ChildEnv,
     cancel: &CancellationToken,
     args: &[&str],
-) -> Result<GitOut, String> {
+) -> Result<GitOut, GitCallError> {
     // The daemon's git never runs what the repository names (hooks, fsmonitor, filters):
     // a git directory the task could have written is checked first.
     if let Some(why) = crate::git::harden::refusal(ws, env, cancel).await {
-        return Err(why);
+        return Err(GitCallError::Refused(why));
     }
     // `--no-optional-locks`: observing never takes the index lock a concurrent git of the
     // agent (or of a check) may need. The hardening overrides name `ws` a safe directory.
@@ -144,13 +160,12 @@ async fn git(
             truncated: o.dropped_bytes > 0,
             stdout: o.stdout,
         }),
-        Ok(o) => Err(format!(
-            "git {} failed ({}): {}",
-            args.first().copied().unwrap_or(""),
-            o.exit.describe(),
-            crate::util::truncate_chars(o.stderr.trim(), 300)
-        )),
-        Err(e) => Err(format!("could not start git: {e}")),
+        Ok(o) => Err(GitCallError::Failed {
+            command: args.first().copied().unwrap_or("").to_string(),
+            exit: o.exit.describe(),
+            stderr: crate::util::truncate_chars(o.stderr.trim(), 300),
+        }),
+        Err(e) => Err(GitCallError::Spawn(e)),
     }
 }
 
@@ -188,7 +203,7 @@ pub async fn snapshot_with(
     .await
     {
         Ok(s) => s,
-        Err(e) => return walk_snapshot(ws, limits, Some(e)).await,
+        Err(e) => return walk_snapshot(ws, limits, Some(e.to_string())).await,
     };
     // An unborn HEAD (no commit yet) is a normal state, not a failure.
     let head = git(ws, env, cancel, &["rev-parse", "--verify", "-q", "HEAD"])

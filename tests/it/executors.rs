@@ -77,7 +77,7 @@ async fn wait_for_file(path: &Path) {
 
 mod claude {
     use super::*;
-    use hub_sidecar::executor::claude::ClaudeExecutor;
+    use hub_sidecar::executor::claude::{ClaudeExecutor, LocateError};
 
     /// Lines as Claude Code 2.1.x prints them for `-p --output-format stream-json --verbose`
     /// (recorded against a fake Messages API): one `assistant` event per content block, all
@@ -308,6 +308,8 @@ esac
         let err = ClaudeExecutor::new(&ctx)
             .err()
             .expect("claude must not be found");
+        assert!(matches!(err, LocateError::NotOnPath(_)), "{err:?}");
+        let err = err.to_string();
         assert!(
             err.contains("npm install -g @anthropic-ai/claude-code"),
             "{err}"
@@ -318,7 +320,8 @@ esac
             c.executor.claude_path = Some(PathBuf::from("/nonexistent/claude"))
         });
         let err = ClaudeExecutor::new(&ctx).err().expect("bad claude_path");
-        assert!(err.contains("/nonexistent/claude"), "{err}");
+        assert!(matches!(err, LocateError::BadPath(_)), "{err:?}");
+        assert!(err.to_string().contains("/nonexistent/claude"), "{err}");
     }
 
     #[tokio::test]
@@ -485,6 +488,7 @@ mod ollama {
     use super::*;
     use crate::fakes::{answer, streamed, tool_calls, FakeOllama, Reply, MODEL};
     use hub_sidecar::executor::ollama::OllamaExecutor;
+    use hub_sidecar::executor::ExecutorError;
 
     fn task(server: &FakeOllama, agentic: bool, tier: &str) -> Value {
         json!({"task_id": "t-ollama", "description": "do it", "metadata": {"agentic": agentic},
@@ -527,6 +531,11 @@ mod ollama {
         };
         let (ctx, _) = context(remote(true), ws.path(), ChildEnv::inherit(), |_| {});
         let err = OllamaExecutor::new(&ctx).err().expect("refused");
+        assert!(
+            matches!(err, ExecutorError::InsecureOllama { .. }),
+            "{err:?}"
+        );
+        let err = err.to_string();
         assert!(
             err.contains("refused") && err.contains("ollama_allow_insecure_remote"),
             "{err}"
