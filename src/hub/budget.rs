@@ -31,7 +31,25 @@ struct Bucket {
     paused_until: Option<Instant>,
 }
 
+impl Bucket {
+    /// The one refill formula: tokens at `now`, `per_sec` added since `last`, at most
+    /// `capacity`. Takes nothing and moves nothing.
+    fn level(&self, now: Instant, per_sec: f64, capacity: f64) -> f64 {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        (self.tokens + elapsed * per_sec).min(capacity)
+    }
+
+    /// How long a pause still holds at `now`, if one does.
+    fn paused(&self, now: Instant) -> Option<Duration> {
+        self.paused_until
+            .filter(|until| now < *until)
+            .map(|until| until - now)
+    }
+}
+
 impl RateBudget {
+    /// A full bucket of `capacity` tokens refilled at `refill_per_minute`, of which progress
+    /// leaves `reserve` to lifecycle frames.
     pub fn new(capacity: u32, refill_per_minute: u32, reserve: u32) -> RateBudget {
         RateBudget {
             capacity: capacity as f64,
@@ -45,6 +63,7 @@ impl RateBudget {
         }
     }
 
+    /// The budget the config's `[progress]` section describes.
     pub fn from_config(c: &crate::config::ProgressConfig) -> RateBudget {
         RateBudget::new(c.capacity, c.refill_per_minute, c.reserve)
     }
@@ -63,22 +82,26 @@ impl RateBudget {
     fn try_take(&self, need: f64) -> Result<(), Duration> {
         let now = Instant::now();
         let mut b = self.bucket.lock().expect("budget lock poisoned");
-        if let Some(until) = b.paused_until {
-            if now < until {
-                return Err(until - now);
-            }
-            b.paused_until = None;
+        if let Some(wait) = b.paused(now) {
+            return Err(wait);
         }
-        let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
-        b.tokens = (b.tokens + elapsed * self.per_sec).min(self.capacity);
+        b.paused_until = None;
+        b.tokens = b.level(now, self.per_sec, self.capacity);
         b.last = now;
         if b.tokens >= need {
             b.tokens -= 1.0;
             Ok(())
-        } else if self.per_sec > 0.0 {
-            Err(Duration::from_secs_f64((need - b.tokens) / self.per_sec))
         } else {
-            Err(Duration::from_secs(60))
+            Err(self.wait_for(need - b.tokens))
+        }
+    }
+
+    /// How long the refill takes to add `missing` tokens (a minute when it never would).
+    fn wait_for(&self, missing: f64) -> Duration {
+        if self.per_sec > 0.0 {
+            Duration::from_secs_f64(missing / self.per_sec)
+        } else {
+            Duration::from_secs(60)
         }
     }
 
@@ -86,17 +109,14 @@ impl RateBudget {
     pub fn try_lifecycle_wait(&self) -> Duration {
         let now = Instant::now();
         let b = self.bucket.lock().expect("budget lock poisoned");
-        if let Some(until) = b.paused_until {
-            if now < until {
-                return until - now;
-            }
+        if let Some(wait) = b.paused(now) {
+            return wait;
         }
-        let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
-        let tokens = (b.tokens + elapsed * self.per_sec).min(self.capacity);
+        let tokens = b.level(now, self.per_sec, self.capacity);
         if tokens >= 1.0 || self.per_sec <= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64((1.0 - tokens) / self.per_sec)
+            self.wait_for(1.0 - tokens)
         }
     }
 
@@ -118,10 +138,8 @@ impl RateBudget {
 
     /// Tokens available now (for metrics and tests).
     pub fn available(&self) -> f64 {
-        let now = Instant::now();
         let b = self.bucket.lock().expect("budget lock poisoned");
-        let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
-        (b.tokens + elapsed * self.per_sec).min(self.capacity)
+        b.level(Instant::now(), self.per_sec, self.capacity)
     }
 }
 
@@ -156,6 +174,23 @@ mod tests {
         assert!(b.try_lifecycle().is_err());
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(b.try_lifecycle().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_reading_agrees_on_the_refill() {
+        // 2 tokens a second, capacity 4: empty it, then read it half a second later.
+        let b = RateBudget::new(4, 120, 0);
+        while b.try_lifecycle().is_ok() {}
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert!((b.available() - 0.5).abs() < 1e-9, "{}", b.available());
+        assert_eq!(b.try_lifecycle_wait(), Duration::from_millis(250));
+        assert_eq!(b.try_lifecycle().unwrap_err(), Duration::from_millis(250));
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert_eq!(b.try_lifecycle_wait(), Duration::ZERO);
+        assert!(b.try_lifecycle().is_ok());
+        // Never past capacity, however long it rests.
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert!((b.available() - 4.0).abs() < 1e-9);
     }
 
     #[tokio::test(start_paused = true)]
