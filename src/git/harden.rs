@@ -209,6 +209,44 @@ pub async fn refusal(
     refusal_of(&config_files(&git_dir), env, cancel).await
 }
 
+/// What a git directory's config says, as far as a verdict on it goes: which files git
+/// would read and a digest of each one's bytes. Two equal stamps give the same verdict
+/// (`git config --no-includes --file` reads nothing else), so a clean verdict can be reused
+/// for as long as the stamp holds.
+///
+/// The bytes, not mtime + size + inode: file timestamps advance in coarse clock ticks, so
+/// a same-size rewrite in place within one tick (or one followed by `touch -d`) would keep
+/// all three. Hashing a config file costs microseconds; the `git config` it saves, a fork
+/// and exec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigStamp(Vec<(PathBuf, [u8; 32])>);
+
+impl ConfigStamp {
+    /// Largest config file worth stamping; a larger one is simply checked every time.
+    const MAX_BYTES: u64 = 1 << 20;
+
+    /// The stamp of `files`, `None` when one cannot be read (or is huge): then there is
+    /// nothing to compare and the caller checks as usual. Blocking, a few small reads.
+    pub fn of(files: &[PathBuf]) -> Option<ConfigStamp> {
+        use sha2::Digest as _;
+        use std::io::Read as _;
+        let mut v = Vec::with_capacity(files.len());
+        for f in files {
+            let mut bytes = Vec::new();
+            std::fs::File::open(f)
+                .ok()?
+                .take(Self::MAX_BYTES + 1)
+                .read_to_end(&mut bytes)
+                .ok()?;
+            if bytes.len() as u64 > Self::MAX_BYTES {
+                return None;
+            }
+            v.push((f.clone(), sha2::Sha256::digest(&bytes).into()));
+        }
+        Some(ConfigStamp(v))
+    }
+}
+
 /// [`refusal`] for the config files of one git directory (see [`config_files`]).
 pub async fn refusal_of(
     files: &[PathBuf],

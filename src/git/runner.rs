@@ -1,8 +1,11 @@
 //! The one way the daemon runs git and gh: argv only, bounded, cancellable, non-interactive,
 //! and never running what the repository says to run (see [`super::harden`]).
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -11,7 +14,7 @@ use crate::config::Config;
 use crate::process::{self, ChildEnv, CommandSpec, Limits};
 use crate::redact::scrub_url_userinfo;
 
-use super::harden;
+use super::harden::{self, ConfigStamp};
 
 /// Bytes of git/gh error output kept in a task's failure reason.
 const ERROR_TAIL_CHARS: usize = 600;
@@ -41,6 +44,19 @@ pub struct GitRunner {
     /// A work tree whose git directory the daemon owns (a managed clone): calls in it name
     /// that directory explicitly and skip the config check.
     trusted: Option<(PathBuf, PathBuf)>,
+    /// Config checks already passed, shared by the clones of this runner (one task).
+    checks: Arc<ConfigChecks>,
+}
+
+/// The clean verdicts on untrusted git directories, each valid while its [`ConfigStamp`]
+/// holds: a repo_dir task makes a dozen git calls, and without this each one ran a
+/// `git config` first.
+#[derive(Debug, Default)]
+struct ConfigChecks {
+    /// Git directory → the stamp its config had when it was found clean.
+    clean: Mutex<HashMap<PathBuf, ConfigStamp>>,
+    /// How many times a config was actually read with `git config`.
+    reads: AtomicU64,
 }
 
 impl GitRunner {
@@ -69,6 +85,7 @@ impl GitRunner {
             local_timeout: Duration::from_secs(cfg.git.command_timeout_secs.max(1)),
             grace: Duration::from_millis(cfg.executor.kill_grace_ms),
             trusted: None,
+            checks: Arc::default(),
         }
     }
 
@@ -118,16 +135,57 @@ impl GitRunner {
     }
 
     /// Refuse to run git in a work tree whose git directory the task could have written
-    /// when its config sets anything outside the allowlist (see [`harden::refusal`]).
+    /// when its config sets anything outside the allowlist (see [`harden::refusal`]). A
+    /// clean verdict is reused while the config files are byte for byte the same.
     async fn check_repo_config(&self, cwd: &Path, step: &str) -> Result<(), GitError> {
-        match harden::refusal(cwd, &self.env, &self.cancel).await {
-            None => Ok(()),
-            Some(why) => Err(GitError {
-                step: step.to_string(),
-                refused: true,
-                detail: why.to_string(),
-            }),
+        let Some(git_dir) = harden::git_dir_of(cwd) else {
+            return Ok(());
+        };
+        let files = harden::config_files(&git_dir);
+        // Taken before the read: a change during the read makes the next call check again.
+        let stamp = ConfigStamp::of(&files);
+        if stamp.is_some() && self.clean_stamp(&git_dir) == stamp {
+            return Ok(());
         }
+        self.checks.reads.fetch_add(1, Ordering::Relaxed);
+        let verdict = harden::refusal_of(&files, &self.env, &self.cancel).await;
+        let mut clean = self
+            .checks
+            .clean
+            .lock()
+            .expect("config checks lock poisoned");
+        match verdict {
+            None => {
+                match stamp {
+                    Some(stamp) => clean.insert(git_dir, stamp),
+                    None => clean.remove(&git_dir),
+                };
+                Ok(())
+            }
+            Some(why) => {
+                clean.remove(&git_dir);
+                Err(GitError {
+                    step: step.to_string(),
+                    refused: true,
+                    detail: why.to_string(),
+                })
+            }
+        }
+    }
+
+    fn clean_stamp(&self, git_dir: &Path) -> Option<ConfigStamp> {
+        let clean = self
+            .checks
+            .clean
+            .lock()
+            .expect("config checks lock poisoned");
+        clean.get(git_dir).cloned()
+    }
+
+    /// How many times this runner (and its clones) read a repository's config with
+    /// `git config`, as opposed to reusing a verdict. For tests and metrics.
+    pub fn config_reads(&self) -> u64 {
+        self.checks.reads.load(Ordering::Relaxed)
     }
 
     /// Run any program (gh) the same way as git.
@@ -210,6 +268,93 @@ fn tail(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sh_git(dir: &Path, args: &[&str]) {
+        let ok = std::process::Command::new("git")
+            .current_dir(dir)
+            .args(args)
+            .status()
+            .expect("git runs")
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+
+    fn repo() -> (tempfile::TempDir, GitRunner) {
+        let d = tempfile::tempdir().unwrap();
+        sh_git(d.path(), &["init", "-q"]);
+        let git = GitRunner::new(
+            &Config::default(),
+            &ChildEnv::inherit(),
+            CancellationToken::new(),
+        );
+        (d, git)
+    }
+
+    #[tokio::test]
+    async fn an_unchanged_config_is_read_once_per_runner_and_its_clones() {
+        let (d, git) = repo();
+        for _ in 0..3 {
+            git.git(d.path(), &["status", "--porcelain"], false)
+                .await
+                .unwrap();
+        }
+        let clone = git.clone();
+        clone
+            .git(d.path(), &["rev-parse", "--git-dir"], false)
+            .await
+            .unwrap();
+        assert_eq!(git.config_reads(), 1);
+        // A plain setting changes the bytes: read again, still clean, then reused.
+        sh_git(d.path(), &["config", "user.name", "A"]);
+        for _ in 0..2 {
+            git.git(d.path(), &["status"], false).await.unwrap();
+        }
+        assert_eq!(git.config_reads(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_key_planted_after_a_clean_call_is_refused_on_the_next() {
+        let (d, git) = repo();
+        git.git(d.path(), &["status"], false).await.unwrap();
+        sh_git(d.path(), &["config", "core.fsmonitor", "./evil"]);
+        let e = git.git(d.path(), &["status"], false).await.unwrap_err();
+        assert!(e.refused, "{e}");
+        assert!(e.detail.contains("core.fsmonitor"), "{e}");
+        // Refused again, never from a stale clean verdict.
+        assert!(
+            git.git(d.path(), &["status"], false)
+                .await
+                .unwrap_err()
+                .refused
+        );
+        assert_eq!(git.config_reads(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_same_size_rewrite_with_the_old_mtime_is_still_seen() {
+        let (d, git) = repo();
+        let config = d.path().join(".git/config");
+        // Two settings of equal length: one plain, one that runs a program.
+        sh_git(d.path(), &["config", "core.abbrev", "12345678"]);
+        git.git(d.path(), &["status"], false).await.unwrap();
+        let before = std::fs::read_to_string(&config).unwrap();
+        let mtime = std::fs::metadata(&config).unwrap().modified().unwrap();
+        let after = before.replace("abbrev = 12345678", "pager = ./evil...");
+        assert_eq!(before.len(), after.len());
+        {
+            use std::io::{Seek, Write};
+            // In place: same inode, same size, and the old mtime put back.
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&config)
+                .unwrap();
+            f.seek(std::io::SeekFrom::Start(0)).unwrap();
+            f.write_all(after.as_bytes()).unwrap();
+            f.set_modified(mtime).unwrap();
+        }
+        let e = git.git(d.path(), &["status"], false).await.unwrap_err();
+        assert!(e.detail.contains("core.pager"), "{e}");
+    }
 
     #[test]
     fn credentials_travel_in_the_environment_never_in_argv_or_config() {
