@@ -26,6 +26,7 @@ use tokio_util::task::TaskTracker;
 #[command(name = "hub-sidecar", version, about, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
+    /// The subcommand; none means `run`.
     pub command: Option<Command>,
     /// `run`'s flags, for the default command (`hub-sidecar --config FILE`); before `run`
     /// or `check` they apply to it where it gives none itself.
@@ -65,6 +66,9 @@ impl Cli {
 
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+// clap shows a variant's doc comment as help, which turns every `--help` into the long
+// layout; the option's own help already says what `text` and `json` are.
+#[allow(missing_docs)]
 pub enum LogFormat {
     Text,
     Json,
@@ -117,6 +121,7 @@ impl Default for Command {
 #[derive(Debug, Clone, Default, Args)]
 pub struct RunArgs {
     #[command(flatten)]
+    /// Where the configuration comes from.
     pub config: ConfigArgs,
 }
 

@@ -10,6 +10,7 @@
 use base64::Engine;
 use serde_json::Value;
 
+/// What every secret is replaced with.
 pub const MARK: &str = "[REDACTED]";
 
 /// How the marker every truncation writes ends (see [`crate::util::elision`]).
@@ -43,6 +44,7 @@ pub struct Redactor {
 }
 
 impl Redactor {
+    /// A redactor for `secrets` (short or empty ones are ignored).
     pub fn new(secrets: impl IntoIterator<Item = String>) -> Redactor {
         let mut needles = Vec::new();
         for s in secrets {
@@ -65,6 +67,7 @@ impl Redactor {
         Redactor { needles }
     }
 
+    /// A redactor for the config's token and `secrets`.
     pub fn from_config(cfg: &crate::config::Config) -> Redactor {
         Redactor::new(cfg.secret_values())
     }
@@ -81,6 +84,7 @@ impl Redactor {
         r
     }
 
+    /// Whether there is nothing to scrub.
     pub fn is_empty(&self) -> bool {
         self.needles.is_empty()
     }
@@ -316,6 +320,7 @@ pub struct RedactingWriter {
 }
 
 impl RedactingWriter {
+    /// A writer scrubbing with `redactor` before writing to stderr.
     pub fn new(redactor: Redactor) -> RedactingWriter {
         let w = RedactingWriter::default();
         w.set(redactor);

@@ -37,11 +37,17 @@ use crate::workspace::{self, Workspace, WorkspaceKind};
 /// What the daemon gives every runner.
 #[derive(Clone)]
 pub struct RunnerDeps {
+    /// The daemon's configuration.
     pub config: Arc<Config>,
+    /// The filtered environment every task's children start from.
     pub env: ChildEnv,
+    /// Scrubs the config's secrets from everything sent or logged.
     pub redactor: Arc<Redactor>,
+    /// The hub's rate budget, shared with the link.
     pub budget: Arc<RateBudget>,
+    /// Where progress frames go.
     pub out: Arc<dyn FrameSender>,
+    /// Metrics and the live status for the ops endpoints.
     pub ops: Ops,
     /// The daemon-wide spend ledger, for the cost caps and resuming after a restart.
     pub ledger: Arc<SpendLedger>,

@@ -20,6 +20,7 @@ use crate::redact::Redactor;
 #[derive(Debug, Clone, Default, Args)]
 pub struct CheckArgs {
     #[command(flatten)]
+    /// Where the configuration comes from.
     pub config: ConfigArgs,
 }
 

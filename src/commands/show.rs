@@ -18,6 +18,7 @@ use crate::recorder::story::{self, TaskStory, TaskSummary};
 #[derive(Debug, Clone, Args)]
 pub struct TasksArgs {
     #[command(flatten)]
+    /// Where the configuration (and so the state directory) comes from.
     pub config: ConfigArgs,
     /// How many tasks to list, newest first.
     #[arg(long, short = 'n', default_value_t = 20)]
@@ -33,6 +34,7 @@ pub struct ShowArgs {
     /// The task id (as in `hub-sidecar tasks`).
     pub task_id: String,
     #[command(flatten)]
+    /// Where the configuration (and so the state directory) comes from.
     pub config: ConfigArgs,
     /// Print the whole story as JSON (for tools) instead of the timeline.
     #[arg(long)]
@@ -54,6 +56,7 @@ pub fn state_dir(args: &ConfigArgs) -> anyhow::Result<PathBuf> {
     Ok(cfg.state_dir)
 }
 
+/// `hub-sidecar tasks`: the recent tasks from the flight recorder, newest first.
 pub async fn run_tasks(args: TasksArgs) -> anyhow::Result<ExitCode> {
     let root = crate::recorder::root(&state_dir(&args.config)?);
     let list = tokio::task::spawn_blocking({
@@ -95,6 +98,7 @@ pub fn tasks_table(list: &[TaskSummary]) -> String {
     out
 }
 
+/// `hub-sidecar show TASK_ID`: one task's story, or its JSON with `--json`.
 pub async fn run_show(args: ShowArgs) -> anyhow::Result<ExitCode> {
     let root = crate::recorder::root(&state_dir(&args.config)?);
     let id = args.task_id.clone();

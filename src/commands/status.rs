@@ -20,6 +20,7 @@ use crate::ops::StatusSnapshot;
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
+    /// Where the configuration (and so the daemon's addresses) comes from.
     pub config: ConfigArgs,
     /// Print the daemon's JSON answer as is.
     #[arg(long)]
@@ -32,7 +33,9 @@ const ANSWER: Duration = Duration::from_secs(5);
 /// Where the daemon answers.
 #[derive(Debug, Clone)]
 pub enum Target {
+    /// The daemon's unix socket in the state directory.
     Socket(PathBuf),
+    /// The daemon's operations HTTP listener.
     Http(SocketAddr),
 }
 
@@ -71,6 +74,7 @@ fn target(args: &ConfigArgs) -> anyhow::Result<Target> {
     }
 }
 
+/// `hub-sidecar status`: ask the running daemon for its link, task, attempt and spend.
 pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let snap = fetch(&target(&args.config)?).await?;
     if args.json {

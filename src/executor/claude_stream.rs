@@ -52,42 +52,60 @@ const MAX_TEXT_BYTES: usize = 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ClaudeFailure {
     #[error("claude: authentication failed: {0}; log in with `claude auth login` as the daemon's user or set a valid ANTHROPIC_API_KEY in the daemon's environment ([env] passthrough)")]
+    /// The API key or login was refused.
     Authentication(String),
     #[error(
         "claude: billing: {0}; add credits or change the plan of the account the key belongs to"
     )]
+    /// The account cannot pay for the run.
     Billing(String),
     #[error("claude: model not available: {0}; set executor.claude_model (or the hub's routing) to a model this account can use")]
+    /// The model does not exist for this account.
     ModelNotFound(String),
     #[error("claude: usage limit reached{}: {message}; wait for the reset or use an API key", resets_suffix(*.resets_at))]
+    /// A subscription's usage limit; no retry within the timeout cures it.
     UsageLimit {
+        /// What the CLI said.
         message: String,
+        /// When the limit resets (Unix seconds), if the CLI said.
         resets_at: Option<i64>,
     },
     #[error(
         "claude: stopped at max turns: {0}; raise executor.claude_max_turns or split the task"
     )]
+    /// The run used `--max-turns`.
     MaxTurns(String),
     #[error("claude: stopped at the task's budget: {0}; raise the task's cost cap if the work is worth more")]
+    /// The run used `--max-budget-usd`.
     MaxBudget(String),
     #[error("claude: every change was denied by the permission mode ({0}); allow the tools the task needs in executor.claude_allowed_tools (e.g. \"Bash(cargo:*)\")")]
+    /// Every change the run tried was denied by the permission mode.
     PermissionDenied(String),
     #[error("claude refused to run: {0}; fix executor.claude_extra_args")]
+    /// The CLI refused its arguments.
     Refused(String),
     #[error("claude: the API rejected the request: {0}")]
+    /// The API rejected the request as malformed (HTTP 400).
     InvalidRequest(String),
     #[error("claude: rate limited (after the CLI's own retries){}: {message}", resets_suffix(*.resets_at))]
+    /// Still rate limited after the CLI's own retries.
     RateLimited {
+        /// What the CLI said.
         message: String,
+        /// When the limit resets (Unix seconds), if the CLI said.
         resets_at: Option<i64>,
     },
     #[error("claude: API overloaded (after the CLI's own retries): {0}")]
+    /// The API was overloaded (HTTP 529) through the CLI's retries.
     Overloaded(String),
     #[error("claude: API server error (after the CLI's own retries): {0}")]
+    /// The API failed (HTTP 5xx) through the CLI's retries.
     Server(String),
     #[error("claude: network error reaching the API (after the CLI's own retries): {0}; check connectivity and ANTHROPIC_BASE_URL")]
+    /// The API could not be reached through the CLI's retries.
     Network(String),
     #[error("claude reported an error: {0}")]
+    /// Any other error result the CLI reported.
     Execution(String),
     /// No result line and a failing exit: a crash, the one case worth a fresh process.
     #[error("claude failed with {0}")]
@@ -132,15 +150,23 @@ impl ClaudeFailure {
 /// The final `result` line.
 #[derive(Debug, Default, Clone)]
 pub struct ResultLine {
+    /// `subtype`: `success`, `error_max_turns`, `error_during_execution`, …
     pub subtype: Option<String>,
+    /// `is_error`.
     pub is_error: bool,
+    /// `api_error_status`: the HTTP status of a failed API call.
     pub api_error_status: Option<u64>,
+    /// `result`: the final answer, or the error text.
     pub text: String,
+    /// `errors` of the error subtypes.
     pub errors: Vec<String>,
+    /// `num_turns`.
     pub num_turns: Option<u32>,
+    /// `total_cost_usd`.
     pub cost_usd: Option<f64>,
     /// From `modelUsage` (all models, side requests included), else from `usage`.
     pub tokens_in: u64,
+    /// Output tokens, from the same source as `tokens_in`.
     pub tokens_out: u64,
     /// The model with the largest share of `modelUsage`.
     pub model: Option<String>,
@@ -172,13 +198,16 @@ pub struct StreamState {
     assistant_error: Option<(String, String)>,
     /// `(error_status, error)` of the last `api_retry` event.
     pub last_retry: Option<(Option<u64>, String)>,
+    /// `api_retry` events seen: the CLI's own retries.
     pub retries_seen: u32,
     /// `resetsAt` of a `rate_limit_event` with status `rejected`.
     limit_rejected: Option<Option<i64>>,
+    /// The final `result` line, once it arrived.
     pub result: Option<ResultLine>,
 }
 
 impl StreamState {
+    /// A parser reporting to `progress`; `tokens_base` is what earlier tries of the attempt used.
     pub fn new(progress: ProgressSink, requested_model: &str, tokens_base: u64) -> StreamState {
         StreamState {
             progress,

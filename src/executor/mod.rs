@@ -54,11 +54,15 @@ pub enum ExecutorError {
 /// Everything an executor may use; shared by all attempts of one task.
 #[derive(Clone)]
 pub struct ExecContext {
+    /// The task being run.
     pub task: Arc<Task>,
     /// Where the work happens (cwd of every command, root of the tool sandbox).
     pub workspace: PathBuf,
+    /// The daemon's configuration.
     pub config: Arc<Config>,
+    /// The environment (and sandbox) every child of the task gets.
     pub env: ChildEnv,
+    /// Where progress events go.
     pub progress: ProgressSink,
     /// Cancelled on `task_cancelled`, `state_report_ack{abort}` and forced shutdown.
     pub cancel: CancellationToken,
@@ -87,17 +91,24 @@ pub enum ExecStatus {
     Succeeded,
     /// The executor itself failed (non-zero exit, CLI missing, HTTP errors after retries).
     Failed,
+    /// The executor's timeout ended it; its process group was killed.
     TimedOut,
+    /// The task was cancelled while it ran.
     Cancelled,
 }
 
 /// What one execution produced. Tokens and cost are for this execution only.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExecOutcome {
+    /// How the execution ended.
     pub status: ExecStatus,
+    /// What it produced: the command's output or the model's final answer.
     pub output: String,
+    /// The model that answered, when an LLM did.
     pub model_used: Option<String>,
+    /// Input tokens.
     pub tokens_in: u64,
+    /// Output tokens.
     pub tokens_out: u64,
     /// USD, as reported by the CLI or estimated from the cost table; 0 for Ollama.
     pub cost_usd: f64,
@@ -109,9 +120,11 @@ pub struct ExecOutcome {
     pub cost_is_estimate: bool,
     /// Why it failed, for `task_failed` (≤ 2,000 chars is applied when sending).
     pub error: Option<String>,
+    /// Wall time of the execution.
     pub execution_ms: u64,
     /// Agentic loop: why it stopped (`final_answer`, `max_iterations`, `repetition`, `stall`, …).
     pub termination_reason: Option<String>,
+    /// Agentic loop: how many model turns it took.
     pub iterations_used: Option<u32>,
     /// Tool calls the agent's permission mode denied, as `Tool(args)`.
     #[serde(default)]
@@ -156,8 +169,11 @@ pub struct Attempt {
 
 /// The executor of one task.
 pub enum Executor {
+    /// `metadata.shell_command` via `sh -c`.
     Shell(shell::ShellExecutor),
+    /// The Claude Code CLI.
     Claude(claude::ClaudeExecutor),
+    /// An Ollama model, agentic or plain chat.
     Ollama(ollama::OllamaExecutor),
 }
 
@@ -172,6 +188,7 @@ impl Executor {
         })
     }
 
+    /// Which executor this is.
     pub fn kind(&self) -> ExecutorKind {
         match self {
             Executor::Shell(_) => ExecutorKind::Shell,

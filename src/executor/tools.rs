@@ -274,6 +274,7 @@ impl Sandbox {
 pub struct ToolOutcome {
     /// False for refused or failed calls; the text then says why.
     pub ok: bool,
+    /// The text the model gets back.
     pub output: String,
     /// A `write_file` that succeeded (the loop's stall detection counts these).
     pub wrote: bool,

@@ -19,8 +19,11 @@ const CLASSIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// `git diff --numstat` totals: what the hub's risk classifier looks at.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DiffStats {
+    /// Lines added over all files.
     pub lines_added: u64,
+    /// Lines deleted over all files.
     pub lines_deleted: u64,
+    /// Files with any change.
     pub files_changed: u64,
     /// Changed files that look like tests (`tests/`, `*_test.*`, `*.spec.*`, …).
     pub tests_touched: u64,
@@ -62,11 +65,15 @@ fn is_test_path(path: &str) -> bool {
 /// The task's work to publish: where it is and how.
 #[derive(Debug, Clone, Copy)]
 pub struct Publish<'a> {
+    /// The daemon's configuration (`[git]`).
     pub cfg: &'a Config,
+    /// The task whose work it is.
     pub task: &'a Task,
     /// The work tree.
     pub path: &'a Path,
+    /// The task branch to commit on and push.
     pub branch: &'a TaskBranch,
+    /// The runner git and gh go through.
     pub git: &'a GitRunner,
 }
 

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+/// Reconnect delays: a ceiling doubling from `min` up to `max`, each delay drawn below it.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     min: Duration,
@@ -15,6 +16,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// A backoff whose ceiling starts at `min` and never passes `max`.
     pub fn new(min: Duration, max: Duration) -> Backoff {
         Backoff {
             min,

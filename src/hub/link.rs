@@ -38,19 +38,29 @@ type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 #[derive(Debug)]
 pub enum LinkEvent {
     /// `identified` received on a new connection.
-    Identified { epoch: u64 },
+    Identified {
+        /// The connection's number; frames carry it to reach only this connection.
+        epoch: u64,
+    },
     /// The connection ended; the daemon must consider every unanswered frame unanswered.
-    Disconnected { reason: String },
+    Disconnected {
+        /// Why, for the log.
+        reason: String,
+    },
     /// A frame for the daemon (tasks, acks, errors, rate limits).
     Frame(Inbound),
     /// The pong to the ping sent right after a barrier frame arrived: the hub has answered
     /// that frame already, or dropped it.
-    Barrier { task_id: String },
+    Barrier {
+        /// The task whose frame the barrier followed.
+        task_id: String,
+    },
 }
 
 /// A frame for the link to send.
 #[derive(Debug)]
 pub struct OutFrame {
+    /// The frame.
     pub frame: Outbound,
     /// The connection this frame was meant for.
     pub epoch: u64,

@@ -20,6 +20,7 @@ pub struct ResourceSampler {
 }
 
 impl ResourceSampler {
+    /// A sampler; with `ollama_url` it also asks Ollama for the VRAM its models hold.
     pub fn new(ollama_url: Option<String>) -> ResourceSampler {
         let http = ollama_url.as_ref().and_then(|_| {
             reqwest::Client::builder()

@@ -23,6 +23,7 @@ impl ChildEnv {
         ChildEnv::filter(std::env::vars(), cfg)
     }
 
+    /// The daemon's environment filtered by the `[env]` rules: `allow` names pass, `deny` wins.
     pub fn filter(
         vars: impl IntoIterator<Item = (String, String)>,
         cfg: &crate::config::Config,
@@ -61,6 +62,7 @@ impl ChildEnv {
         }
     }
 
+    /// Every variable, in order.
     pub fn vars(&self) -> &[(String, String)] {
         &self.vars
     }

@@ -26,15 +26,20 @@ pub use env::{confine, ChildEnv};
 /// A command to run: program and argv, never a shell string built from task data.
 #[derive(Debug, Clone)]
 pub struct CommandSpec {
+    /// The program (a path, or a name looked up on the child's PATH).
     pub program: OsString,
+    /// Its arguments: argv, never a shell string.
     pub args: Vec<OsString>,
+    /// The working directory.
     pub cwd: PathBuf,
+    /// The whole environment (and the sandbox) the child gets.
     pub env: ChildEnv,
     /// Bytes written to the child's stdin, then closed (None: /dev/null).
     pub stdin: Option<Vec<u8>>,
 }
 
 impl CommandSpec {
+    /// `program` in `cwd` with `env` and no arguments yet.
     pub fn new(
         program: impl Into<OsString>,
         cwd: impl Into<PathBuf>,
@@ -54,11 +59,13 @@ impl CommandSpec {
         CommandSpec::new("sh", cwd, env).arg("-c").arg(script)
     }
 
+    /// One more argument.
     pub fn arg(mut self, a: impl Into<OsString>) -> CommandSpec {
         self.args.push(a.into());
         self
     }
 
+    /// More arguments.
     pub fn args<I, S>(mut self, args: I) -> CommandSpec
     where
         I: IntoIterator<Item = S>,
@@ -72,6 +79,7 @@ impl CommandSpec {
 /// Bounds on one run.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// Wall time before the group is killed; `None` for no limit.
     pub timeout: Option<Duration>,
     /// SIGTERM → SIGKILL grace.
     pub grace: Duration,
@@ -92,17 +100,23 @@ impl Default for Limits {
 /// How a run ended. Callers branch on this, so it is an enum, not a string.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
+    /// Exited with this status code.
     Code(i32),
+    /// Killed by this signal (not by us).
     Signal(i32),
+    /// Killed by us at its timeout.
     TimedOut,
+    /// Killed by us on cancellation.
     Cancelled,
 }
 
 impl Exit {
+    /// Exit status 0.
     pub fn success(self) -> bool {
         self == Exit::Code(0)
     }
 
+    /// How it ended, in words for a reason or a log line.
     pub fn describe(self) -> String {
         match self {
             Exit::Code(c) => format!("exit code {c}"),
@@ -116,11 +130,15 @@ impl Exit {
 /// What a run produced.
 #[derive(Debug, Clone)]
 pub struct RunOutput {
+    /// How it ended.
     pub exit: Exit,
+    /// Captured stdout (head and tail within the cap).
     pub stdout: String,
+    /// Captured stderr (head and tail within the cap).
     pub stderr: String,
     /// Bytes dropped from the middle of stdout + stderr by the cap.
     pub dropped_bytes: u64,
+    /// Wall time from spawn to reaping.
     pub duration: Duration,
 }
 

@@ -41,7 +41,7 @@ pub(crate) struct IdMaps {
 
 impl IdMaps {
     /// The maps for the current process's effective ids.
-    pub fn current() -> IdMaps {
+    pub(crate) fn current() -> IdMaps {
         // SAFETY: geteuid/getegid cannot fail and have no preconditions.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         IdMaps {

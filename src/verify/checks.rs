@@ -202,7 +202,9 @@ fn result_for(
 /// Why a target path cannot be used.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PathError {
+    /// The target is empty.
     Empty,
+    /// The target leaves the workspace.
     Escapes,
 }
 

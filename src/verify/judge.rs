@@ -21,9 +21,11 @@ use super::report::CheckStatus;
 /// A judge's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
+    /// `match`: whether the work does what the target says.
     pub matched: bool,
     /// 0..=1.
     pub confidence: f64,
+    /// `reason`: the judge's words (never decisive on their own).
     pub reason: String,
 }
 
@@ -127,7 +129,9 @@ pub fn judge_model(ctx: &ExecContext) -> String {
 /// What one `llm_judge` check came to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JudgeOutcome {
+    /// Pass, fail, or error when the judge could not decide.
     pub status: CheckStatus,
+    /// The verdict in words, or why there is none.
     pub output: String,
     /// USD the judge call cost (claude's `total_cost_usd`; 0 for Ollama), counted against
     /// the task's and the day's caps.

@@ -24,8 +24,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VerificationStatus {
+    /// Every check passed.
     Verified,
+    /// The executor finished but some checks still fail.
     PartialPass,
+    /// The executor itself failed; the checks said nothing.
     ExecutionFailed,
 }
 

@@ -64,12 +64,15 @@ impl Default for Limits {
 /// One file's state in a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileState {
+    /// Bytes.
     pub size: u64,
+    /// Modification time, ns since the epoch.
     pub mtime_ns: i128,
     /// Hex SHA-256 of the content; empty for an absent file or one too large to hash.
     pub hash: String,
     /// Newline count (text files), for "+N lines" when the file is new or gone.
     pub lines: u64,
+    /// Whether the file exists at all.
     pub exists: bool,
 }
 
@@ -78,6 +81,7 @@ pub struct FileState {
 pub enum Snapshot {
     /// A git work tree: HEAD, and the state of every file `git status` lists (by path).
     Git {
+        /// The commit HEAD names; `None` when unborn.
         head: Option<String>,
         /// path → (two-letter porcelain status, state)
         dirty: BTreeMap<String, (String, FileState)>,
@@ -86,6 +90,7 @@ pub enum Snapshot {
     },
     /// Every file under the workspace, up to the cap.
     Walk {
+        /// path → state, relative to the workspace.
         files: BTreeMap<String, FileState>,
         /// The walk stopped at its cap: files past it are not in `files`.
         capped: bool,

@@ -47,6 +47,7 @@ pub use super::report::AttemptRecord;
 /// The loop's result: what the runner turns into `task_complete` / `task_failed`.
 #[derive(Debug, Clone)]
 pub struct LoopOutcome {
+    /// `verified`, `partial_pass` or `execution_failed`.
     pub verification_status: VerificationStatus,
     /// One record per verification run, `run_number` 1.. (none when the first execution failed).
     pub attempts: Vec<AttemptRecord>,
@@ -54,9 +55,13 @@ pub struct LoopOutcome {
     pub last_exec: ExecOutcome,
     /// Summed over all executions.
     pub tokens_in: u64,
+    /// Summed over all executions.
     pub tokens_out: u64,
+    /// Summed over all executions (and judge calls), USD.
     pub cost_usd: f64,
+    /// Summed over all executions, USD on the reference Claude model.
     pub equivalent_claude_cost_usd: f64,
+    /// Summed over all executions.
     pub execution_ms: u64,
     /// `verified`, `retries_exhausted`, `no_progress`, `budget_exhausted`, `check_error`,
     /// `flaky`, `execution_failed` or `cancelled`.
