@@ -72,7 +72,7 @@ impl ResourceSampler {
         let (Some(http), Some(base)) = (&self.http, &self.ollama_url) else {
             return (None, None);
         };
-        let url = format!("{}/api/ps", base.trim_end_matches('/'));
+        let url = format!("{}/api/ps", crate::util::http_base_url(base));
         let Ok(resp) = http.get(url).send().await else {
             return (None, None);
         };
@@ -130,6 +130,31 @@ mod tests {
         assert_eq!(c.total, 1000);
         let m = parse_meminfo("MemTotal:       1000 kB\nMemFree: 10 kB\nMemAvailable:    250 kB\n");
         assert_eq!(m, Some((750 * 1024, 1000 * 1024)));
+    }
+
+    /// `ollama_url` as `host:port` (no scheme), the form the hub's routing uses too.
+    #[tokio::test]
+    async fn vram_is_read_from_an_ollama_url_without_a_scheme() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = sock.read(&mut buf).await.unwrap();
+            let request = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let body = r#"{"models":[{"size_vram":1000},{"size_vram":24}]}"#;
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            sock.write_all(reply.as_bytes()).await.unwrap();
+            request
+        });
+        let s = ResourceSampler::new(Some(format!("{addr}/")));
+        assert_eq!(s.vram().await, (Some(1024), None));
+        let request = server.await.unwrap();
+        assert!(request.starts_with("GET /api/ps "), "{request}");
     }
 
     #[tokio::test]
