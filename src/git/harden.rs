@@ -22,8 +22,11 @@
 //!    allowlist ([`untrusted_keys`]) refuses the call. A driver named in `.gitattributes`
 //!    only runs when config defines it, so a trusted config makes attributes inert too.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -244,6 +247,65 @@ impl ConfigStamp {
             v.push((f.clone(), sha2::Sha256::digest(&bytes).into()));
         }
         Some(ConfigStamp(v))
+    }
+}
+
+/// [`refusal`] with memory: the git directories found clean, each verdict kept while its
+/// [`ConfigStamp`] holds, so an unchanged config is not listed again and a changed one
+/// always is. Share one (in an `Arc`) among the git calls of one task.
+#[derive(Debug, Default)]
+pub struct CleanConfigs {
+    /// Git directory → the stamp its config had when it was found clean.
+    clean: Mutex<HashMap<PathBuf, ConfigStamp>>,
+    /// How many times a config was actually listed with `git config`.
+    reads: AtomicU64,
+}
+
+impl CleanConfigs {
+    /// [`refusal`] for `work_tree`, skipped when its git directory was found clean and its
+    /// config files are byte for byte what they were then.
+    pub async fn check(
+        &self,
+        work_tree: &Path,
+        env: &ChildEnv,
+        cancel: &CancellationToken,
+    ) -> Result<(), Refusal> {
+        let Some(git_dir) = git_dir_of(work_tree) else {
+            return Ok(());
+        };
+        let files = config_files(&git_dir);
+        // Taken before the listing: a change during it makes the next call list again.
+        let stamp = ConfigStamp::of(&files);
+        if stamp.is_some() && self.clean_stamp(&git_dir) == stamp {
+            return Ok(());
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let verdict = refusal_of(&files, env, cancel).await;
+        let mut clean = self.clean.lock().expect("clean configs lock poisoned");
+        match (verdict, stamp) {
+            (None, Some(stamp)) => {
+                clean.insert(git_dir, stamp);
+                Ok(())
+            }
+            (None, None) => {
+                clean.remove(&git_dir);
+                Ok(())
+            }
+            (Some(why), _) => {
+                clean.remove(&git_dir);
+                Err(why)
+            }
+        }
+    }
+
+    fn clean_stamp(&self, git_dir: &Path) -> Option<ConfigStamp> {
+        let clean = self.clean.lock().expect("clean configs lock poisoned");
+        clean.get(git_dir).cloned()
+    }
+
+    /// How many times a config was listed with `git config` (not answered from memory).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 }
 

@@ -1,11 +1,9 @@
 //! The one way the daemon runs git and gh: argv only, bounded, cancellable, non-interactive,
 //! and never running what the repository says to run (see [`super::harden`]).
 
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -14,7 +12,7 @@ use crate::config::Config;
 use crate::process::{self, ChildEnv, CommandSpec, Limits};
 use crate::redact::scrub_url_userinfo;
 
-use super::harden::{self, ConfigStamp};
+use super::harden::{self, CleanConfigs};
 
 /// Bytes of git/gh error output kept in a task's failure reason.
 const ERROR_TAIL_CHARS: usize = 600;
@@ -44,19 +42,9 @@ pub struct GitRunner {
     /// A work tree whose git directory the daemon owns (a managed clone): calls in it name
     /// that directory explicitly and skip the config check.
     trusted: Option<(PathBuf, PathBuf)>,
-    /// Config checks already passed, shared by the clones of this runner (one task).
-    checks: Arc<ConfigChecks>,
-}
-
-/// The clean verdicts on untrusted git directories, each valid while its [`ConfigStamp`]
-/// holds: a repo_dir task makes a dozen git calls, and without this each one ran a
-/// `git config` first.
-#[derive(Debug, Default)]
-struct ConfigChecks {
-    /// Git directory → the stamp its config had when it was found clean.
-    clean: Mutex<HashMap<PathBuf, ConfigStamp>>,
-    /// How many times a config was actually read with `git config`.
-    reads: AtomicU64,
+    /// Config checks already passed, shared by the clones of this runner (one task): a
+    /// repo_dir task makes a dozen git calls, and without it each one ran a `git config`.
+    checks: Arc<CleanConfigs>,
 }
 
 impl GitRunner {
@@ -135,57 +123,22 @@ impl GitRunner {
     }
 
     /// Refuse to run git in a work tree whose git directory the task could have written
-    /// when its config sets anything outside the allowlist (see [`harden::refusal`]). A
-    /// clean verdict is reused while the config files are byte for byte the same.
+    /// when its config sets anything outside the allowlist (see [`CleanConfigs::check`]).
     async fn check_repo_config(&self, cwd: &Path, step: &str) -> Result<(), GitError> {
-        let Some(git_dir) = harden::git_dir_of(cwd) else {
-            return Ok(());
-        };
-        let files = harden::config_files(&git_dir);
-        // Taken before the read: a change during the read makes the next call check again.
-        let stamp = ConfigStamp::of(&files);
-        if stamp.is_some() && self.clean_stamp(&git_dir) == stamp {
-            return Ok(());
-        }
-        self.checks.reads.fetch_add(1, Ordering::Relaxed);
-        let verdict = harden::refusal_of(&files, &self.env, &self.cancel).await;
-        let mut clean = self
-            .checks
-            .clean
-            .lock()
-            .expect("config checks lock poisoned");
-        match verdict {
-            None => {
-                match stamp {
-                    Some(stamp) => clean.insert(git_dir, stamp),
-                    None => clean.remove(&git_dir),
-                };
-                Ok(())
-            }
-            Some(why) => {
-                clean.remove(&git_dir);
-                Err(GitError {
-                    step: step.to_string(),
-                    refused: true,
-                    detail: why.to_string(),
-                })
-            }
-        }
-    }
-
-    fn clean_stamp(&self, git_dir: &Path) -> Option<ConfigStamp> {
-        let clean = self
-            .checks
-            .clean
-            .lock()
-            .expect("config checks lock poisoned");
-        clean.get(git_dir).cloned()
+        self.checks
+            .check(cwd, &self.env, &self.cancel)
+            .await
+            .map_err(|why| GitError {
+                step: step.to_string(),
+                refused: true,
+                detail: why.to_string(),
+            })
     }
 
     /// How many times this runner (and its clones) read a repository's config with
     /// `git config`, as opposed to reusing a verdict. For tests and metrics.
     pub fn config_reads(&self) -> u64 {
-        self.checks.reads.load(Ordering::Relaxed)
+        self.checks.reads()
     }
 
     /// Run any program (gh) the same way as git.
