@@ -77,7 +77,8 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let cfg = match args.config.load() {
         Ok(cfg) => cfg,
         Err(e) => {
-            print_items(&[Item::new("config", true, Err(anyhow!(e)))]);
+            // Its message already names the cause; `{e}` keeps the source from printing twice.
+            print_items(&[Item::new("config", true, Err(anyhow!("{e}")))]);
             println!("\nFAILED: config");
             return Ok(ExitCode::FAILURE);
         }
