@@ -32,7 +32,7 @@
 //! - [`demo`]: the `demo` subcommand.
 //! - [`commands`]: the `check`, `run-task` and `verify` subcommands.
 //! - [`term`]: the live progress line for terminal work.
-//! - [`util`]: time and truncation helpers.
+//! - [`util`]: time, truncation and URL helpers (the `url` crate, percent-encoding).
 
 pub mod cli;
 pub mod commands;
