@@ -14,7 +14,7 @@
 //!
 //! `run_command` runs `sh -c` in the workspace through [`process::run`] (own process group,
 //! capped output, group kill on timeout and cancel), after a denylist of obviously dangerous
-//! programs. Tool failures are results for the model ([`ToolOutcome::ok`] false), never
+//! programs. Tool failures are results for the model (`ToolOutcome::ok` false), never
 //! errors of the loop.
 
 use std::path::{Component, Path, PathBuf};

@@ -82,7 +82,7 @@ pub enum BuildError {
 pub struct Built {
     /// The ruleset descriptor the child restricts itself with.
     pub fd: OwnedFd,
-    /// The ABI in force (≤ [`TARGET_ABI`]).
+    /// The ABI in force (at most the ABI this build targets, 6).
     pub abi: i32,
     /// Whether signals and abstract sockets are scoped to the domain (ABI ≥ 6).
     pub scoped: bool,

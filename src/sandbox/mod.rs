@@ -3,7 +3,7 @@
 //! A task's children (the shell command, `claude`, verification checks, the agentic
 //! `run_command`, the judge, and the daemon's own git calls in the workspace) all start in
 //! [`crate::process::run_with`], which applies the task's [`Sandbox`] to them. A sandbox
-//! travels inside the [`ChildEnv`] the runner hands out, so a call site cannot forget it.
+//! travels inside the [`ChildEnv`](crate::process::ChildEnv) the runner hands out, so a call site cannot forget it.
 //!
 //! What a sandbox enforces, each where the kernel allows it (see [`Support`]):
 //!
