@@ -273,3 +273,13 @@ fn unset_keys_take_the_defaults_and_set_ones_keep_their_neighbours_defaults() {
     assert_eq!(c.recorder.max_tasks, d.recorder.max_tasks);
     assert!(c.unknown.is_empty(), "{:?}", c.unknown.keys());
 }
+
+#[test]
+fn hub_sidecar_config_names_the_file_and_is_not_an_unknown_key() {
+    // clap reads HUB_SIDECAR_CONFIG for --config; the config layer must not warn about it.
+    let dir = tempfile::tempdir().unwrap();
+    let f = file_with(dir.path(), "");
+    let env = [("HUB_SIDECAR_CONFIG", f.to_str().unwrap())];
+    let c = Config::load(&layers(Some(f.clone()), &env, &[])).unwrap();
+    assert!(c.unknown.is_empty(), "{:?}", c.unknown.keys());
+}
