@@ -24,6 +24,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use reqwest::Url;
 use serde_json::Value;
 
 pub use raw::Layers;
@@ -115,8 +116,8 @@ pub struct Config {
     pub agent_id: String,
     /// Hub token. Never printed: see the `Debug` impl.
     pub token: String,
-    /// `ws://host:4000/ws` or `wss://…`.
-    pub hub_url: String,
+    /// The hub's WebSocket endpoint, `ws://host:4000/ws` or `wss://…` (scheme checked at load).
+    pub hub_url: Url,
     /// Display name sent with `identify` (defaults to `agent_id`).
     pub name: Option<String>,
     pub capabilities: Vec<String>,
@@ -176,12 +177,16 @@ impl std::fmt::Debug for Config {
     }
 }
 
+/// The hub URL of [`Config::default`] (tests, offline tools): a loaded config always has one
+/// from the operator, since `hub_url` is required.
+const PLACEHOLDER_HUB_URL: &str = "ws://127.0.0.1:4000/ws";
+
 impl Default for Config {
     fn default() -> Self {
         Config {
             agent_id: String::new(),
             token: String::new(),
-            hub_url: String::new(),
+            hub_url: Url::parse(PLACEHOLDER_HUB_URL).expect("a valid URL literal"),
             name: None,
             capabilities: Vec::new(),
             ollama_url: None,
@@ -246,13 +251,18 @@ impl Config {
         if let Some(u) = self.git.hub_api_url.as_deref().filter(|u| !u.is_empty()) {
             return u.trim_end_matches('/').to_string();
         }
-        let (scheme, rest) = match self.hub_url.split_once("://") {
-            Some(("wss", rest)) => ("https", rest),
-            Some((_, rest)) => ("http", rest),
-            None => ("http", self.hub_url.as_str()),
+        let mut api = self.hub_url.clone();
+        let scheme = if api.scheme() == "wss" {
+            "https"
+        } else {
+            "http"
         };
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
-        format!("{scheme}://{authority}")
+        // ws/wss and http/https are all "special" schemes, between which a URL may switch.
+        let _ = api.set_scheme(scheme);
+        api.set_path("");
+        api.set_query(None);
+        api.set_fragment(None);
+        api.as_str().trim_end_matches('/').to_string()
     }
 
     /// Every secret value to scrub from output: the token and `secrets`.
@@ -263,11 +273,13 @@ impl Config {
     }
 
     /// A config for tests and the demo: required keys set, everything else default.
+    ///
+    /// Panics when `hub_url` is not a URL: callers pass the mock hub's own.
     pub fn for_hub(hub_url: &str, state_dir: &Path) -> Config {
         Config {
             agent_id: "sidecar-test".into(),
             token: "test-token".into(),
-            hub_url: hub_url.into(),
+            hub_url: Url::parse(hub_url).expect("for_hub needs a ws:// or wss:// URL"),
             state_dir: state_dir.to_path_buf(),
             ..Config::default()
         }

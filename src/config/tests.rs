@@ -87,7 +87,7 @@ fn missing_key_names_key_and_file_and_never_the_token() {
 fn hub_api_url_is_derived_from_hub_url_unless_set() {
     let mut c = Config::for_hub("wss://hub.example:4000/ws?x=1", Path::new("/tmp"));
     assert_eq!(c.hub_api_url(), "https://hub.example:4000");
-    c.hub_url = "ws://127.0.0.1:4000/ws".into();
+    c.hub_url = "ws://127.0.0.1:4000/ws".parse().unwrap();
     assert_eq!(c.hub_api_url(), "http://127.0.0.1:4000");
     c.git.hub_api_url = Some("http://api:9/".into());
     assert_eq!(c.hub_api_url(), "http://api:9");
@@ -282,4 +282,39 @@ fn hub_sidecar_config_names_the_file_and_is_not_an_unknown_key() {
     let env = [("HUB_SIDECAR_CONFIG", f.to_str().unwrap())];
     let c = Config::load(&layers(Some(f.clone()), &env, &[])).unwrap();
     assert!(c.unknown.is_empty(), "{:?}", c.unknown.keys());
+}
+
+#[test]
+fn urls_are_parsed_once_at_load_and_a_bad_one_names_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_hub = |hub: &str, extra: &str| {
+        let f = dir.path().join("u.toml");
+        std::fs::write(
+            &f,
+            format!("agent_id = \"a\"\ntoken = \"t\"\nhub_url = \"{hub}\"\n{extra}"),
+        )
+        .unwrap();
+        Config::load(&layers(Some(f), &[], &[]))
+    };
+    for bad in [
+        "ws://remote hub:4000/ws",
+        "http://hub/ws",
+        "ws://",
+        "hub:4000",
+    ] {
+        let e = with_hub(bad, "").unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::BadUrl { key, .. } if key == "hub_url"),
+            "{bad}: {e:?}"
+        );
+        assert!(e.to_string().contains("wss://hub.example:4000/ws"), "{e}");
+    }
+    let c = with_hub("WSS://[::1]:4000/ws", "").unwrap();
+    assert_eq!(c.hub_url.scheme(), "wss");
+    assert_eq!(c.hub_api_url(), "https://[::1]:4000");
+    let e = with_hub("ws://h/ws", "[git]\nhub_api_url = \"ftp://h\"\n").unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::BadUrl { key, .. } if key == "git.hub_api_url"),
+        "{e:?}"
+    );
 }

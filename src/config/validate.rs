@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use reqwest::Url;
+
 use super::raw::{
     RawConfig, RawEnv, RawExecutor, RawGit, RawProgress, RawRecorder, RawSandbox, RawVerification,
 };
@@ -31,10 +33,16 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
     for (section, keys) in sections {
         unknown.extend(keys.into_iter().map(|(k, v)| (format!("{section}.{k}"), v)));
     }
+    let agent_id = required("agent_id", raw.agent_id, origin)?;
+    let token = required("token", raw.token, origin)?;
+    let hub_url = hub_url(&required("hub_url", raw.hub_url, origin)?, origin)?;
+    if let Some(api) = raw.git.hub_api_url.as_deref().filter(|u| !u.is_empty()) {
+        http_url("git.hub_api_url", api, origin)?;
+    }
     let cfg = Config {
-        agent_id: raw.agent_id.unwrap_or(d.agent_id),
-        token: raw.token.unwrap_or(d.token),
-        hub_url: raw.hub_url.unwrap_or(d.hub_url),
+        agent_id,
+        token,
+        hub_url,
         name: raw.name.or(d.name),
         capabilities: raw.capabilities.unwrap_or(d.capabilities),
         // An empty `ollama_url` (a Node config.json writes "") means unset.
@@ -174,22 +182,61 @@ fn recorder(r: RawRecorder) -> RecorderConfig {
     }
 }
 
+/// A required key's value, or [`ConfigError::Missing`] when it is unset or blank.
+fn required(key: &'static str, value: Option<String>, origin: &str) -> Result<String, ConfigError> {
+    match value {
+        Some(v) if !v.trim().is_empty() => Ok(v),
+        _ => Err(ConfigError::Missing {
+            key,
+            env: key.to_ascii_uppercase(),
+            flag: key.replace('_', "-"),
+            origin: origin.to_string(),
+        }),
+    }
+}
+
+/// `hub_url`: a `ws://` or `wss://` URL with a host.
+fn hub_url(value: &str, origin: &str) -> Result<Url, ConfigError> {
+    let bad = |message: String| ConfigError::BadUrl {
+        key: "hub_url".into(),
+        origin: origin.to_string(),
+        message,
+    };
+    let url = Url::parse(value.trim()).map_err(|e| {
+        bad(format!(
+            "`{value}` does not parse ({e}); write it as wss://hub.example:4000/ws"
+        ))
+    })?;
+    if !matches!(url.scheme(), "ws" | "wss") || url.host_str().is_none_or(str::is_empty) {
+        return Err(bad(format!(
+            "`{value}` must start with ws:// or wss:// and name a host, e.g. wss://hub.example:4000/ws"
+        )));
+    }
+    Ok(url)
+}
+
+/// An `http://` or `https://` URL with a host, e.g. `git.hub_api_url`.
+fn http_url(key: &str, value: &str, origin: &str) -> Result<Url, ConfigError> {
+    let bad = |message: String| ConfigError::BadUrl {
+        key: key.to_string(),
+        origin: origin.to_string(),
+        message,
+    };
+    let url = Url::parse(value.trim()).map_err(|e| {
+        bad(format!(
+            "`{value}` does not parse ({e}); write it as https://hub.example:4000"
+        ))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+        return Err(bad(format!(
+            "`{value}` must start with http:// or https:// and name a host, e.g. https://hub.example:4000"
+        )));
+    }
+    Ok(url)
+}
+
 /// Every check a loaded config must pass, first failure reported.
 fn check(cfg: &Config, origin: &str) -> Result<(), ConfigError> {
-    for (key, value) in [
-        ("agent_id", &cfg.agent_id),
-        ("token", &cfg.token),
-        ("hub_url", &cfg.hub_url),
-    ] {
-        if value.trim().is_empty() {
-            return Err(ConfigError::Missing {
-                key,
-                env: key.to_ascii_uppercase(),
-                flag: key.replace('_', "-"),
-                origin: origin.to_string(),
-            });
-        }
-    }
     let invalid = |key: &str, message: String| ConfigError::Invalid {
         key: key.to_string(),
         origin: origin.to_string(),
@@ -212,16 +259,6 @@ fn check(cfg: &Config, origin: &str) -> Result<(), ConfigError> {
             "longer than the hub's 256 characters; copy the token the hub issued for this agent"
                 .into(),
         ));
-    }
-    if !(cfg.hub_url.starts_with("ws://") || cfg.hub_url.starts_with("wss://")) {
-        return Err(ConfigError::BadUrl {
-            key: "hub_url".into(),
-            origin: origin.to_string(),
-            message: format!(
-                "`{}` must start with ws:// or wss://, e.g. wss://hub.example:4000/ws",
-                cfg.hub_url
-            ),
-        });
     }
     if cfg.ping_interval_secs == 0 || cfg.ping_interval_secs >= 55 {
         return Err(range(

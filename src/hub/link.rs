@@ -155,7 +155,7 @@ pub async fn run(
             None
         }
     };
-    if cfg.hub_url.starts_with("ws://") && !is_loopback_url(&cfg.hub_url) {
+    if cfg.hub_url.scheme() == "ws" && !is_loopback_url(cfg.hub_url.as_str()) {
         tracing::warn!(hub_url = %cfg.hub_url, "hub link is unencrypted ws:// to a non-loopback host; the token crosses the network in clear text: use wss://");
     }
     let mut sampler = ResourceSampler::new(cfg.ollama_url.clone());
@@ -277,7 +277,7 @@ pub fn is_loopback_url(url: &str) -> bool {
 /// TLS settings for `wss://`: system roots plus `ca_file`, certificates always verified.
 fn tls_connector(cfg: &Config) -> anyhow::Result<Option<Connector>> {
     use anyhow::Context;
-    if !cfg.hub_url.starts_with("wss://") {
+    if cfg.hub_url.scheme() != "wss" {
         return Ok(None);
     }
     let mut roots = rustls::RootCertStore::empty();
