@@ -163,8 +163,9 @@ pub struct VerificationConfig {
     pub max_cost_usd_per_day: Option<f64>,
     /// Local ceiling on corrective retries, whatever the task asks (the hub fills in 5).
     pub retry_ceiling: u32,
-    /// `ollama` or `claude`: who answers `llm_judge` checks.
-    pub judge_backend: String,
+    /// Who answers `llm_judge` checks.
+    pub judge_backend: JudgeBackend,
+    /// Model of the judge; unset: the task's selected model, else the backend's default.
     pub judge_model: Option<String>,
     /// `llm_judge` passes only at or above this confidence.
     pub judge_min_confidence: f64,
@@ -180,9 +181,30 @@ impl Default for VerificationConfig {
             max_cost_usd_per_task: None,
             max_cost_usd_per_day: Some(DEFAULT_MAX_COST_USD_PER_DAY),
             retry_ceiling: DEFAULT_RETRY_CEILING,
-            judge_backend: "ollama".into(),
+            judge_backend: JudgeBackend::Ollama,
             judge_model: None,
             judge_min_confidence: 0.85,
+        }
+    }
+}
+
+/// Who answers `llm_judge` checks (`verification.judge_backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JudgeBackend {
+    /// The Ollama endpoint of the task (or `ollama_url`); costs nothing.
+    Ollama,
+    /// The `claude` CLI; its cost counts against the task's and the day's caps.
+    Claude,
+}
+
+impl JudgeBackend {
+    /// The value as written in the config: `ollama` or `claude`. Empty means `ollama`, as in
+    /// the Node sidecar's config.json.
+    pub fn parse(value: &str) -> Option<JudgeBackend> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "ollama" | "" => Some(JudgeBackend::Ollama),
+            "claude" => Some(JudgeBackend::Claude),
+            _ => None,
         }
     }
 }

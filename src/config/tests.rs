@@ -318,3 +318,27 @@ fn urls_are_parsed_once_at_load_and_a_bad_one_names_its_key() {
         "{e:?}"
     );
 }
+
+#[test]
+fn judge_backend_is_parsed_at_load_and_an_unknown_one_is_refused_there() {
+    let dir = tempfile::tempdir().unwrap();
+    for (written, backend) in [
+        ("claude", JudgeBackend::Claude),
+        ("Ollama", JudgeBackend::Ollama),
+        ("", JudgeBackend::Ollama),
+    ] {
+        let f = file_with(
+            dir.path(),
+            &format!("[verification]\njudge_backend = \"{written}\"\n"),
+        );
+        let c = Config::load(&layers(Some(f), &[], &[])).unwrap();
+        assert_eq!(c.verification.judge_backend, backend, "{written}");
+    }
+    let f = file_with(dir.path(), "[verification]\njudge_backend = \"gpt\"\n");
+    let e = Config::load(&layers(Some(f), &[], &[])).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, .. } if key == "verification.judge_backend"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("\"claude\""), "{e}");
+}

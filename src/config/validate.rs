@@ -10,8 +10,8 @@ use super::raw::{
     RawConfig, RawEnv, RawExecutor, RawGit, RawProgress, RawRecorder, RawSandbox, RawVerification,
 };
 use super::{
-    Config, ConfigError, EnvConfig, ExecutorConfig, GitConfig, ProgressConfig, RecorderConfig,
-    SandboxConfig, VerificationConfig,
+    Config, ConfigError, EnvConfig, ExecutorConfig, GitConfig, JudgeBackend, ProgressConfig,
+    RecorderConfig, SandboxConfig, VerificationConfig,
 };
 
 /// Fill in defaults, then check. `origin` says where the keys were looked for.
@@ -66,7 +66,7 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
         secrets: raw.secrets.unwrap_or(d.secrets),
         progress: progress(raw.progress),
         executor: executor(raw.executor),
-        verification: verification(raw.verification),
+        verification: verification(raw.verification, origin)?,
         env: env(raw.env),
         git: git(raw.git),
         containment: raw.containment.or(d.containment),
@@ -121,9 +121,17 @@ fn executor(r: RawExecutor) -> ExecutorConfig {
     }
 }
 
-fn verification(r: RawVerification) -> VerificationConfig {
+fn verification(r: RawVerification, origin: &str) -> Result<VerificationConfig, ConfigError> {
     let d = VerificationConfig::default();
-    VerificationConfig {
+    let judge_backend = match r.judge_backend.as_deref() {
+        None => d.judge_backend,
+        Some(v) => JudgeBackend::parse(v).ok_or_else(|| ConfigError::Invalid {
+            key: "verification.judge_backend".into(),
+            origin: origin.to_string(),
+            message: format!("`{v}` is not a judge backend: use \"ollama\" or \"claude\""),
+        })?,
+    };
+    Ok(VerificationConfig {
         timeout_ms: r.timeout_ms.unwrap_or(d.timeout_ms),
         default_max_retries: r.default_max_retries.unwrap_or(d.default_max_retries),
         flaky_rerun: r.flaky_rerun.unwrap_or(d.flaky_rerun),
@@ -131,10 +139,10 @@ fn verification(r: RawVerification) -> VerificationConfig {
         max_cost_usd_per_task: r.max_cost_usd_per_task.or(d.max_cost_usd_per_task),
         max_cost_usd_per_day: r.max_cost_usd_per_day.or(d.max_cost_usd_per_day),
         retry_ceiling: r.retry_ceiling.unwrap_or(d.retry_ceiling),
-        judge_backend: r.judge_backend.unwrap_or(d.judge_backend),
+        judge_backend,
         judge_model: r.judge_model.or(d.judge_model),
         judge_min_confidence: r.judge_min_confidence.unwrap_or(d.judge_min_confidence),
-    }
+    })
 }
 
 fn env(r: RawEnv) -> EnvConfig {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::config::JudgeBackend;
 use crate::executor::ExecContext;
 use crate::process::{self, CommandSpec, Exit, Limits};
 
@@ -203,15 +204,9 @@ pub async fn judge_check(
         observations,
     );
     // What a claude call cost counts even when it failed.
-    let (answer, cost_usd) = match ctx.config.verification.judge_backend.as_str() {
-        "claude" => ask_claude(ctx, &prompt, bound).await,
-        "ollama" | "" => (ask_ollama(ctx, &prompt, bound).await, 0.0),
-        other => (
-            Err(format!(
-                "unknown judge_backend `{other}`: use \"ollama\" or \"claude\""
-            )),
-            0.0,
-        ),
+    let (answer, cost_usd) = match ctx.config.verification.judge_backend {
+        JudgeBackend::Claude => ask_claude(ctx, &prompt, bound).await,
+        JudgeBackend::Ollama => (ask_ollama(ctx, &prompt, bound).await, 0.0),
     };
     match answer {
         Ok(text) => {
