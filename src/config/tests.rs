@@ -342,3 +342,41 @@ fn judge_backend_is_parsed_at_load_and_an_unknown_one_is_refused_there() {
     );
     assert!(e.to_string().contains("\"claude\""), "{e}");
 }
+
+#[test]
+fn numbers_outside_their_range_are_refused_with_the_key_and_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    for (extra, key) in [
+        ("pong_timeout_secs = 0\n", "pong_timeout_secs"),
+        ("ping_interval_secs = 55\n", "ping_interval_secs"),
+        (
+            "[verification]\ndefault_max_retries = 6\n",
+            "verification.default_max_retries",
+        ),
+        (
+            "[verification]\njudge_min_confidence = 85\n",
+            "verification.judge_min_confidence",
+        ),
+        (
+            "[verification]\nmax_cost_usd_per_task = -1.0\n",
+            "verification.max_cost_usd_per_task",
+        ),
+        (
+            "[verification]\nmax_cost_usd_per_day = -0.5\n",
+            "verification.max_cost_usd_per_day",
+        ),
+    ] {
+        let f = file_with(dir.path(), extra);
+        let e = Config::load(&layers(Some(f), &[], &[])).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::OutOfRange { key: k, .. } if k == key),
+            "{extra}: {e:?}"
+        );
+        assert!(e.to_string().contains("must be"), "{e}");
+    }
+    let f = file_with(
+        dir.path(),
+        "[verification]\ndefault_max_retries = 5\njudge_min_confidence = 1.0\nmax_cost_usd_per_day = 0\n",
+    );
+    assert!(Config::load(&layers(Some(f), &[], &[])).is_ok());
+}

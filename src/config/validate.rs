@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use reqwest::Url;
 
+use crate::task::MAX_VERIFICATION_RETRIES;
+
 use super::raw::{
     RawConfig, RawEnv, RawExecutor, RawGit, RawProgress, RawRecorder, RawSandbox, RawVerification,
 };
@@ -288,6 +290,40 @@ fn check(cfg: &Config, origin: &str) -> Result<(), ConfigError> {
     }
     if cfg.progress.reserve >= cfg.progress.capacity {
         return Err(range("progress.reserve", "must be below progress.capacity"));
+    }
+    if cfg.pong_timeout_secs == 0 {
+        return Err(range(
+            "pong_timeout_secs",
+            "must be at least 1: with 0 every ping would count as unanswered and the link would reset at once",
+        ));
+    }
+    let v = &cfg.verification;
+    if v.default_max_retries > MAX_VERIFICATION_RETRIES {
+        return Err(range(
+            "verification.default_max_retries",
+            "must be 0..5, the hub's own cap on corrective retries",
+        ));
+    }
+    if !(0.0..=1.0).contains(&v.judge_min_confidence) {
+        return Err(range(
+            "verification.judge_min_confidence",
+            "must be 0.0..1.0: the judge answers with a confidence in that range (above 1 no check could pass)",
+        ));
+    }
+    for (key, cap) in [
+        (
+            "verification.max_cost_usd_per_task",
+            v.max_cost_usd_per_task,
+        ),
+        ("verification.max_cost_usd_per_day", v.max_cost_usd_per_day),
+    ] {
+        // TOML's nan and inf cannot reach here: the JSON merge turns them into null (unset).
+        if cap.is_some_and(|c| c < 0.0) {
+            return Err(range(
+                key,
+                "must be a number of US dollars ≥ 0 (0 allows no paid call); leave it unset for no per-task cap",
+            ));
+        }
     }
     if let Some(bad) = bypass_flag(&cfg.executor.claude_extra_args) {
         return Err(invalid(
