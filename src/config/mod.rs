@@ -121,6 +121,7 @@ pub struct Config {
     pub hub_url: Url,
     /// Display name sent with `identify` (defaults to `agent_id`).
     pub name: Option<String>,
+    /// Capabilities announced in `identify` (e.g. `code`, `shell`); the hub routes by them.
     pub capabilities: Vec<String>,
     /// Local Ollama, announced in `identify` and used when a task names no endpoint.
     pub ollama_url: Option<String>,
@@ -132,10 +133,15 @@ pub struct Config {
     pub state_file: Option<PathBuf>,
     /// Extra CA bundle (PEM) trusted for `wss://`, on top of the system roots.
     pub ca_file: Option<PathBuf>,
+    /// Seconds between pings; under the hub's 60 s silence limit (checked: 1..54).
     pub ping_interval_secs: u64,
+    /// No pong this many seconds after a ping: the link is dead and is reopened.
     pub pong_timeout_secs: u64,
+    /// Smallest reconnect delay (ms); the backoff doubles from here, with full jitter.
     pub reconnect_min_ms: u64,
+    /// Largest reconnect delay (ms).
     pub reconnect_max_ms: u64,
+    /// Seconds between `resource_report` frames (CPU, RAM, Ollama VRAM).
     pub resource_report_interval_secs: u64,
     /// Inbound frames larger than this are refused (and the link reset).
     pub max_frame_bytes: usize,
@@ -149,10 +155,15 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     /// More secret values to redact from everything that leaves the process.
     pub secrets: Vec<String>,
+    /// `[progress]`: how progress frames share the hub's rate budget.
     pub progress: ProgressConfig,
+    /// `[executor]`: how claude, Ollama and shell tasks are run.
     pub executor: ExecutorConfig,
+    /// `[verification]`: checks, corrective retries, cost caps, the judge.
     pub verification: VerificationConfig,
+    /// `[env]`: what children inherit from the daemon's environment.
     pub env: EnvConfig,
+    /// `[git]`: managed clones and branch → commit → push → pull request.
     pub git: GitConfig,
     /// How hard tasks are confined; unset: strict where the kernel supports it.
     pub containment: Option<Containment>,
@@ -238,10 +249,12 @@ impl Config {
             .unwrap_or_else(|| self.state_dir.join("queue.json"))
     }
 
+    /// `ping_interval_secs` as a [`Duration`].
     pub fn ping_interval(&self) -> Duration {
         Duration::from_secs(self.ping_interval_secs)
     }
 
+    /// `pong_timeout_secs` as a [`Duration`].
     pub fn pong_timeout(&self) -> Duration {
         Duration::from_secs(self.pong_timeout_secs)
     }

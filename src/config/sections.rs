@@ -83,7 +83,6 @@ pub struct ExecutorConfig {
     pub claude_idle_timeout_secs: u64,
     /// After the `result` line, how long claude may take to exit before it is stopped.
     pub claude_result_grace_ms: u64,
-    /// Model for Ollama when the routing decision names none.
     /// `options.num_ctx` of every Ollama call: the context window the model gets. Ollama
     /// silently cuts the beginning of a longer prompt, so it is set explicitly and a prompt
     /// that fills it is reported.
@@ -91,6 +90,7 @@ pub struct ExecutorConfig {
     /// Let the agentic Ollama loop use a plain `http://` endpoint on another host. Off: tool
     /// calls come from whoever answers on the network path, so only loopback or `https://`.
     pub ollama_allow_insecure_remote: bool,
+    /// Model for Ollama when the routing decision names none.
     pub ollama_model: String,
     /// Per-HTTP-call timeout for Ollama.
     pub ollama_timeout_secs: u64,
