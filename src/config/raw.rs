@@ -219,10 +219,10 @@ impl RawConfig {
                 _ => {
                     return Err(ConfigError::Parse {
                         path: path.clone(),
-                        format: "config",
-                        message: "the top level must be a table of keys (TOML) or an object (JSON)"
-                            .into(),
-                    })
+                        // TOML's top level is always a table: only JSON gets here.
+                        format: "JSON",
+                        message: "the top level must be an object of keys".into(),
+                    });
                 }
             }
         }

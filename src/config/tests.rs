@@ -380,3 +380,34 @@ fn numbers_outside_their_range_are_refused_with_the_key_and_the_range() {
     );
     assert!(Config::load(&layers(Some(f), &[], &[])).is_ok());
 }
+
+#[test]
+fn an_unreadable_or_unparsable_file_is_named_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let absent = dir.path().join("absent.toml");
+    let e = Config::load(&layers(Some(absent.clone()), &[], &[])).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Read { path, .. } if *path == absent),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("--config"), "{e}");
+    for (name, text, format) in [
+        ("bad.toml", "agent_id = \n", "TOML"),
+        ("bad.json", "{\"agent_id\": ", "JSON"),
+        ("list.json", "[1, 2]", "JSON"),
+    ] {
+        let f = dir.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        let e = Config::load(&layers(Some(f.clone()), &[], &[])).unwrap_err();
+        match &e {
+            ConfigError::Parse {
+                path, format: got, ..
+            } => {
+                assert_eq!(path, &f);
+                assert_eq!(*got, format, "{name}");
+            }
+            other => panic!("{name}: expected Parse, got {other:?}"),
+        }
+        assert!(e.to_string().contains(&f.display().to_string()), "{e}");
+    }
+}
