@@ -411,3 +411,26 @@ fn an_unreadable_or_unparsable_file_is_named_with_what_to_do() {
         assert!(e.to_string().contains(&f.display().to_string()), "{e}");
     }
 }
+
+#[test]
+fn ollama_url_is_checked_at_load_but_kept_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    for ok in [
+        "http://127.0.0.1:11434",
+        "https://gpu.example/",
+        "gpu-box:11434",
+        "",
+    ] {
+        let f = file_with(dir.path(), &format!("ollama_url = \"{ok}\"\n"));
+        let c = Config::load(&layers(Some(f), &[], &[])).unwrap();
+        assert_eq!(c.ollama_url.as_deref(), Some(ok).filter(|u| !u.is_empty()));
+    }
+    for bad in ["ftp://gpu:11434", "http://gpu box:11434", "gpu box:11434"] {
+        let f = file_with(dir.path(), &format!("ollama_url = \"{bad}\"\n"));
+        let e = Config::load(&layers(Some(f), &[], &[])).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::BadUrl { key, .. } if key == "ollama_url"),
+            "{bad}: {e:?}"
+        );
+    }
+}

@@ -41,6 +41,14 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
     if let Some(api) = raw.git.hub_api_url.as_deref().filter(|u| !u.is_empty()) {
         http_url("git.hub_api_url", api, origin)?;
     }
+    // Kept as written (the identify frame announces it as is); `host:port` means http.
+    if let Some(ollama) = raw.ollama_url.as_deref().filter(|u| !u.is_empty()) {
+        if ollama.contains("://") {
+            http_url("ollama_url", ollama, origin)?;
+        } else {
+            http_url("ollama_url", &format!("http://{ollama}"), origin)?;
+        }
+    }
     let cfg = Config {
         agent_id,
         token,
