@@ -255,7 +255,8 @@ impl Default for SandboxConfig {
 /// `[env]`: what child processes inherit.
 #[derive(Debug, Clone)]
 pub struct EnvConfig {
-    /// When non-empty, only these variables pass to children (plus PATH, HOME, LANG, TERM).
+    /// When non-empty, only these variables pass to children (plus PATH, HOME, LANG, LC_ALL,
+    /// TERM, USER and TMPDIR, which always do).
     pub allow: Vec<String>,
     /// Never passed to children (on top of the daemon's own `HUB_SIDECAR_*`).
     pub deny: Vec<String>,
