@@ -25,6 +25,7 @@ const RETRY_MAX: Duration = Duration::from_secs(300);
 /// One entry waiting for the hub's answer.
 #[derive(Debug, Clone)]
 pub struct Pending {
+    /// Which result this is (its journal sequence and task) and when it was stored.
     pub meta: OutboxMeta,
     /// Sends that went unanswered.
     pub misses: u32,
@@ -39,9 +40,11 @@ pub enum Next {
     Send(OutboxMeta),
     /// Everything waits after a miss; try again at this time.
     WaitUntil(Instant),
+    /// Nothing is waiting.
     Empty,
 }
 
+/// The results waiting for the hub's acknowledgement, and which one to send next.
 #[derive(Debug)]
 pub struct Outbox {
     /// Oldest first (sequence order).
@@ -51,6 +54,7 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// An empty outbox keeping at most `max_entries` (at least 1), each for at most `expiry`.
     pub fn new(max_entries: usize, expiry: Duration) -> Outbox {
         Outbox {
             entries: Vec::new(),
@@ -59,10 +63,12 @@ impl Outbox {
         }
     }
 
+    /// Results waiting.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether nothing waits.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

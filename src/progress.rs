@@ -26,14 +26,23 @@ use crate::util::{now_ms, tail_bytes};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
+    /// Text the LLM produced (streamed; may be cut, tail kept).
     Token,
+    /// A child's standard output (streamed).
     Stdout,
+    /// A child's standard error (streamed).
     Stderr,
+    /// What the daemon is doing now, in one line (e.g. a retry, a wait).
     Status,
+    /// Something went wrong that the operator should see.
     Error,
+    /// An agentic tool call: `tool_name`, `args_summary`, `result_summary`, `iteration`.
     ToolCall,
+    /// A verification attempt begins: `attempt`, `max_retries`.
     VerificationRetryStart,
+    /// One check's outcome: `check_type`, `check_status`, `attempt`.
     VerificationCheckResult,
+    /// A verification attempt ended: `attempt`, `passed`, `failed`, `status`.
     VerificationRetryComplete,
 }
 
@@ -46,6 +55,7 @@ impl EventKind {
         )
     }
 
+    /// The wire name, `event_type` in the frame.
     pub fn as_str(self) -> &'static str {
         match self {
             EventKind::Token => "token",
@@ -64,10 +74,15 @@ impl EventKind {
 /// One progress event. Type-specific fields (`tool_name`, `attempt`, …) go in `fields`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProgressEvent {
+    /// Which kind of event (`event_type`).
     pub kind: EventKind,
+    /// The event's text, redacted before it is sent.
     pub text: String,
+    /// Tokens the task has used so far, when an LLM is running.
     pub tokens_so_far: Option<u64>,
+    /// The model producing the tokens.
     pub model: Option<String>,
+    /// The fields of this `event_type` (`tool_name`, `attempt`, …), sent alongside.
     pub fields: Map<String, Value>,
     /// When it happened (ms since the epoch): a merged event keeps its own time, not the
     /// time of the frame that carried it.
@@ -75,6 +90,7 @@ pub struct ProgressEvent {
 }
 
 impl ProgressEvent {
+    /// An event of `kind` happening now.
     pub fn new(kind: EventKind, text: impl Into<String>) -> ProgressEvent {
         ProgressEvent {
             kind,
@@ -86,6 +102,7 @@ impl ProgressEvent {
         }
     }
 
+    /// A `status` line happening now.
     pub fn status(text: impl Into<String>) -> ProgressEvent {
         ProgressEvent::new(EventKind::Status, text)
     }
@@ -96,6 +113,7 @@ impl ProgressEvent {
         self
     }
 
+    /// Attach the token count so far and the model producing them.
     pub fn with_tokens(mut self, tokens_so_far: u64, model: Option<&str>) -> ProgressEvent {
         self.tokens_so_far = Some(tokens_so_far);
         self.model = model.map(str::to_string);
@@ -355,15 +373,21 @@ impl ProgressSink {
 
 /// Where the pump sends its frames (the hub link, or a test's channel).
 pub trait FrameSender: Send + Sync {
+    /// Queue one `task_progress` frame; the budget was already taken for it.
     fn send_progress(&self, frame: Outbound);
 }
 
 /// Turns one task's pending progress into `task_progress` frames under the budget.
 pub struct Pump {
+    /// The task's sink, which executors and checks emit into.
     pub sink: ProgressSink,
+    /// The task the frames are about.
     pub task_id: String,
+    /// The hub's "normal" bucket, shared with lifecycle frames (whose reserve it keeps).
     pub budget: Arc<RateBudget>,
+    /// Where frames go: the hub link, or a test's channel.
     pub out: Arc<dyn FrameSender>,
+    /// Scrubs secrets from every event before it leaves.
     pub redactor: Arc<Redactor>,
     /// At most one frame per this interval.
     pub min_interval: Duration,

@@ -26,19 +26,25 @@ pub struct Task {
     /// Prose for an LLM. Never run as a command.
     #[serde(default, deserialize_with = "lenient")]
     pub description: String,
+    /// The submitter's extras: the shell command, timeouts, cost cap.
     #[serde(default, deserialize_with = "lenient")]
     pub metadata: TaskMetadata,
     /// Echoed in `task_complete` / `task_failed`; the hub ignores results of old generations.
     #[serde(default, deserialize_with = "lenient")]
     pub generation: u64,
+    /// When the hub assigned the task (ms since the epoch); echoed in `state_report`.
     #[serde(default, deserialize_with = "lenient")]
     pub assigned_at: Option<i64>,
+    /// Repository to work in (a managed clone); none: `repo_dir` or a scratch directory.
     #[serde(default, deserialize_with = "lenient")]
     pub repo: Option<String>,
+    /// Branch the clone is reset to; none: the remote's default branch.
     #[serde(default, deserialize_with = "lenient")]
     pub branch: Option<String>,
+    /// Files the submitter points at; kept with the task (the prompts do not use them yet).
     #[serde(default, deserialize_with = "lenient")]
     pub file_hints: Vec<FileHint>,
+    /// What "done" means, in prose: given to the LLM and to the `llm_judge`.
     #[serde(default, deserialize_with = "lenient")]
     pub success_criteria: Vec<String>,
     /// Parsed element by element, never leniently: a bad element (or a value that is not a
@@ -46,12 +52,16 @@ pub struct Task {
     /// as `error`. Only absent, `null` or `[]` mean "no checks" — the parser never fails open.
     #[serde(default, deserialize_with = "steps_strict")]
     pub verification_steps: Vec<VerificationStep>,
+    /// The hub's complexity estimate; its tier is used when there is no routing decision.
     #[serde(default, deserialize_with = "lenient")]
     pub complexity: Option<Complexity>,
+    /// The hub's choice of executor, endpoint and model.
     #[serde(default, deserialize_with = "lenient")]
     pub routing_decision: Option<RoutingDecision>,
+    /// Report `skip` and run no checks.
     #[serde(default, deserialize_with = "lenient")]
     pub skip_verification: bool,
+    /// Deadline of one verification run; none or 0: `verification.timeout_ms`.
     #[serde(default, deserialize_with = "lenient")]
     pub verification_timeout_ms: Option<u64>,
     /// 0 = one attempt. Capped at [`MAX_VERIFICATION_RETRIES`] by [`Task::retry_budget`].
@@ -82,10 +92,13 @@ pub struct TaskMetadata {
     pub extra: Map<String, Value>,
 }
 
+/// A file the submitter points at (`file_hints[]`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct FileHint {
+    /// Path inside the repository.
     #[serde(default, deserialize_with = "lenient")]
     pub path: String,
+    /// Why it matters, in prose.
     #[serde(default, deserialize_with = "lenient")]
     pub reason: Option<String>,
 }
@@ -93,10 +106,13 @@ pub struct FileHint {
 /// One mechanical check (`verification_steps[]`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct VerificationStep {
+    /// `file_exists`, `test_passes`, `git_clean`, `command_succeeds` (or an extension).
     #[serde(rename = "type", default)]
     pub check_type: String,
+    /// What to check: a path, a command, or `auto` for the detected test runner.
     #[serde(default)]
     pub target: String,
+    /// The submitter's words for the check, shown in reports.
     #[serde(default)]
     pub description: Option<String>,
     /// Per-check timeout (an extension; the report's global deadline still applies).
@@ -238,23 +254,30 @@ where
     })
 }
 
+/// The hub's complexity estimate (`task_assign.complexity`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Complexity {
+    /// `trivial`, `standard` or `complex`.
     #[serde(default, deserialize_with = "lenient")]
     pub effective_tier: Option<String>,
+    /// Who decided the tier (the submitter or the hub's classifier), as the hub says.
     #[serde(default, deserialize_with = "lenient")]
     pub source: Option<String>,
 }
 
+/// The hub's routing (`task_assign.routing_decision`): which executor, where, which model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct RoutingDecision {
+    /// `trivial`, `standard` or `complex`; wins over `complexity`.
     #[serde(default, deserialize_with = "lenient")]
     pub effective_tier: Option<String>,
+    /// `sidecar` (shell), `claude`, `ollama`; `wake` is refused.
     #[serde(default, deserialize_with = "lenient")]
     pub target_type: Option<String>,
     /// `host:port` of the Ollama endpoint chosen by the hub.
     #[serde(default, deserialize_with = "lenient")]
     pub selected_endpoint: Option<String>,
+    /// Model the hub picked; none: the executor's configured default.
     #[serde(default, deserialize_with = "lenient")]
     pub selected_model: Option<String>,
 }
@@ -263,8 +286,11 @@ pub struct RoutingDecision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecutorKind {
+    /// Runs `metadata.shell_command`, nothing else.
     Shell,
+    /// The Claude Code CLI in the workspace.
     Claude,
+    /// An Ollama model, with or without the agentic tool loop.
     Ollama,
 }
 
@@ -272,16 +298,21 @@ pub enum ExecutorKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Tier {
+    /// Small work: `executor.trivial_timeout_secs`; routed to shell without a decision.
     Trivial,
+    /// The default: `executor.standard_timeout_secs`; routed to Ollama without a decision.
     Standard,
+    /// Large work: the standard timeout; routed to claude without a decision.
     Complex,
 }
 
 /// Why a task cannot be routed to any executor.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RoutingError {
+    /// `target_type: wake`, the Node sidecar's wake-command path.
     #[error("routing target `wake` (legacy wake command path) is not supported by hub-sidecar; route the task to `sidecar`, `claude` or `ollama`")]
     WakeUnsupported,
+    /// A target this build does not know (the name as sent).
     #[error("unknown routing target `{0}`: expected `sidecar`, `claude` or `ollama`")]
     UnknownTarget(String),
 }

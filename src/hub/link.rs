@@ -165,7 +165,7 @@ pub async fn run(
             None
         }
     };
-    if cfg.hub_url.starts_with("ws://") && !is_loopback_url(&cfg.hub_url) {
+    if cfg.hub_url.scheme() == "ws" && !is_loopback_url(cfg.hub_url.as_str()) {
         tracing::warn!(hub_url = %cfg.hub_url, "hub link is unencrypted ws:// to a non-loopback host; the token crosses the network in clear text: use wss://");
     }
     let mut sampler = ResourceSampler::new(cfg.ollama_url.clone());
@@ -316,7 +316,7 @@ pub use crate::util::is_loopback_url;
 /// TLS settings for `wss://`: system roots plus `ca_file`, certificates always verified.
 fn tls_connector(cfg: &Config) -> anyhow::Result<Option<Connector>> {
     use anyhow::Context;
-    if !cfg.hub_url.starts_with("wss://") {
+    if cfg.hub_url.scheme() != "wss" {
         return Ok(None);
     }
     let mut roots = rustls::RootCertStore::empty();
@@ -356,11 +356,11 @@ async fn connect(cfg: &Config, connector: Option<Connector>) -> Result<Ws, Conne
     match tokio::time::timeout(Duration::from_secs(15), fut).await {
         Ok(Ok((ws, _))) => Ok(ws),
         Ok(Err(e)) => Err(ConnectError::Failed {
-            url: cfg.hub_url.clone(),
+            url: cfg.hub_url.to_string(),
             source: Box::new(e),
         }),
         Err(_) => Err(ConnectError::TimedOut {
-            url: cfg.hub_url.clone(),
+            url: cfg.hub_url.to_string(),
         }),
     }
 }

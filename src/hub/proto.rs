@@ -13,59 +13,91 @@ use crate::task::{lenient, Task};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Inbound {
+    /// `identify` was accepted: the link is up and may carry task frames.
     Identified {
+        /// The agent id the hub recognised (ours).
         #[serde(default, deserialize_with = "lenient")]
         agent_id: Option<String>,
     },
+    /// The hub refused something: an auth error (final for this token), or a frame of ours
+    /// it could not validate.
     Error {
+        /// The code, e.g. `invalid_token`, `validation_failed`, `task_complete_failed: R`.
         #[serde(default, deserialize_with = "lenient")]
         error: String,
+        /// The `type` of our frame that was refused, when the hub says.
         #[serde(default, deserialize_with = "lenient")]
         message_type: Option<String>,
+        /// The validator's per-field complaints, as sent.
         #[serde(default)]
         errors: Option<Value>,
     },
+    /// Heartbeat answer to our `ping`.
     Pong {
+        /// The hub's clock, ms since the epoch.
         #[serde(default, deserialize_with = "lenient")]
         timestamp: Option<i64>,
     },
+    /// A task for this agent (PROTOCOL.md §5); must be accepted within 60 s.
     TaskAssign(Box<Task>),
+    /// The hub's answer to one of our lifecycle frames.
     TaskAck {
+        /// The task the answer is about.
         task_id: String,
+        /// `accepted`, `complete`, `retried` or `dead_letter`.
         #[serde(default, deserialize_with = "lenient")]
         status: Option<String>,
     },
+    /// After `task_recovering`: the task is still ours, carry on.
     TaskContinue {
+        /// The task to carry on with.
         task_id: String,
+        /// The generation results must now carry, when the hub sends one.
         #[serde(default, deserialize_with = "lenient")]
         generation: Option<u64>,
     },
+    /// After `task_recovering`: drop the task, the hub has re-queued it.
     TaskReassign {
+        /// The task to drop.
         task_id: String,
     },
+    /// Stop working on the task now.
     TaskCancelled {
+        /// The task to stop.
         task_id: String,
     },
+    /// The hub's answer to a `state_report`.
     StateReportAck {
+        /// The task the report was about.
         task_id: String,
+        /// `continue` or `abort`.
         #[serde(default, deserialize_with = "lenient")]
         action: String,
     },
+    /// Restart when idle (after the current task).
     RestartSidecar {
+        /// Why the hub asks, for the log.
         #[serde(default, deserialize_with = "lenient")]
         reason: Option<String>,
     },
+    /// A rate-limit bucket is nearly empty (the frame it precedes was still accepted).
     RateLimitWarning {
+        /// `light`, `normal` or `heavy`.
         #[serde(default, deserialize_with = "lenient")]
         tier: String,
+        /// Tokens left in that bucket.
         #[serde(default, deserialize_with = "lenient")]
         remaining: u64,
+        /// The bucket's size.
         #[serde(default, deserialize_with = "lenient")]
         capacity: u64,
     },
+    /// Our last frame of this tier was dropped: re-send lifecycle frames after the delay.
     RateLimited {
+        /// How long the bucket needs before the next frame of the tier.
         #[serde(default, deserialize_with = "lenient")]
         retry_after_ms: u64,
+        /// `light`, `normal` or `heavy`.
         #[serde(default, deserialize_with = "lenient")]
         tier: String,
     },
@@ -77,15 +109,21 @@ pub enum Inbound {
 /// Why an inbound frame could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
+    /// The text is not JSON at all.
     #[error("frame is not valid JSON: {0}")]
     NotJson(serde_json::Error),
+    /// JSON, but an array, string or number instead of an object.
     #[error("frame is JSON but not an object")]
     NotObject,
+    /// An object without a string `type` to dispatch on.
     #[error("frame has no string `type`")]
     NoType,
+    /// A known `type` whose required fields are missing or of the wrong kind.
     #[error("`{kind}` frame is malformed: {source}")]
     Malformed {
+        /// The frame's `type`.
         kind: String,
+        /// What serde found wrong.
         source: serde_json::Error,
     },
 }
@@ -120,71 +158,115 @@ impl std::fmt::Debug for Secret {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Outbound {
+    /// The first frame on every connection: who we are and what we can do.
     Identify {
+        /// This agent's id (≤ 128 chars).
         agent_id: String,
+        /// The hub token (≤ 256 chars); `Debug` prints it redacted.
         token: Secret,
+        /// Display name at the hub.
         name: String,
+        /// Our status as the hub shows it (e.g. `idle`).
         status: String,
+        /// What tasks we can take, e.g. `code`, `shell`.
         capabilities: Vec<String>,
+        /// Always `sidecar`: lets the hub tell us from other clients.
         client_type: String,
+        /// Local Ollama, so the hub can route Ollama work here.
         #[serde(skip_serializing_if = "Option::is_none")]
         ollama_url: Option<String>,
     },
+    /// Heartbeat; keeps the socket under the hub's 60 s idle limit.
     Ping,
+    /// We took the task (due within 60 s of `task_assign`).
     TaskAccepted {
+        /// The task taken.
         task_id: String,
     },
+    /// Work is going on: refreshes the hub's stale-task timestamp.
     TaskProgress {
+        /// The task.
         task_id: String,
+        /// Percent done, when known.
         #[serde(skip_serializing_if = "Option::is_none")]
         progress: Option<u8>,
+        /// One event (PROTOCOL.md §6): output, a tool call, a check result.
         #[serde(skip_serializing_if = "Option::is_none")]
         execution_event: Option<Value>,
     },
+    /// The task ran to the end (verified or not: see `result.verification_status`).
     TaskComplete {
+        /// The task.
         task_id: String,
+        /// The generation from `task_assign`; a stale one is ignored by the hub.
         generation: u64,
+        /// The result object (PROTOCOL.md §7): status, output, tokens, cost, verification.
         result: Value,
+        /// Tokens of all attempts together.
         tokens_used: u64,
+        /// The last attempt's verification report.
         #[serde(skip_serializing_if = "Option::is_none")]
         verification_report: Option<Value>,
+        /// Every attempt's verification report, first to last.
         #[serde(skip_serializing_if = "Vec::is_empty", default)]
         verification_history: Vec<Value>,
     },
+    /// The task could not be done (or we are busy): the hub re-queues or dead-letters it.
     TaskFailed {
+        /// The task.
         task_id: String,
+        /// The generation from `task_assign`.
         generation: u64,
+        /// What went wrong (≤ 2,000 chars), the same text as `reason`.
         error: String,
+        /// What went wrong (≤ 2,000 chars), e.g. `sidecar_busy`.
         reason: String,
-        /// Extensions the hub ignores (PROTOCOL.md: unknown fields are ignored) so a failure
-        /// after spending keeps its record: tokens, the `result`-shaped cost record and the
-        /// reports of the attempts that ran before the failure.
+        /// Tokens spent before the failure. This and the next two are extensions the hub
+        /// ignores (PROTOCOL.md: unknown fields are ignored), sent so a failure after spending
+        /// keeps its record.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tokens_used: Option<u64>,
+        /// The `result`-shaped cost record of what ran.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         result: Option<Value>,
+        /// The reports of the attempts that ran before the failure.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         verification_history: Vec<Value>,
     },
+    /// After a restart: we hold this task from before; may we carry on?
     TaskRecovering {
+        /// The task found in the state file.
         task_id: String,
+        /// Its generation.
         generation: u64,
     },
+    /// Where a task stands, answered with `state_report_ack`.
     StateReport {
+        /// The task.
         task_id: String,
+        /// Its local state, e.g. `working`.
         status: String,
+        /// Its generation.
         generation: u64,
+        /// When the hub assigned it (ms since the epoch), from `task_assign`.
         #[serde(skip_serializing_if = "Option::is_none")]
         assigned_at: Option<i64>,
     },
+    /// Load on this machine, every `resource_report_interval_secs`.
     ResourceReport {
+        /// CPU use over all cores, 0–100.
         cpu_percent: f64,
+        /// RAM in use.
         ram_used_bytes: u64,
+        /// RAM installed.
         ram_total_bytes: u64,
+        /// GPU memory Ollama's loaded models take, when `ollama_url` answers.
         #[serde(skip_serializing_if = "Option::is_none")]
         vram_used_bytes: Option<u64>,
+        /// GPU memory in total; not measured yet, so always absent.
         #[serde(skip_serializing_if = "Option::is_none")]
         vram_total_bytes: Option<u64>,
+        /// When sampled, ms since the epoch.
         timestamp: i64,
     },
 }
@@ -192,8 +274,11 @@ pub enum Outbound {
 /// The hub's rate-limit tier of a frame type (PROTOCOL.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateTier {
+    /// 120 a minute: `ping`.
     Light,
+    /// 60 a minute, shared by progress and every lifecycle frame.
     Normal,
+    /// 10 a minute: `identify`.
     Heavy,
 }
 

@@ -8,28 +8,44 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+/// The `type` label of `hub_sidecar_frames_out`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TypeLabel {
+    /// The frame's wire type, e.g. `task_progress`.
     pub r#type: String,
 }
 
+/// The `outcome` label of `hub_sidecar_tasks`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
+    /// How the task ended, e.g. `verified`, `partial_pass`, `execution_failed`.
     pub outcome: String,
 }
 
+/// Every metric `/metrics` serves, each named `hub_sidecar_<field>`.
 pub struct Metrics {
     registry: Registry,
+    /// 1 while identified with the hub.
     pub connected: Gauge,
+    /// Reconnect attempts since start.
     pub reconnects: Counter,
+    /// Frames received from the hub.
     pub frames_in: Counter,
+    /// Frames sent to the hub, by type.
     pub frames_out: Family<TypeLabel, Counter>,
+    /// `rate_limited` answers: the hub dropped one of our frames.
     pub rate_limited: Counter,
+    /// Tasks finished, by outcome.
     pub tasks: Family<OutcomeLabel, Counter>,
+    /// Verification attempts per task.
     pub verification_attempts: Histogram,
+    /// Executor run time per attempt.
     pub execution_seconds: Histogram,
+    /// Run time of each verification check.
     pub check_seconds: Histogram,
+    /// LLM tokens used, in and out.
     pub tokens: Counter,
+    /// Estimated LLM cost in USD.
     pub cost_usd: Counter<f64, AtomicU64>,
 }
 
@@ -94,6 +110,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Count one frame of type `kind` sent.
     pub fn frame_out(&self, kind: &str) {
         self.frames_out
             .get_or_create(&TypeLabel {
@@ -102,6 +119,7 @@ impl Metrics {
             .inc();
     }
 
+    /// Count one task finished with `outcome`.
     pub fn task_finished(&self, outcome: &str) {
         self.tasks
             .get_or_create(&OutcomeLabel {

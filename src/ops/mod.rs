@@ -49,9 +49,13 @@ pub struct Ops {
 /// A snapshot for `/healthz`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct HealthSnapshot {
+    /// The hub link is up (the same as `identified`; kept for probes that read this name).
     pub connected: bool,
+    /// Identified with the hub now.
     pub identified: bool,
+    /// The task being worked on, if any.
     pub active_task: Option<String>,
+    /// Age of the last pong; growing past the pong timeout means the link is dying.
     pub last_pong_age_ms: Option<u64>,
 }
 
@@ -60,11 +64,15 @@ pub struct HealthSnapshot {
 pub struct StatusSnapshot {
     /// Identified with the hub now.
     pub identified: bool,
+    /// Age of the last pong from the hub.
     pub last_pong_age_ms: Option<u64>,
+    /// The task being worked on, if any.
     pub active_task: Option<String>,
+    /// How long the active task has been running.
     pub task_elapsed_ms: Option<u64>,
     /// The attempt of the active task running now (1-based).
     pub attempt: Option<u32>,
+    /// How long that attempt has been running.
     pub attempt_elapsed_ms: Option<u64>,
     /// Spent today (UTC day) across all tasks, USD.
     pub spent_today_usd: f64,
@@ -73,10 +81,12 @@ pub struct StatusSnapshot {
 }
 
 impl Ops {
+    /// A fresh handle: not identified, no task, zeroed metrics.
     pub fn new() -> Ops {
         Ops::default()
     }
 
+    /// The Prometheus metrics, to count into.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -85,31 +95,38 @@ impl Ops {
         self.health.lock().expect("health lock poisoned")
     }
 
+    /// The hub link was identified (true) or lost (false).
     pub fn link_state(&self, identified: bool) {
         self.health().identified = identified;
         self.metrics.connected.set(i64::from(identified));
     }
 
+    /// A pong arrived now.
     pub fn pong(&self) {
         self.health().last_pong = Some(Instant::now());
     }
 
+    /// A reconnect attempt began.
     pub fn reconnect(&self) {
         self.metrics.reconnects.inc();
     }
 
+    /// A frame came in from the hub.
     pub fn frame_in(&self) {
         self.metrics.frames_in.inc();
     }
 
+    /// A frame of type `kind` went out to the hub.
     pub fn frame_out(&self, kind: &'static str) {
         self.metrics.frame_out(kind);
     }
 
+    /// The hub answered `rate_limited`.
     pub fn rate_limited(&self) {
         self.metrics.rate_limited.inc();
     }
 
+    /// The task being worked on from now (its clock starts), or none.
     pub fn set_active_task(&self, task_id: Option<&str>) {
         let mut h = self.health();
         h.active_task = task_id.map(str::to_string);
@@ -129,6 +146,7 @@ impl Ops {
         h.daily_budget_usd = budget_usd;
     }
 
+    /// What `/status` and `hub-sidecar status` show, as of now.
     pub fn status_snapshot(&self) -> StatusSnapshot {
         let h = self.health();
         let ms = |t: Instant| t.elapsed().as_millis() as u64;
@@ -161,6 +179,7 @@ impl Ops {
         systemd::notify(&[sd_notify::NotifyState::Stopping]);
     }
 
+    /// What `/healthz` shows, as of now.
     pub fn snapshot(&self) -> HealthSnapshot {
         let h = self.health();
         HealthSnapshot {

@@ -18,8 +18,11 @@ use super::RECORD_FILE;
 /// decided.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct AttemptStory {
+    /// Which attempt, from 1.
     pub attempt: u32,
+    /// When it started, ms since the epoch.
     pub started_at: Option<i64>,
+    /// The prompt the executor was given (redacted), for LLM executors.
     pub prompt: Option<String>,
     /// The executor's end: status, error, model, tokens, cost, duration, final output.
     pub execution: Option<Value>,
@@ -38,11 +41,15 @@ pub struct AttemptStory {
 /// A task's whole record, in order.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TaskStory {
+    /// The hub's id for the task.
     pub task_id: String,
+    /// The generation of the last run.
     pub generation: u64,
+    /// `shell`, `claude` or `ollama`, once chosen.
     pub executor: Option<String>,
     /// The task as assigned (redacted).
     pub task: Value,
+    /// When the last run started, ms since the epoch.
     pub started_at: i64,
     /// Last line written.
     pub last_at: i64,
@@ -51,13 +58,17 @@ pub struct TaskStory {
     pub status: String,
     /// Why the loop stopped (its last decision).
     pub stop: Option<Value>,
+    /// Each attempt, in order.
     pub attempts: Vec<AttemptStory>,
     /// The terminal frame handed to the outbox (`task_complete` / `task_failed`).
     pub terminal: Option<Value>,
     /// The hub's `task_ack` for it: `{ts, status}`.
     pub acked: Option<Value>,
+    /// Why the task was taken away (the hub cancelled it, an abort, a forced stop).
     pub cancelled: Option<String>,
+    /// USD spent over all attempts.
     pub cost_usd: f64,
+    /// LLM tokens over all attempts.
     pub tokens: u64,
     /// The record hit `recorder.max_task_bytes`: some output and events are left out.
     pub truncated: bool,
@@ -70,13 +81,21 @@ pub struct TaskStory {
 /// One line of `hub-sidecar tasks`.
 #[derive(Debug, Clone, Serialize)]
 pub struct TaskSummary {
+    /// The hub's id for the task.
     pub task_id: String,
+    /// When its last run started, ms since the epoch.
     pub started_at: i64,
+    /// `shell`, `claude` or `ollama`, once chosen.
     pub executor: Option<String>,
+    /// From start to the last line written.
     pub duration_ms: u64,
+    /// Attempts made.
     pub attempts: usize,
+    /// As [`TaskStory::status`].
     pub status: String,
+    /// USD spent.
     pub cost_usd: f64,
+    /// Whether the hub acknowledged the result.
     pub acked: bool,
 }
 
@@ -224,6 +243,7 @@ impl TaskStory {
         }
     }
 
+    /// The one-line view of this story for `hub-sidecar tasks`.
     pub fn summary(&self) -> TaskSummary {
         TaskSummary {
             task_id: self.task_id.clone(),

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::config::JudgeBackend;
 use crate::executor::ExecContext;
 use crate::process::{self, CommandSpec, Exit, Limits};
 
@@ -189,10 +190,9 @@ pub async fn judge_check(
         observations,
     );
     // What a claude call cost counts even when it failed.
-    let (answer, cost_usd) = match ctx.config.verification.judge_backend.as_str() {
-        "claude" => ask_claude(ctx, &prompt, bound).await,
-        "ollama" | "" => (ask_ollama(ctx, &prompt, bound).await, 0.0),
-        other => (Err(JudgeError::UnknownBackend(other.to_string())), 0.0),
+    let (answer, cost_usd) = match ctx.config.verification.judge_backend {
+        JudgeBackend::Claude => ask_claude(ctx, &prompt, bound).await,
+        JudgeBackend::Ollama => (ask_ollama(ctx, &prompt, bound).await, 0.0),
     };
     match answer {
         Ok(text) => {
@@ -220,8 +220,6 @@ pub const BUDGET_EXHAUSTED: &str = "not run: the cost cap is reached";
 /// Why the judge gave no answer; the message is the check's output.
 #[derive(Debug, thiserror::Error)]
 enum JudgeError {
-    #[error("unknown judge_backend `{0}`: use \"ollama\" or \"claude\"")]
-    UnknownBackend(String),
     #[error("cannot build HTTP client: {0}")]
     Client(reqwest::Error),
     #[error("judge request to {url} failed: {source}")]

@@ -2,24 +2,35 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How one check ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CheckStatus {
+    /// The check holds.
     Pass,
+    /// The check ran and does not hold: the work is wrong, a retry may fix it.
     Fail,
+    /// The check could not be run (bad step, missing tool): not the LLM's fault.
     Error,
+    /// The check or the run's deadline ran out.
     Timeout,
 }
 
 /// One check's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckResult {
+    /// The step's `type`, e.g. `test_passes`.
     #[serde(rename = "type")]
     pub check_type: String,
+    /// The step's `target`, as given.
     pub target: String,
+    /// The step's description, as given.
     pub description: Option<String>,
+    /// How it ended.
     pub status: CheckStatus,
+    /// What the check printed or found (capped at `verification.check_output_cap_bytes`).
     pub output: String,
+    /// How long the check took.
     pub duration_ms: u64,
     /// Failed first, passed on the re-run. Counted as a pass in the report's summary, but
     /// the task cannot be `verified` with a flaky check (see the retry loop).
@@ -34,14 +45,21 @@ fn is_zero(v: &f64) -> bool {
     *v == 0.0
 }
 
+/// How a whole verification run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReportStatus {
+    /// Every check passed.
     Pass,
+    /// At least one check failed (and none errored or timed out).
     Fail,
+    /// At least one check could not be run.
     Error,
+    /// A check or the run's deadline ran out.
     Timeout,
+    /// The task asked for no verification (`skip_verification`).
     Skip,
+    /// The task has no steps: nothing to check, counted as verified.
     AutoPass,
 }
 
@@ -55,24 +73,39 @@ impl ReportStatus {
     }
 }
 
+/// Counts of the checks in a report by status.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
+    /// Checks run.
     pub total: u32,
+    /// Passed (a flaky pass included).
     pub passed: u32,
+    /// Failed.
     pub failed: u32,
+    /// Could not be run.
     pub errors: u32,
+    /// Ran out of time.
     pub timed_out: u32,
 }
 
+/// One verification run over a task's steps, as sent in `verification_report`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VerificationReport {
+    /// The task verified.
     pub task_id: String,
+    /// Which attempt, from 1.
     pub run_number: u32,
+    /// How the run ended overall.
     pub status: ReportStatus,
+    /// When it started, ms since the epoch.
     pub started_at: i64,
+    /// How long all checks took.
     pub duration_ms: u64,
+    /// The run's deadline (the task's `verification_timeout_ms` or the config's).
     pub timeout_ms: u64,
+    /// Each check, in the task's step order.
     pub checks: Vec<CheckResult>,
+    /// The checks counted by status.
     pub summary: Summary,
 }
 
@@ -140,6 +173,7 @@ impl VerificationReport {
 /// workspace during it.
 #[derive(Debug, Clone, Serialize)]
 pub struct AttemptRecord {
+    /// The attempt's verification report, its fields inlined.
     #[serde(flatten)]
     pub report: VerificationReport,
     /// What changed in the workspace during the attempt.

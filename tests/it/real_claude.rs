@@ -43,7 +43,7 @@ fn context(claude: &Path, api: &FakeAnthropic, workspace: &Path, home: &Path) ->
     config.executor.claude_retry_delays_ms = vec![];
     config.executor.claude_api_max_retries = 2;
     config.executor.standard_timeout_secs = 120;
-    config.verification.judge_backend = "claude".into();
+    config.verification.judge_backend = hub_sidecar::config::JudgeBackend::Claude;
     let mut env = ChildEnv::inherit();
     env.set("HOME", &home.display().to_string());
     env.set("ANTHROPIC_BASE_URL", &api.base_url());

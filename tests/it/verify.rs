@@ -610,7 +610,7 @@ printf '%s\n' '{"type":"result","subtype":"success","is_error":false,"result":"V
         dir.path(),
         json!({"description": "Write a greeting file",
             "verification_steps": [{"type": "llm_judge", "target": "hello.txt exists"}]}),
-        |c| c.verification.judge_backend = "claude".into(),
+        |c| c.verification.judge_backend = hub_sidecar::config::JudgeBackend::Claude,
     );
     let path = format!(
         "{}:{}",

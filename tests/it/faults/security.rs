@@ -194,13 +194,14 @@ fn plaintext_ws_is_loopback_only_by_address_not_by_prefix() {
 async fn plaintext_ws_to_a_remote_host_is_warned_about_at_startup() {
     let hub = hub().await;
     let dir = tempfile::tempdir().unwrap();
-    // A host that is not loopback and that fails URL parsing before any lookup or packet:
-    // the network rules here forbid traffic to non-loopback addresses (DNS included).
+    // A host that is not a loopback address yet needs no lookup and sends no packet off this
+    // machine (the network rules here forbid that, DNS included): 0.0.0.0 reaches this host,
+    // and nothing listens on port 1.
     let config = write_config(
         &hub,
         dir.path(),
         "test-token",
-        "hub_url = \"ws://remote hub:4000/ws\"\n",
+        "hub_url = \"ws://0.0.0.0:1/ws\"\n",
     );
     // write_config wrote the mock's URL; TOML forbids a duplicate key, so drop that line.
     let text = std::fs::read_to_string(&config).unwrap();
@@ -283,7 +284,7 @@ async fn wss_verifies_the_certificate_and_trusts_ca_file() {
     // Without ca_file: the test CA is unknown, the handshake is refused, nothing identifies.
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(&hub, dir.path());
-    c.hub_url = url.clone();
+    c.hub_url = url.parse().unwrap();
     let d = spawn(c);
     assert!(
         wait_until(|| failures.load(Ordering::SeqCst) >= 2, T).await,
@@ -299,7 +300,7 @@ async fn wss_verifies_the_certificate_and_trusts_ca_file() {
     // With ca_file: identified over TLS, and a task goes through.
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(&hub, dir.path());
-    c.hub_url = url;
+    c.hub_url = url.parse().unwrap();
     c.ca_file = Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures/ca.pem"));
     let d = spawn(c);
     hub.wait_for_type("identify", T)

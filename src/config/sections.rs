@@ -1,0 +1,312 @@
+//! The validated sections of [`super::Config`]: `[progress]`, `[executor]`, `[verification]`,
+//! `[env]`, `[git]`, `[sandbox]` and `[recorder]`, each with its built-in defaults, plus the
+//! enums a key is parsed into. What the file may say is in `super::raw`; these are what the
+//! rest of the crate reads.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `[progress]`: coalescing of `task_progress` under the hub's shared "normal" budget.
+#[derive(Debug, Clone)]
+pub struct ProgressConfig {
+    /// Bucket size, as the hub's (60).
+    pub capacity: u32,
+    /// Refill per minute, as the hub's (60).
+    pub refill_per_minute: u32,
+    /// Tokens progress may never use: kept for accepted/complete/failed frames.
+    pub reserve: u32,
+    /// Minimum gap between two progress frames.
+    pub min_interval_ms: u64,
+    /// Cap on one frame's text (tail kept).
+    pub max_text_bytes: usize,
+    /// A quiet task still sends a progress frame this often (hub stale-task sweep).
+    pub heartbeat_secs: u64,
+}
+
+impl Default for ProgressConfig {
+    fn default() -> Self {
+        ProgressConfig {
+            capacity: 60,
+            refill_per_minute: 60,
+            reserve: 12,
+            min_interval_ms: 1_500,
+            max_text_bytes: 8 * 1024,
+            heartbeat_secs: 45,
+        }
+    }
+}
+
+/// `[recorder]`: the flight record each task leaves under `state_dir/tasks/<task id>/`
+/// (read with `hub-sidecar tasks` / `show`). Retention removes the oldest records first.
+#[derive(Debug, Clone)]
+pub struct RecorderConfig {
+    /// Record tasks at all.
+    pub enabled: bool,
+    /// Most task records kept.
+    pub max_tasks: usize,
+    /// Most bytes all task records may take together.
+    pub max_total_bytes: u64,
+    /// Most bytes of streamed output and events one task's record keeps (its prompts,
+    /// reports, decisions and result are always kept, each string capped at 32 KiB).
+    pub max_task_bytes: u64,
+}
+
+impl Default for RecorderConfig {
+    fn default() -> Self {
+        RecorderConfig {
+            enabled: true,
+            max_tasks: 500,
+            max_total_bytes: 256 * 1024 * 1024,
+            max_task_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// `[executor]`: how tasks are run.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// Path to `claude`; found on PATH when unset.
+    pub claude_path: Option<PathBuf>,
+    /// Model passed to `claude --model` when the task names none.
+    pub claude_model: String,
+    /// Extra CLI args (a bypass permission mode is refused).
+    pub claude_extra_args: Vec<String>,
+    /// Tools allowed beyond what `--permission-mode acceptEdits` allows, passed as
+    /// `--allowedTools`, e.g. `["Bash(cargo:*)", "Bash(git diff:*)"]`.
+    pub claude_allowed_tools: Vec<String>,
+    /// `--max-turns` of one claude run.
+    pub claude_max_turns: u32,
+    /// `CLAUDE_CODE_MAX_RETRIES` in claude's env: the CLI's own retries of 429/5xx/network.
+    pub claude_api_max_retries: u32,
+    /// Kill a claude run whose stdout stays silent this long.
+    pub claude_idle_timeout_secs: u64,
+    /// After the `result` line, how long claude may take to exit before it is stopped.
+    pub claude_result_grace_ms: u64,
+    /// `options.num_ctx` of every Ollama call: the context window the model gets. Ollama
+    /// silently cuts the beginning of a longer prompt, so it is set explicitly and a prompt
+    /// that fills it is reported.
+    pub ollama_num_ctx: u32,
+    /// Let the agentic Ollama loop use a plain `http://` endpoint on another host. Off: tool
+    /// calls come from whoever answers on the network path, so only loopback or `https://`.
+    pub ollama_allow_insecure_remote: bool,
+    /// Model for Ollama when the routing decision names none.
+    pub ollama_model: String,
+    /// Per-HTTP-call timeout for Ollama.
+    pub ollama_timeout_secs: u64,
+    /// Shell default timeout when `metadata.timeout_ms` is absent.
+    pub shell_timeout_ms: u64,
+    /// Re-runs of a shell command that exited non-zero (not on timeout or cancel).
+    pub shell_retries: u32,
+    /// Execution timeout for trivial tasks (LLM executors).
+    pub trivial_timeout_secs: u64,
+    /// Execution timeout for standard and complex tasks (LLM executors).
+    pub standard_timeout_secs: u64,
+    /// SIGTERM → SIGKILL grace for a process group.
+    pub kill_grace_ms: u64,
+    /// Captured output kept per execution (head and tail).
+    pub output_cap_bytes: usize,
+    /// Retry delays for a failed `claude` process (ms).
+    pub claude_retry_delays_ms: Vec<u64>,
+    /// Retries of a failed Ollama HTTP call.
+    pub ollama_retries: u32,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig {
+            claude_path: None,
+            claude_model: "claude-sonnet-4-5".into(),
+            claude_extra_args: Vec::new(),
+            claude_allowed_tools: Vec::new(),
+            claude_max_turns: 50,
+            claude_api_max_retries: 4,
+            claude_idle_timeout_secs: 300,
+            claude_result_grace_ms: 2_000,
+            ollama_model: "qwen3:8b".into(),
+            ollama_num_ctx: 16_384,
+            ollama_allow_insecure_remote: false,
+            ollama_timeout_secs: 120,
+            shell_timeout_ms: 60_000,
+            shell_retries: 1,
+            trivial_timeout_secs: 600,
+            standard_timeout_secs: 1_800,
+            kill_grace_ms: 5_000,
+            output_cap_bytes: 1024 * 1024,
+            claude_retry_delays_ms: vec![2_000, 4_000, 8_000],
+            ollama_retries: 2,
+        }
+    }
+}
+
+/// The daily cost cap when the config sets none (USD).
+pub const DEFAULT_MAX_COST_USD_PER_DAY: f64 = 20.0;
+/// Corrective retries allowed when the config sets no ceiling.
+pub const DEFAULT_RETRY_CEILING: u32 = 3;
+
+/// `[verification]`: checks and the corrective-retry loop.
+#[derive(Debug, Clone)]
+pub struct VerificationConfig {
+    /// Global deadline of one verification run when the task gives none.
+    pub timeout_ms: u64,
+    /// Corrective retries for `run-task` when the task file gives none. Hub tasks always
+    /// carry the hub's own value (5 when the submitter gave none), which wins.
+    pub default_max_retries: u32,
+    /// Re-run a failed command check once before blaming the LLM.
+    pub flaky_rerun: bool,
+    /// Captured output kept per check.
+    pub check_output_cap_bytes: usize,
+    /// Per-task cost cap (USD) when the task gives none.
+    pub max_cost_usd_per_task: Option<f64>,
+    /// Daily cost cap (USD, UTC day) for this daemon, persisted across restarts.
+    /// On by default ([`DEFAULT_MAX_COST_USD_PER_DAY`]).
+    pub max_cost_usd_per_day: Option<f64>,
+    /// Local ceiling on corrective retries, whatever the task asks (the hub fills in 5).
+    pub retry_ceiling: u32,
+    /// Who answers `llm_judge` checks.
+    pub judge_backend: JudgeBackend,
+    /// Model of the judge; unset: the task's selected model, else the backend's default.
+    pub judge_model: Option<String>,
+    /// `llm_judge` passes only at or above this confidence.
+    pub judge_min_confidence: f64,
+}
+
+impl Default for VerificationConfig {
+    fn default() -> Self {
+        VerificationConfig {
+            timeout_ms: 120_000,
+            default_max_retries: 0,
+            flaky_rerun: true,
+            check_output_cap_bytes: 64 * 1024,
+            max_cost_usd_per_task: None,
+            max_cost_usd_per_day: Some(DEFAULT_MAX_COST_USD_PER_DAY),
+            retry_ceiling: DEFAULT_RETRY_CEILING,
+            judge_backend: JudgeBackend::Ollama,
+            judge_model: None,
+            judge_min_confidence: 0.85,
+        }
+    }
+}
+
+/// Who answers `llm_judge` checks (`verification.judge_backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JudgeBackend {
+    /// The Ollama endpoint of the task (or `ollama_url`); costs nothing.
+    Ollama,
+    /// The `claude` CLI; its cost counts against the task's and the day's caps.
+    Claude,
+}
+
+impl JudgeBackend {
+    /// The value as written in the config: `ollama` or `claude`. Empty means `ollama`, as in
+    /// the Node sidecar's config.json.
+    pub fn parse(value: &str) -> Option<JudgeBackend> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "ollama" | "" => Some(JudgeBackend::Ollama),
+            "claude" => Some(JudgeBackend::Claude),
+            _ => None,
+        }
+    }
+}
+
+/// How hard the daemon confines what tasks run (`containment` in the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Containment {
+    /// Every layer or no task: a task that cannot be confined fully is refused.
+    Strict,
+    /// Every layer the kernel supports; the missing ones are logged once at start.
+    BestEffort,
+    /// No confinement beyond process groups and environment scrubbing.
+    Off,
+}
+
+/// `[sandbox]`: the paths and limits of containment.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// More trees children may read (and execute), e.g. a toolchain outside PATH.
+    pub read_paths: Vec<PathBuf>,
+    /// More trees children may write, e.g. a shared build cache. Each one widens what a
+    /// hostile agent can change: keep it short.
+    pub write_paths: Vec<PathBuf>,
+    /// Private writable memory per process (RLIMIT_DATA), MiB; 0: no limit.
+    pub max_memory_mb: u64,
+    /// Processes and threads of the service user (RLIMIT_NPROC); 0: no limit.
+    pub max_processes: u64,
+    /// Largest file a child may write (RLIMIT_FSIZE), MiB; 0: no limit.
+    pub max_file_size_mb: u64,
+    /// Open files per process (RLIMIT_NOFILE); 0: no limit.
+    pub max_open_files: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            read_paths: Vec::new(),
+            write_paths: Vec::new(),
+            max_memory_mb: 8 * 1024,
+            max_processes: 4096,
+            max_file_size_mb: 4 * 1024,
+            max_open_files: 4096,
+        }
+    }
+}
+
+/// `[env]`: what child processes inherit.
+#[derive(Debug, Clone)]
+pub struct EnvConfig {
+    /// When non-empty, only these variables pass to children (plus PATH, HOME, LANG, LC_ALL,
+    /// TERM, USER and TMPDIR, which always do).
+    pub allow: Vec<String>,
+    /// Never passed to children (on top of the daemon's own `HUB_SIDECAR_*`).
+    pub deny: Vec<String>,
+}
+
+impl Default for EnvConfig {
+    fn default() -> Self {
+        EnvConfig {
+            allow: Vec::new(),
+            deny: vec!["AWS_SECRET_ACCESS_KEY".into(), "GITHUB_TOKEN".into()],
+        }
+    }
+}
+
+/// `[git]`: managed workspaces and the branch → commit → push → pull request workflow.
+#[derive(Debug, Clone)]
+pub struct GitConfig {
+    /// Branch, commit, push and open a PR when the workspace is a git repo with a remote.
+    pub enabled: bool,
+    /// Commit author name (passed as `-c user.name=`, so no global git config is needed).
+    pub author_name: String,
+    /// Commit author email.
+    pub author_email: String,
+    /// Push `partial_pass` work too, as a draft pull request.
+    pub push_drafts: bool,
+    /// GitHub user or team asked to review every pull request (`gh pr create --reviewer`).
+    pub reviewer: Option<String>,
+    /// Bound on network git calls: clone, fetch, push (seconds).
+    pub clone_timeout_secs: u64,
+    /// Bound on local git calls and `gh` (seconds).
+    pub command_timeout_secs: u64,
+    /// Path to `gh`; found on the child PATH when unset. No `gh`: no pull request.
+    pub gh_path: Option<PathBuf>,
+    /// Hub HTTP API for risk classification; default derived from `hub_url`
+    /// (`ws` → `http`, `wss` → `https`, path dropped).
+    pub hub_api_url: Option<String>,
+}
+
+impl Default for GitConfig {
+    fn default() -> Self {
+        GitConfig {
+            enabled: true,
+            author_name: "hub-sidecar".into(),
+            author_email: "hub-sidecar@localhost".into(),
+            push_drafts: false,
+            reviewer: None,
+            clone_timeout_secs: 300,
+            command_timeout_secs: 120,
+            gh_path: None,
+            hub_api_url: None,
+        }
+    }
+}
