@@ -10,6 +10,7 @@ mod fake_anthropic;
 mod fakes;
 mod faults;
 mod git;
+mod harness;
 mod hub_restart;
 mod manifest;
 mod ops;
