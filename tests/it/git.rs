@@ -8,15 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use hub_sidecar::config::Config;
-use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
+use hub_sidecar::mock_hub::{sample_shell_task, MockHub};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::harness::Harness;
 use crate::util::*;
-
-async fn hub() -> MockHub {
-    MockHub::start(MockHubOptions::default()).await.unwrap()
-}
 
 /// Run git synchronously (only while the daemon is idle: tests are single-threaded).
 pub(crate) fn git(cwd: &Path, args: &[&str]) -> String {
@@ -243,25 +240,23 @@ pub(crate) fn base_cfg(hub: &MockHub, dir: &Path) -> Config {
 
 #[tokio::test]
 async fn first_task_clones_second_reuses_and_resets_the_workspace() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     // Without the branch workflow, task 1's edits stay in the workspace: exactly what the
     // reset before task 2 must undo.
     c.git.enabled = false;
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     // A plain path works as a repository URL too.
     let repo = remote.path().display().to_string();
 
-    hub.assign(shell_task(
+    h.assign(shell_task(
         "ws-1",
         "git rev-parse --abbrev-ref HEAD; echo stray > stray.txt; echo changed > README; mkdir build; echo o > build/cache",
         &repo,
         "Make a mess",
     ));
-    let done = terminal(&hub, "ws-1").await;
+    let done = terminal(h.hub(), "ws-1").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     assert_eq!(
         done["result"]["output"].as_str().unwrap().trim(),
@@ -269,13 +264,13 @@ async fn first_task_clones_second_reuses_and_resets_the_workspace() {
         "the clone is on origin's default branch"
     );
 
-    hub.assign(shell_task(
+    h.assign(shell_task(
         "ws-2",
         "git rev-parse --abbrev-ref HEAD; ls -A; cat README; git status --porcelain",
         &repo,
         "Look around",
     ));
-    let done = terminal(&hub, "ws-2").await;
+    let done = terminal(h.hub(), "ws-2").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     let out = done["result"]["output"].as_str().unwrap();
     assert!(out.starts_with("trunk\n"), "{out}");
@@ -285,7 +280,7 @@ async fn first_task_clones_second_reuses_and_resets_the_workspace() {
     assert!(!out.contains("changed"), "{out}");
 
     // Both tasks used clones in state_dir/workspaces, no lock left behind.
-    let entries: Vec<String> = std::fs::read_dir(dir.path().join("workspaces"))
+    let entries: Vec<String> = std::fs::read_dir(h.dir().join("workspaces"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
@@ -294,34 +289,31 @@ async fn first_task_clones_second_reuses_and_resets_the_workspace() {
         "lock left: {entries:?}"
     );
     assert_eq!(entries.len(), 1, "one clone, reused: {entries:?}");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_task_reuses_its_clone_when_the_same_url_is_given_again() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.git.enabled = false;
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(shell_task(
+    let h = s.start(c).await;
+    h.assign(shell_task(
         "re-1",
         "echo stray > stray.txt; echo x >> README",
         &remote.url(),
         "a",
     ));
-    assert_eq!(terminal(&hub, "re-1").await["type"], "task_complete");
+    assert_eq!(terminal(h.hub(), "re-1").await["type"], "task_complete");
     // Someone pushes to trunk in between: the next task sees it (fetch + hard reset).
     let seed = remote.dir.path().join("seed");
     std::fs::write(seed.join("NEW"), "new\n").unwrap();
     git(&seed, &["add", "-A"]);
     git(&seed, &["commit", "-q", "-m", "upstream"]);
     git(&seed, &["push", "-q", "origin", "trunk"]);
-    hub.assign(shell_task("re-2", "ls -A; cat README", &remote.url(), "b"));
-    let done = terminal(&hub, "re-2").await;
+    h.assign(shell_task("re-2", "ls -A; cat README", &remote.url(), "b"));
+    let done = terminal(h.hub(), "re-2").await;
     let out = done["result"]["output"].as_str().unwrap();
     assert!(
         out.contains("NEW"),
@@ -329,22 +321,20 @@ async fn a_task_reuses_its_clone_when_the_same_url_is_given_again() {
     );
     assert!(!out.contains("stray.txt"), "{out}");
     assert!(!out.contains("\nx\n") && !out.ends_with("x\n"), "{out}");
-    let clones = std::fs::read_dir(dir.path().join("workspaces"))
+    let clones = std::fs::read_dir(h.dir().join("workspaces"))
         .unwrap()
         .count();
     assert_eq!(clones, 1, "one clone per URL");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn verified_task_pushes_exactly_its_commit_opens_a_pr_and_is_classified() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
     let gh = Gh::new(false);
     let classify = Classify::start(200, r#"{"tier":1,"reason":"small change"}"#).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.git.gh_path = Some(gh.path());
     // The stand-in records its calls beside itself, outside any workspace.
     c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
@@ -352,8 +342,7 @@ async fn verified_task_pushes_exactly_its_commit_opens_a_pr_and_is_classified() 
     c.git.hub_api_url = Some(classify.url.clone());
     c.git.author_name = "Sidecar Bot".into();
     c.git.author_email = "bot@example.test".into();
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
 
     let mut t = shell_task(
         "task-push-0001",
@@ -364,8 +353,8 @@ async fn verified_task_pushes_exactly_its_commit_opens_a_pr_and_is_classified() 
     t["success_criteria"] = json!(["hello.txt exists"]);
     t["verification_steps"] = json!([{"type": "file_exists", "target": "hello.txt"}]);
     t["metadata"]["priority"] = json!("high");
-    hub.assign(t);
-    let done = terminal(&hub, "task-push-0001").await;
+    h.assign(t);
+    let done = terminal(h.hub(), "task-push-0001").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     let r = &done["result"];
     assert_eq!(r["verification_status"], "verified");
@@ -437,26 +426,23 @@ async fn verified_task_pushes_exactly_its_commit_opens_a_pr_and_is_classified() 
         body,
         json!({"lines_added": 2, "lines_deleted": 0, "files_changed": 2, "tests_touched": 1})
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn pr_and_classification_failures_are_reported_not_fatal() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
     let gh = Gh::new(true);
     let classify = Classify::start(500, r#"{"error":"boom"}"#).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.git.gh_path = Some(gh.path());
     // The stand-in records its calls beside itself, outside any workspace.
     c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     c.git.hub_api_url = Some(classify.url.clone());
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(shell_task("pf-1", "echo a > a.txt", &remote.url(), "Add a"));
-    let done = terminal(&hub, "pf-1").await;
+    let h = s.start(c).await;
+    h.assign(shell_task("pf-1", "echo a > a.txt", &remote.url(), "Add a"));
+    let done = terminal(h.hub(), "pf-1").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     let r = &done["result"];
     assert_eq!(r["verification_status"], "verified");
@@ -476,24 +462,21 @@ async fn pr_and_classification_failures_are_reported_not_fatal() {
         .branches()
         .iter()
         .any(|b| b == r["branch"].as_str().unwrap()));
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn nothing_to_commit_pushes_nothing_and_says_so() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
     let gh = Gh::new(false);
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.git.gh_path = Some(gh.path());
     // The stand-in records its calls beside itself, outside any workspace.
     c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(shell_task("noop-1", "true", &remote.url(), "Do nothing"));
-    let done = terminal(&hub, "noop-1").await;
+    let h = s.start(c).await;
+    h.assign(shell_task("noop-1", "true", &remote.url(), "Do nothing"));
+    let done = terminal(h.hub(), "noop-1").await;
     let r = &done["result"];
     assert_eq!(r["verification_status"], "verified", "{done}");
     assert_eq!(r["pushed"], false);
@@ -507,8 +490,7 @@ async fn nothing_to_commit_pushes_nothing_and_says_so() {
     assert!(r.get("commit").is_none());
     assert_eq!(remote.branches(), vec!["trunk"]);
     assert!(gh.argv().is_none(), "no PR without a commit");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 /// A stand-in `claude` (test double speaking the real stream-json format) that edits a file
@@ -545,21 +527,19 @@ fn claude_task(id: &str, repo: &str) -> Value {
 
 #[tokio::test]
 async fn partial_pass_with_push_drafts_opens_a_draft_pr() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
     let gh = Gh::new(false);
     let (_bin, claude) = stand_in_claude();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.git.gh_path = Some(gh.path());
     // The stand-in records its calls beside itself, outside any workspace.
     c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     c.git.push_drafts = true;
     c.executor.claude_path = Some(claude);
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(claude_task("draft-1", &remote.url()));
-    let done = terminal(&hub, "draft-1").await;
+    let h = s.start(c).await;
+    h.assign(claude_task("draft-1", &remote.url()));
+    let done = terminal(h.hub(), "draft-1").await;
     let r = &done["result"];
     assert_eq!(r["verification_status"], "partial_pass", "{done}");
     assert_eq!(r["pushed"], true, "{r}");
@@ -568,26 +548,23 @@ async fn partial_pass_with_push_drafts_opens_a_draft_pr() {
     let argv = gh.argv().expect("gh called");
     assert!(argv.iter().any(|a| a == "--draft"), "{argv:?}");
     assert!(gh.body().contains("| 1 | fail | 0 | 1 |"), "{}", gh.body());
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn partial_pass_pushes_nothing() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
     let gh = Gh::new(false);
     let (_bin, claude) = stand_in_claude();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.git.gh_path = Some(gh.path());
     // The stand-in records its calls beside itself, outside any workspace.
     c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
     c.executor.claude_path = Some(claude);
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(claude_task("pp-1", &remote.url()));
-    let done = terminal(&hub, "pp-1").await;
+    let h = s.start(c).await;
+    h.assign(claude_task("pp-1", &remote.url()));
+    let done = terminal(h.hub(), "pp-1").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     let r = &done["result"];
     assert_eq!(r["verification_status"], "partial_pass", "{r}");
@@ -602,17 +579,15 @@ async fn partial_pass_pushes_nothing() {
         "partial_pass pushed a branch"
     );
     assert!(gh.argv().is_none());
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn credentials_in_the_repo_url_never_reach_logs_or_the_hub() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&hub, dir.path(), "test-token", "");
-    let mut bin = Bin::start(dir.path(), &config, &[("RUST_LOG", "debug")]);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let s = Harness::setup().await;
+    let mut h = s
+        .start_bin("test-token", "", &[("RUST_LOG", "debug")])
+        .await;
     let mut t = shell_task(
         "cred-1",
         "true",
@@ -620,14 +595,14 @@ async fn credentials_in_the_repo_url_never_reach_logs_or_the_hub() {
         "Touch the secret repo",
     );
     t["verification_steps"] = json!([]);
-    hub.assign(t);
-    let done = hub
+    h.assign(t);
+    let done = h
         .wait_for(
             |f| f["type"] == "task_failed" && f["task_id"] == "cred-1",
             T,
         )
         .await
-        .unwrap_or_else(|| panic!("no task_failed; daemon log:\n{}", bin.logs()));
+        .unwrap_or_else(|| panic!("no task_failed; daemon log:\n{}", h.bin().logs()));
     let reason = done["reason"].as_str().unwrap();
     assert!(reason.contains("git clone failed"), "{reason}");
     assert!(
@@ -635,36 +610,34 @@ async fn credentials_in_the_repo_url_never_reach_logs_or_the_hub() {
         "names the repo: {reason}"
     );
     assert!(!reason.contains("s3cretpass"), "{reason}");
-    for f in hub.received() {
+    for f in h.received() {
         assert!(
             !f.to_string().contains("s3cretpass"),
             "leaked to the hub: {f}"
         );
     }
-    bin.signal("TERM");
-    bin.wait(T).await;
-    let logs = bin.logs();
+    h.bin().signal("TERM");
+    h.bin_mut().wait(T).await;
+    let logs = h.bin().logs();
     assert!(logs.contains("git step"), "debug git logs expected: {logs}");
     assert!(!logs.contains("s3cretpass"), "leaked to the log:\n{logs}");
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn shell_metacharacters_in_the_description_stay_inert() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
     let gh = Gh::new(false);
-    let dir = tempfile::tempdir().unwrap();
-    let pwned = dir.path().join("pwned");
+    let pwned = s.dir().join("pwned");
     let desc = format!("$(touch {}) `id` ; rm -rf ~ | & > <", pwned.display());
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.git.gh_path = Some(gh.path());
     // The stand-in records its calls beside itself, outside any workspace.
     c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(shell_task("meta-1", "echo m > m.txt", &remote.url(), &desc));
-    let done = terminal(&hub, "meta-1").await;
+    let h = s.start(c).await;
+    h.assign(shell_task("meta-1", "echo m > m.txt", &remote.url(), &desc));
+    let done = terminal(h.hub(), "meta-1").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     let branch = done["result"]["branch"].as_str().unwrap().to_string();
     assert!(
@@ -681,31 +654,29 @@ async fn shell_metacharacters_in_the_description_stay_inert() {
     let subject = remote.git(&["log", "-1", "--format=%s", &branch]);
     assert_eq!(subject.trim(), desc);
     assert!(!pwned.exists(), "the description was executed");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_reassigned_task_recreates_its_branch_and_force_pushes_with_lease() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(base_cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(shell_task(
+    let cfg = base_cfg(&s.hub, s.dir());
+    let h = s.start(cfg).await;
+    h.assign(shell_task(
         "again-1",
         "echo one > one.txt",
         &remote.url(),
         "Redo me",
     ));
-    let first = terminal(&hub, "again-1").await;
+    let first = terminal(h.hub(), "again-1").await;
     assert_eq!(first["result"]["pushed"], true, "{first}");
-    assert!(wait_until(|| hub.acked_terminal("again-1") == 1, T).await);
+    assert!(wait_until(|| h.acked_terminal("again-1") == 1, T).await);
     // The hub re-queues the task: same id, next generation, different work.
     let mut t = shell_task("again-1", "echo two > two.txt", &remote.url(), "Redo me");
     t["generation"] = json!(2);
-    hub.assign(t);
-    let second = hub
+    h.assign(t);
+    let second = h
         .wait_for(
             |f| f["type"] == "task_complete" && f["task_id"] == "again-1" && f["generation"] == 2,
             T,
@@ -724,31 +695,28 @@ async fn a_reassigned_task_recreates_its_branch_and_force_pushes_with_lease() {
     );
     let files = remote.git(&["show", "--name-only", "--format=", branch]);
     assert_eq!(files.trim(), "two.txt");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_dirty_repo_dir_is_stashed_never_mixed_into_the_task_commit() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
-    let dir = tempfile::tempdir().unwrap();
     // An operator's checkout with uncommitted work, used as repo_dir.
-    let work = dir.path().join("checkout");
-    git(dir.path(), &["clone", "-q", &remote.url(), "checkout"]);
+    let work = s.dir().join("checkout");
+    git(s.dir(), &["clone", "-q", &remote.url(), "checkout"]);
     std::fs::write(work.join("README"), "operator's edit\n").unwrap();
     std::fs::write(work.join("notes.txt"), "mine\n").unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.repo_dir = Some(work.clone());
     // A push from an operator's directory to a remote on local disk needs that remote in
     // the sandbox's write paths (a managed clone's local remote is granted by itself).
     c.sandbox.write_paths.push(remote.path().to_path_buf());
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     let mut t = sample_shell_task("dirty-1", "echo task > task.txt");
     t["description"] = json!("Task on a dirty tree");
-    hub.assign(t);
-    let done = terminal(&hub, "dirty-1").await;
+    h.assign(t);
+    let done = terminal(h.hub(), "dirty-1").await;
     let r = &done["result"];
     assert_eq!(r["pushed"], true, "{done}");
     let branch = r["branch"].as_str().unwrap();
@@ -763,8 +731,7 @@ async fn a_dirty_repo_dir_is_stashed_never_mixed_into_the_task_commit() {
         stash.contains("uncommitted work found before task dirty-1"),
         "{stash}"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 /// A managed clone's git directory is outside the workspace and read-only to the task: the
@@ -772,18 +739,17 @@ async fn a_dirty_repo_dir_is_stashed_never_mixed_into_the_task_commit() {
 /// its work.
 #[tokio::test]
 async fn the_executor_cannot_write_the_git_directory_its_work_is_committed_by_the_daemon() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(base_cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(shell_task(
+    let cfg = base_cfg(&s.hub, s.dir());
+    let h = s.start(cfg).await;
+    h.assign(shell_task(
         "self-1",
         "echo s > s.txt; git log --oneline | head -1; if git add s.txt 2>/dev/null; then echo WROTE-GIT-DIR; fi; if echo x >> \"$(git rev-parse --git-dir)/config\"; then echo WROTE-CONFIG; fi; true",
         &remote.url(),
         "Commit by yourself",
     ));
-    let done = terminal(&hub, "self-1").await;
+    let done = terminal(h.hub(), "self-1").await;
     let r = &done["result"];
     let out = r["output"].as_str().unwrap();
     assert!(out.contains("seed"), "history is readable: {done}");
@@ -796,20 +762,18 @@ async fn the_executor_cannot_write_the_git_directory_its_work_is_committed_by_th
     let log = remote.git(&["log", "--format=%s", &format!("trunk..{branch}")]);
     assert_eq!(log.trim(), "Commit by yourself");
     assert_eq!(r["diff_stats"]["files_changed"], 1);
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn command_running_transports_and_option_like_urls_are_refused() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let pwned = dir.path().join("pwned");
-    let d = spawn(base_cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
+    let s = Harness::setup().await;
+    let pwned = s.dir().join("pwned");
+    let cfg = base_cfg(&s.hub, s.dir());
+    let h = s.start(cfg).await;
     let ext = format!("ext::sh -c touch% {}", pwned.display());
-    hub.assign(shell_task("ext-1", "true", &ext, "ext transport"));
-    let done = terminal(&hub, "ext-1").await;
+    h.assign(shell_task("ext-1", "true", &ext, "ext transport"));
+    let done = terminal(h.hub(), "ext-1").await;
     assert_eq!(done["type"], "task_failed", "{done}");
     assert!(
         done["reason"]
@@ -819,13 +783,13 @@ async fn command_running_transports_and_option_like_urls_are_refused() {
         "{done}"
     );
     assert!(!pwned.exists(), "the ext:: transport ran a command");
-    hub.assign(shell_task(
+    h.assign(shell_task(
         "opt-1",
         "true",
         "--upload-pack=touch /tmp/x",
         "option",
     ));
-    let done = terminal(&hub, "opt-1").await;
+    let done = terminal(h.hub(), "opt-1").await;
     assert_eq!(done["type"], "task_failed", "{done}");
     assert!(
         done["reason"]
@@ -834,41 +798,35 @@ async fn command_running_transports_and_option_like_urls_are_refused() {
             .contains("not a repository URL"),
         "{done}"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_repo_dir_inside_a_repository_gets_no_git_workflow() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
-    let dir = tempfile::tempdir().unwrap();
-    git(dir.path(), &["clone", "-q", &remote.url(), "checkout"]);
-    let sub = dir.path().join("checkout/sub");
+    git(s.dir(), &["clone", "-q", &remote.url(), "checkout"]);
+    let sub = s.dir().join("checkout/sub");
     std::fs::create_dir(&sub).unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.repo_dir = Some(sub);
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(sample_shell_task("sub-1", "echo s > s.txt"));
-    let done = terminal(&hub, "sub-1").await;
+    let h = s.start(c).await;
+    h.assign(sample_shell_task("sub-1", "echo s > s.txt"));
+    let done = terminal(h.hub(), "sub-1").await;
     assert_eq!(done["result"]["verification_status"], "verified", "{done}");
     assert!(done["result"].get("branch").is_none(), "{done}");
     assert_eq!(remote.branches(), vec!["trunk"]);
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_live_lock_fails_the_task_and_a_dead_one_is_taken_over() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.git.enabled = false;
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    let root = dir.path().join("workspaces");
+    let h = s.start(c).await;
+    let root = h.dir().join("workspaces");
     std::fs::create_dir_all(&root).unwrap();
     let lock = root.join(format!(
         "{}.lock",
@@ -876,8 +834,8 @@ async fn a_live_lock_fails_the_task_and_a_dead_one_is_taken_over() {
     ));
     // Held by a live process (this one): the task must not share the clone.
     std::fs::write(&lock, format!("{}\n", std::process::id())).unwrap();
-    hub.assign(shell_task("lock-1", "true", &remote.url(), "locked"));
-    let done = terminal(&hub, "lock-1").await;
+    h.assign(shell_task("lock-1", "true", &remote.url(), "locked"));
+    let done = terminal(h.hub(), "lock-1").await;
     assert_eq!(done["type"], "task_failed", "{done}");
     assert!(
         done["reason"]
@@ -888,22 +846,20 @@ async fn a_live_lock_fails_the_task_and_a_dead_one_is_taken_over() {
     );
     // Left by a crashed run (a pid beyond pid_max cannot be alive): taken over.
     std::fs::write(&lock, "2147483000\n").unwrap();
-    hub.assign(shell_task("lock-2", "true", &remote.url(), "stale"));
-    let done = terminal(&hub, "lock-2").await;
+    h.assign(shell_task("lock-2", "true", &remote.url(), "stale"));
+    let done = terminal(h.hub(), "lock-2").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     assert!(!lock.exists(), "released after the task");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_task_without_repo_or_repo_dir_gets_a_temp_dir_removed_afterwards() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(base_cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(sample_shell_task("tmp-1", "pwd; echo x > x.txt"));
-    let done = terminal(&hub, "tmp-1").await;
+    let s = Harness::setup().await;
+    let cfg = base_cfg(&s.hub, s.dir());
+    let h = s.start(cfg).await;
+    h.assign(sample_shell_task("tmp-1", "pwd; echo x > x.txt"));
+    let done = terminal(h.hub(), "tmp-1").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     let cwd = done["result"]["output"]
         .as_str()
@@ -913,8 +869,8 @@ async fn a_task_without_repo_or_repo_dir_gets_a_temp_dir_removed_afterwards() {
         .unwrap()
         .to_string();
     assert!(
-        cwd.starts_with(&dir.path().canonicalize().unwrap().display().to_string())
-            || cwd.starts_with(&dir.path().display().to_string()),
+        cwd.starts_with(&h.dir().canonicalize().unwrap().display().to_string())
+            || cwd.starts_with(&h.dir().display().to_string()),
         "{cwd}"
     );
     assert!(done["result"].get("branch").is_none());
@@ -922,13 +878,12 @@ async fn a_task_without_repo_or_repo_dir_gets_a_temp_dir_removed_afterwards() {
         !Path::new(&cwd).exists(),
         "temp workspace {cwd} left behind"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_task_branch_is_the_base_of_workspace_and_pull_request() {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
     let seed = remote.dir.path().join("seed");
     git(&seed, &["checkout", "-q", "-b", "release"]);
@@ -937,13 +892,11 @@ async fn a_task_branch_is_the_base_of_workspace_and_pull_request() {
     git(&seed, &["commit", "-q", "-m", "release"]);
     git(&seed, &["push", "-q", "origin", "release"]);
     let gh = Gh::new(false);
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.git.gh_path = Some(gh.path());
     // The stand-in records its calls beside itself, outside any workspace.
     c.sandbox.write_paths.push(gh.dir.path().to_path_buf());
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     let mut t = shell_task(
         "rel-1",
         "cat RELEASE; echo fix > fix.txt",
@@ -951,8 +904,8 @@ async fn a_task_branch_is_the_base_of_workspace_and_pull_request() {
         "Fix release",
     );
     t["branch"] = json!("release");
-    hub.assign(t);
-    let done = terminal(&hub, "rel-1").await;
+    h.assign(t);
+    let done = terminal(h.hub(), "rel-1").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     assert!(
         done["result"]["output"].as_str().unwrap().contains("1.0"),
@@ -966,8 +919,8 @@ async fn a_task_branch_is_the_base_of_workspace_and_pull_request() {
     // A branch the remote does not have fails clearly.
     let mut t = shell_task("rel-2", "true", &remote.url(), "No such branch");
     t["branch"] = json!("nope");
-    hub.assign(t);
-    let done = terminal(&hub, "rel-2").await;
+    h.assign(t);
+    let done = terminal(h.hub(), "rel-2").await;
     assert_eq!(done["type"], "task_failed", "{done}");
     assert!(
         done["reason"]
@@ -976,6 +929,5 @@ async fn a_task_branch_is_the_base_of_workspace_and_pull_request() {
             .contains("branch `nope` does not exist on origin"),
         "{done}"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }

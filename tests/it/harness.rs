@@ -20,7 +20,7 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
 use hub_sidecar::config::Config;
-use hub_sidecar::daemon::ExitReason;
+use hub_sidecar::daemon::{ExitReason, Shutdown};
 use hub_sidecar::mock_hub::{MockHub, MockHubOptions};
 use hub_sidecar::ops::Ops;
 use serde_json::Value;
@@ -149,11 +149,19 @@ impl Harness {
         }
     }
 
-    /// The binary daemon ([`Setup::start_bin`]).
-    pub fn bin(&mut self) -> &mut Bin {
-        match &mut self.daemon {
+    /// The binary daemon ([`Setup::start_bin`]): its pid, signals, logs.
+    pub fn bin(&self) -> &Bin {
+        match &self.daemon {
             Daemon::Bin(b) => b,
             _ => panic!("bin() needs the binary daemon (Setup::start_bin)"),
+        }
+    }
+
+    /// The binary daemon, to wait for or kill it.
+    pub fn bin_mut(&mut self) -> &mut Bin {
+        match &mut self.daemon {
+            Daemon::Bin(b) => b,
+            _ => panic!("bin_mut() needs the binary daemon (Setup::start_bin)"),
         }
     }
 
@@ -223,19 +231,57 @@ impl Harness {
 
     /// Drain-stop the in-process daemon and return why it stopped; the harness stays for
     /// assertions on what it left behind (then [`Harness::finish`] or drop).
-    pub async fn stop(&mut self) -> ExitReason {
+    pub async fn stop_daemon(&mut self) -> ExitReason {
         match std::mem::replace(&mut self.daemon, Daemon::Stopped) {
             Daemon::InProc(d) => d.stop().await,
-            _ => panic!("stop() needs the running in-process daemon"),
+            _ => panic!("stop_daemon() needs the running in-process daemon"),
+        }
+    }
+
+    /// The binary daemon's config file ([`Setup::start_bin`]).
+    pub fn config_path(&self) -> PathBuf {
+        self.dir().join("hub-sidecar.toml")
+    }
+
+    /// Start the binary again with the same config (the previous process must have
+    /// exited or been killed); does not wait for its identify.
+    pub fn start_bin_again(&mut self, envs: &[(&str, &str)]) {
+        if let Daemon::Bin(b) = &mut self.daemon {
+            assert!(
+                b.child.try_wait().ok().flatten().is_some(),
+                "start_bin_again() while the previous binary still runs"
+            );
+        }
+        self.daemon = Daemon::Bin(Bin::start(self.dir(), &self.config_path(), envs));
+    }
+
+    /// The in-process daemon's stop tokens, for tests of the stop stages themselves.
+    pub fn shutdown(&self) -> &Shutdown {
+        match &self.daemon {
+            Daemon::InProc(d) => &d.shutdown,
+            _ => panic!("shutdown() needs the in-process daemon (Setup::start)"),
+        }
+    }
+
+    /// Wait (unbounded: wrap it in a timeout) for the in-process daemon to return after a
+    /// stop the test requested through [`Harness::shutdown`].
+    pub async fn exited(&mut self) -> ExitReason {
+        match std::mem::replace(&mut self.daemon, Daemon::Stopped) {
+            Daemon::InProc(d) => d
+                .handle
+                .await
+                .expect("daemon task panicked")
+                .expect("daemon returned an error"),
+            _ => panic!("exited() needs the running in-process daemon"),
         }
     }
 
     /// Start the daemon again in-process with `cfg` (the previous one must be stopped) and
     /// wait for its `n`-th identify overall.
-    pub async fn restart(&mut self, cfg: Config, nth_identify: usize) {
+    pub async fn restart_daemon(&mut self, cfg: Config, nth_identify: usize) {
         assert!(
             matches!(self.daemon, Daemon::Stopped),
-            "restart() while a daemon still runs"
+            "restart_daemon() while a daemon still runs"
         );
         self.daemon = Daemon::InProc(util::spawn(cfg));
         self.identified_nth(nth_identify).await;

@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::harness::Harness;
 use crate::util::*;
 
 async fn hub() -> MockHub {
@@ -65,21 +66,18 @@ fn gated_task(task_id: &str, dir: &Path) -> (Value, PathBuf, PathBuf) {
 
 #[tokio::test]
 async fn first_sigterm_drains_refuses_new_work_delivers_the_result_and_exits_0() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&hub, dir.path(), "test-token", "");
-    let mut bin = Bin::start(dir.path(), &config, &[]);
-    hub.wait_for_type("identify", T).await.unwrap();
-    let (task, started, go) = gated_task("drain-me", &probe(dir.path()));
-    hub.assign(task);
-    hub.wait_for_type("task_accepted", T).await.unwrap();
+    let s = Harness::setup().await;
+    let mut h = s.start_bin("test-token", "", &[]).await;
+    let (task, started, go) = gated_task("drain-me", &probe(h.dir()));
+    h.assign(task);
+    h.wait_for_type("task_accepted", T).await.unwrap();
     assert!(wait_until(|| started.exists(), T).await);
 
-    bin.signal("TERM");
-    wait_log(&bin, "stop requested").await;
+    h.bin().signal("TERM");
+    wait_log(h.bin(), "stop requested").await;
     // Busy and draining: a new assignment is refused as shutting down, never run.
-    hub.assign(sample_shell_task("while-draining", "echo never-run"));
-    let refused = hub
+    h.assign(sample_shell_task("while-draining", "echo never-run"));
+    let refused = h
         .wait_for(
             |f| f["type"] == "task_failed" && f["task_id"] == "while-draining",
             T,
@@ -87,21 +85,21 @@ async fn first_sigterm_drains_refuses_new_work_delivers_the_result_and_exits_0()
         .await
         .expect("assignment during drain refused");
     assert_eq!(refused["reason"], "sidecar_shutting_down");
-    assert!(wait_until(|| hub.acked_terminal("while-draining") == 1, T).await);
+    assert!(wait_until(|| h.acked_terminal("while-draining") == 1, T).await);
 
     // The running task finishes; its result is withheld (swallowed) once so the daemon is
     // idle-but-draining for a moment: an assignment now gets sidecar_shutting_down.
-    hub.set_ack_terminal(false);
+    h.set_ack_terminal(false);
     std::fs::write(&go, b"").unwrap();
-    hub.wait_for(
+    h.wait_for(
         |f| f["type"] == "task_complete" && f["task_id"] == "drain-me",
         T,
     )
     .await
     .expect("the drained task's result");
-    hub.assign(sample_shell_task("after-finish", "echo never-run"));
-    hub.set_ack_terminal(true);
-    let late = hub
+    h.assign(sample_shell_task("after-finish", "echo never-run"));
+    h.set_ack_terminal(true);
+    let late = h
         .wait_for(
             |f| f["type"] == "task_failed" && f["task_id"] == "after-finish",
             T,
@@ -110,95 +108,92 @@ async fn first_sigterm_drains_refuses_new_work_delivers_the_result_and_exits_0()
         .expect("assignment after the task finished refused");
     assert_eq!(late["reason"], "sidecar_shutting_down");
 
-    assert_eq!(bin.wait(T).await, Some(0), "exit code after a drain");
-    assert_eq!(hub.acked_terminal("drain-me"), 1, "result acked once");
-    let done = hub
+    assert_eq!(
+        h.bin_mut().wait(T).await,
+        Some(0),
+        "exit code after a drain"
+    );
+    assert_eq!(h.acked_terminal("drain-me"), 1, "result acked once");
+    let done = h
         .received_of("task_complete")
         .into_iter()
         .find(|f| f["task_id"] == "drain-me")
         .unwrap();
     assert_eq!(done["result"]["verification_status"], "verified");
-    assert!(hub
+    assert!(h
         .received()
         .iter()
         .all(|f| f["task_id"] != "while-draining" || f["type"] != "task_accepted"));
-    assert_eq!(close_codes(&hub), vec![1000], "closed cleanly");
-    let state = state_json(dir.path());
+    assert_eq!(close_codes(h.hub()), vec![1000], "closed cleanly");
+    let state = state_json(h.dir());
     assert_eq!(state["active"], Value::Null);
     assert_eq!(state["outbox"], json!([]));
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn second_signal_cancels_the_task_keeps_it_recovering_and_the_next_start_reports_it() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&hub, dir.path(), "test-token", "");
-    let mut bin = Bin::start(dir.path(), &config, &[]);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let s = Harness::setup().await;
+    let mut h = s.start_bin("test-token", "", &[]).await;
     let sleep = unique_sleep();
-    hub.assign(sample_shell_task(
+    h.assign(sample_shell_task(
         "abort-me",
         &format!("sleep {sleep} | cat; echo never"),
     ));
-    hub.wait_for_type("task_accepted", T).await.unwrap();
+    h.wait_for_type("task_accepted", T).await.unwrap();
     assert!(wait_until(|| !procs_with_arg(&sleep).is_empty(), T).await);
 
-    bin.signal("TERM");
-    wait_log(&bin, "stop requested").await;
-    bin.signal("INT");
-    assert_eq!(bin.wait(T).await, Some(0), "exit code after a forced stop");
+    h.bin().signal("TERM");
+    wait_log(h.bin(), "stop requested").await;
+    h.bin().signal("INT");
+    assert_eq!(
+        h.bin_mut().wait(T).await,
+        Some(0),
+        "exit code after a forced stop"
+    );
     assert!(
         wait_until(|| procs_with_arg(&sleep).is_empty(), T).await,
         "the task's process group outlived the daemon: {:?}",
         procs_with_arg(&sleep)
     );
-    assert_eq!(active_phase(dir.path()).as_deref(), Some("recovering"));
-    assert!(hub.received_of("task_complete").is_empty());
-    assert!(hub.received_of("task_failed").is_empty());
-    assert_eq!(close_codes(&hub), vec![1000]);
+    assert_eq!(active_phase(h.dir()).as_deref(), Some("recovering"));
+    assert!(h.received_of("task_complete").is_empty());
+    assert!(h.received_of("task_failed").is_empty());
+    assert_eq!(close_codes(h.hub()), vec![1000]);
 
     // Next start: the hub is asked about the task.
-    hub.set_recovery_answer("abort-me", RecoveryAnswer::Reassign);
-    let mut bin = Bin::start(dir.path(), &config, &[]);
-    let rec = hub
+    h.set_recovery_answer("abort-me", RecoveryAnswer::Reassign);
+    h.start_bin_again(&[]);
+    let rec = h
         .wait_for_type("task_recovering", T)
         .await
         .expect("task_recovering after restart");
     assert_eq!(rec["task_id"], "abort-me");
-    assert!(wait_until(|| active_phase(dir.path()).is_none(), T).await);
-    bin.signal("TERM");
-    assert_eq!(bin.wait(T).await, Some(0));
-    assert_no_violations(&hub);
+    assert!(wait_until(|| active_phase(h.dir()).is_none(), T).await);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn third_signal_exits_at_once() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
+    let s = Harness::setup().await;
     // A long kill grace and a task that ignores SIGTERM: the forced stop would wait ~60 s.
-    let config = write_config(
-        &hub,
-        dir.path(),
-        "test-token",
-        "[executor]\nkill_grace_ms = 60000\n",
-    );
-    let mut bin = Bin::start(dir.path(), &config, &[]);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let mut h = s
+        .start_bin("test-token", "[executor]\nkill_grace_ms = 60000\n", &[])
+        .await;
     let sleep = unique_sleep();
-    hub.assign(sample_shell_task(
+    h.assign(sample_shell_task(
         "stubborn",
         &format!("trap '' TERM; sleep {sleep}"),
     ));
-    hub.wait_for_type("task_accepted", T).await.unwrap();
+    h.wait_for_type("task_accepted", T).await.unwrap();
     assert!(wait_until(|| !procs_with_arg(&sleep).is_empty(), T).await);
-    bin.signal("TERM");
-    wait_log(&bin, "stop requested").await;
-    bin.signal("TERM");
-    wait_log(&bin, "second stop signal").await;
+    h.bin().signal("TERM");
+    wait_log(h.bin(), "stop requested").await;
+    h.bin().signal("TERM");
+    wait_log(h.bin(), "second stop signal").await;
     let t0 = Instant::now();
-    bin.signal("TERM");
-    let code = bin.wait(T).await;
+    h.bin().signal("TERM");
+    let code = h.bin_mut().wait(T).await;
     let took = t0.elapsed();
     // The task ignores SIGTERM and was still in its kill grace: it goes with the daemon.
     let gone = wait_until(|| procs_with_arg(&sleep).is_empty(), T).await;
@@ -210,34 +205,33 @@ async fn third_signal_exits_at_once() {
     assert!(gone, "the task's processes outlived an immediate exit");
     assert_eq!(code, Some(130), "third signal exit code");
     assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert!(bin.logs().contains("third stop signal"));
+    assert!(h.bin().logs().contains("third stop signal"));
     // The state on disk still names the task: the next start asks the hub.
-    assert!(active_phase(dir.path()).is_some());
+    assert!(active_phase(h.dir()).is_some());
 }
 
 #[tokio::test]
 async fn a_small_drain_timeout_cancels_the_task_and_keeps_it_recovering() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&hub, dir.path(), "test-token", "drain_timeout_secs = 1");
-    let mut bin = Bin::start(dir.path(), &config, &[]);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let s = Harness::setup().await;
+    let mut h = s
+        .start_bin("test-token", "drain_timeout_secs = 1", &[])
+        .await;
     let sleep = unique_sleep();
-    hub.assign(sample_shell_task("too-slow", &format!("sleep {sleep}")));
-    hub.wait_for_type("task_accepted", T).await.unwrap();
+    h.assign(sample_shell_task("too-slow", &format!("sleep {sleep}")));
+    h.wait_for_type("task_accepted", T).await.unwrap();
     assert!(wait_until(|| !procs_with_arg(&sleep).is_empty(), T).await);
-    bin.signal("TERM");
-    assert_eq!(bin.wait(T).await, Some(0));
+    h.bin().signal("TERM");
+    assert_eq!(h.bin_mut().wait(T).await, Some(0));
     assert!(
-        bin.logs().contains("drain timeout reached"),
+        h.bin().logs().contains("drain timeout reached"),
         "{}",
-        bin.logs()
+        h.bin().logs()
     );
     assert!(wait_until(|| procs_with_arg(&sleep).is_empty(), T).await);
-    assert_eq!(active_phase(dir.path()).as_deref(), Some("recovering"));
-    assert!(hub.received_of("task_complete").is_empty());
-    assert_eq!(close_codes(&hub), vec![1000]);
-    assert_no_violations(&hub);
+    assert_eq!(active_phase(h.dir()).as_deref(), Some("recovering"));
+    assert!(h.received_of("task_complete").is_empty());
+    assert_eq!(close_codes(h.hub()), vec![1000]);
+    h.finish().await;
 }
 
 /// Start the binary the way systemd does for `Type=notify` with `WatchdogSec=`: `exec`

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions, MockTaskState};
 use serde_json::{json, Value};
 
+use crate::harness::{Harness, Setup};
 use crate::util::*;
 
 mod bad_input;
