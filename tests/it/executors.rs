@@ -56,12 +56,10 @@ async fn assert_gone(marker: &Path) {
         .parse()
         .unwrap();
     for _ in 0..50 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
-        match stat {
-            Err(_) => return,
-            Ok(s) if s.split_whitespace().nth(2) == Some("Z") => return,
-            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        if !crate::procfs::is_live(pid) {
+            return;
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("process {pid} survived");
 }

@@ -15,6 +15,7 @@ mod hub_restart;
 mod manifest;
 mod ops;
 mod outbox;
+mod procfs;
 mod real_claude;
 mod recorder;
 mod util;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::procfs::procs_with;
 use crate::util::{kinds, Events};
 use hub_sidecar::config::Config;
 use hub_sidecar::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus, Executor};
@@ -349,34 +350,6 @@ async fn oscillating_failures_are_flagged() {
     assert!(kinds(&events, EventKind::Status)
         .iter()
         .any(|e| e.text.contains("oscillation")));
-}
-
-/// Processes whose command line contains `needle`.
-fn procs_with(needle: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.chars().all(|c| c.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let zombie = std::fs::read_to_string(e.path().join("stat"))
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(true);
-        if cmd.contains(needle) && !zombie {
-            found.push(format!("{name}: {cmd}"));
-        }
-    }
-    found
 }
 
 #[tokio::test]
