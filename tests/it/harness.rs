@@ -84,7 +84,7 @@ impl Setup {
         let config = util::write_config(&self.hub, self.dir.path(), token, extra);
         let bin = Bin::start(self.dir.path(), &config, envs);
         let h = Harness {
-            daemon: Daemon::Bin(bin),
+            daemon: Daemon::Bin(Box::new(bin)),
             setup: self,
             finished: false,
         };
@@ -95,7 +95,7 @@ impl Setup {
 
 enum Daemon {
     InProc(InProc),
-    Bin(Bin),
+    Bin(Box<Bin>),
     Stopped,
 }
 
@@ -252,7 +252,7 @@ impl Harness {
                 "start_bin_again() while the previous binary still runs"
             );
         }
-        self.daemon = Daemon::Bin(Bin::start(self.dir(), &self.config_path(), envs));
+        self.daemon = Daemon::Bin(Box::new(Bin::start(self.dir(), &self.config_path(), envs)));
     }
 
     /// The in-process daemon's stop tokens, for tests of the stop stages themselves.
