@@ -171,7 +171,12 @@ mod tests {
             .unwrap();
         let pid = child.id() as i32;
         let me = std::process::id() as i32;
-        assert_eq!(procs_with_arg(&arg), vec![pid]);
+        // Until the child has exec'd `sleep`, its cmdline is still this test binary's.
+        assert!(
+            crate::util::wait_until(|| procs_with_arg(&arg) == vec![pid], crate::util::T).await,
+            "{:?}",
+            procs_with_arg(&arg)
+        );
         assert!(procs_with(&format!("sleep {arg}"))[0].starts_with(&format!("{pid}: ")));
         assert!(children(me).iter().any(|c| c.pid == pid));
         child.kill().unwrap();
