@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +41,8 @@ use crate::task::Task;
 mod delivery;
 mod shutdown;
 mod slot;
+#[cfg(test)]
+mod tests;
 
 use delivery::accepted_after_identify;
 use shutdown::{wait_unless_immediate, OUTBOX_FLUSH};
@@ -54,6 +57,45 @@ const RECOVERY_ANSWER: Duration = Duration::from_secs(60);
 /// Run the daemon until shutdown. `ops` receives metrics and health.
 pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
     let cfg = Arc::new(cfg);
+    let state = load_state(&cfg).await?;
+    let budget = Arc::new(RateBudget::from_config(&cfg.progress));
+    let (handle, out_rx) = link::channel();
+    let (ev_tx, ev_rx) = mpsc::channel(1024);
+    let link_cancel = CancellationToken::new();
+    // The link connects while the rest starts (the containment probe takes a moment).
+    let link_task = tokio::spawn(link::run(
+        cfg.clone(),
+        budget.clone(),
+        ev_tx,
+        out_rx,
+        ops.clone(),
+        link_cancel.clone(),
+    ));
+    let (mut d, recorder_writer) =
+        Daemon::new(cfg, shutdown.clone(), ops, budget, handle, ev_rx, state).await;
+    let reason = d.run().await;
+    d.ops.stopping();
+    link_cancel.cancel();
+    // An immediate stop waits for neither the link's goodbye nor the recorder's last lines.
+    wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), link_task).await;
+    // The recorder's writer ends once its last handle is gone: let it write its last lines.
+    drop(d);
+    wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), recorder_writer).await;
+    Ok(reason)
+}
+
+/// What the state file held at start, after [`load_state`] reported on it.
+struct LoadedState {
+    store: StateStore,
+    /// The unfinished task of a previous run, already marked [`Phase::Recovering`].
+    active: Option<ActiveTask>,
+    /// Results that still wait for the hub, oldest first.
+    outbox: Vec<OutboxMeta>,
+}
+
+/// Load the state file and log what was wrong with it (corrupt, torn, old format). Only an
+/// unreadable file is an error.
+async fn load_state(cfg: &Config) -> anyhow::Result<LoadedState> {
     let store = StateStore::new(cfg.state_file());
     let loaded = store.load().await.with_context(|| {
         format!(
@@ -88,79 +130,11 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     if let Err(e) = store.set_active(active.clone()).await {
         tracing::error!(error = %e, "state directory is not writable: tasks will be refused until it is");
     }
-    let outbox = Outbox::new(
-        cfg.outbox_max_entries,
-        Duration::from_secs(cfg.outbox_expiry_secs),
-    );
-
-    let budget = Arc::new(RateBudget::from_config(&cfg.progress));
-    let (handle, out_rx) = link::channel();
-    let (ev_tx, ev_rx) = mpsc::channel(1024);
-    let link_cancel = CancellationToken::new();
-    let link_task = tokio::spawn(link::run(
-        cfg.clone(),
-        budget.clone(),
-        ev_tx,
-        out_rx,
-        ops.clone(),
-        link_cancel.clone(),
-    ));
-    let redactor = Arc::new(Redactor::from_config(&cfg));
-    let containment = Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await);
-    let (recorder, recorder_writer) =
-        Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
-    let ledger = Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await);
-    ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
-    let deps = RunnerDeps {
-        config: cfg.clone(),
-        env: ChildEnv::from_config(&cfg),
-        redactor,
-        budget,
-        out: Arc::new(handle.clone()),
-        ops: ops.clone(),
-        recorder,
-        containment,
-        ledger,
-    };
-    let mut d = Daemon {
-        cfg,
-        shutdown: shutdown.clone(),
+    Ok(LoadedState {
         store,
         active,
-        outbox,
-        link: handle,
-        deps,
-        ops,
-        events: ev_rx,
-        running: None,
-        identified: false,
-        inflight: None,
-        outbox_retry_at: None,
-        draining: false,
-        drain_deadline: None,
-        flush_deadline: None,
-        restart_requested: false,
-        recovery_deadline: None,
-        queued: None,
-    };
-    for meta in loaded.outbox {
-        d.add_to_outbox(meta).await;
-    }
-    if !d.outbox.is_empty() {
-        tracing::info!(
-            pending = d.outbox.len(),
-            "results from a previous run wait for the hub's acknowledgement"
-        );
-    }
-    let reason = d.run().await;
-    d.ops.stopping();
-    link_cancel.cancel();
-    // An immediate stop waits for neither the link's goodbye nor the recorder's last lines.
-    wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), link_task).await;
-    // The recorder's writer ends once its last handle is gone: let it write its last lines.
-    drop(d);
-    wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), recorder_writer).await;
-    Ok(reason)
+        outbox: loaded.outbox,
+    })
 }
 
 struct Daemon {
@@ -202,6 +176,73 @@ async fn sleep_until_opt(t: Option<Instant>) {
 }
 
 impl Daemon {
+    /// The daemon around a link (`link` to send, `events` to hear), holding what
+    /// [`load_state`] found. Also returns the recorder's writer, which ends once the daemon
+    /// (and every runner's handle on the recorder) is dropped.
+    async fn new(
+        cfg: Arc<Config>,
+        shutdown: Shutdown,
+        ops: Ops,
+        budget: Arc<RateBudget>,
+        link: LinkHandle,
+        events: mpsc::Receiver<LinkEvent>,
+        state: LoadedState,
+    ) -> (Daemon, JoinHandle<()>) {
+        let outbox = Outbox::new(
+            cfg.outbox_max_entries,
+            Duration::from_secs(cfg.outbox_expiry_secs),
+        );
+        let redactor = Arc::new(Redactor::from_config(&cfg));
+        let containment = Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await);
+        let (recorder, recorder_writer) =
+            Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
+        let ledger =
+            Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await);
+        ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
+        let deps = RunnerDeps {
+            config: cfg.clone(),
+            env: ChildEnv::from_config(&cfg),
+            redactor,
+            budget,
+            out: Arc::new(link.clone()),
+            ops: ops.clone(),
+            recorder,
+            containment,
+            ledger,
+        };
+        let mut d = Daemon {
+            cfg,
+            shutdown,
+            store: state.store,
+            active: state.active,
+            outbox,
+            link,
+            deps,
+            ops,
+            events,
+            running: None,
+            identified: false,
+            inflight: None,
+            outbox_retry_at: None,
+            draining: false,
+            drain_deadline: None,
+            flush_deadline: None,
+            restart_requested: false,
+            recovery_deadline: None,
+            queued: None,
+        };
+        for meta in state.outbox {
+            d.add_to_outbox(meta).await;
+        }
+        if !d.outbox.is_empty() {
+            tracing::info!(
+                pending = d.outbox.len(),
+                "results from a previous run wait for the hub's acknowledgement"
+            );
+        }
+        (d, recorder_writer)
+    }
+
     async fn run(&mut self) -> ExitReason {
         self.ops.status("connecting to the hub");
         let shutdown = self.shutdown.clone();

@@ -11,6 +11,7 @@ use hub_sidecar::sandbox::Support;
 use serde_json::{json, Value};
 
 use crate::git::{base_cfg, git, shell_task, terminal, write_exe, Remote};
+use crate::harness::Harness;
 use crate::util::*;
 
 const TOKEN: &str = "tok-7f3a9c2e1d5b4a68";
@@ -27,10 +28,6 @@ fn supported() -> bool {
         return false;
     }
     true
-}
-
-async fn hub() -> MockHub {
-    MockHub::start(MockHubOptions::default()).await.unwrap()
 }
 
 /// Run one shell task on the real binary started with `config` and `envs`; its output.
@@ -109,18 +106,16 @@ async fn a_task_cannot_write_outside_its_workspace() {
     if !supported() {
         return;
     }
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
+    let s = Harness::setup().await;
     let other = tempfile::tempdir().unwrap();
-    let (c, ws) = cfg_with_workspace(&hub, dir.path());
+    let (c, ws) = s.cfg_with_workspace();
     let state = c.state_file();
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     let before = std::fs::read(&state).unwrap();
     let tag = unique_sleep();
     let targets = [
         state.clone(),
-        dir.path().join("new-in-state-dir"),
+        h.dir().join("new-in-state-dir"),
         other.path().join("other-workspace-file"),
         PathBuf::from(format!("/tmp/hub-sidecar-escape-{tag}")),
         PathBuf::from(format!("/etc/hub-sidecar-escape-{tag}")),
@@ -137,8 +132,8 @@ async fn a_task_cannot_write_outside_its_workspace() {
     }
     let via_link = format!("/tmp/hub-sidecar-escape-link-{tag}");
     cmd.push_str(&format!("ln -s / rootlink 2>/dev/null; echo x > rootlink{via_link} 2>/dev/null && echo WROTE-VIA-LINK; true"));
-    hub.assign(sample_shell_task("writer", &cmd));
-    let done = terminal(&hub, "writer").await;
+    h.assign(sample_shell_task("writer", &cmd));
+    let done = terminal(h.hub(), "writer").await;
     let out = done["result"]["output"].as_str().unwrap();
     assert!(
         out.contains("TMP-OK"),
@@ -166,8 +161,7 @@ async fn a_task_cannot_write_outside_its_workspace() {
             "a line the daemon did not write: {line}"
         );
     }
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
@@ -175,11 +169,10 @@ async fn setsid_and_double_fork_do_not_outlive_the_task() {
     if !supported() {
         return;
     }
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
+    let s = Harness::setup().await;
     let (a, b) = (unique_sleep(), unique_sleep());
-    let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
+    let cfg = s.cfg();
+    let h = s.start(cfg).await;
     // Both escapes a process-group kill misses: a new session, and a double fork whose
     // middle process exits at once.
     let cmd = format!(
@@ -187,8 +180,8 @@ async fn setsid_and_double_fork_do_not_outlive_the_task() {
          ( ( sleep {b} > /dev/null 2>&1 < /dev/null & ) & ); \
          sleep 0.2; echo started"
     );
-    hub.assign(sample_shell_task("escaper", &cmd));
-    let done = terminal(&hub, "escaper").await;
+    h.assign(sample_shell_task("escaper", &cmd));
+    let done = terminal(h.hub(), "escaper").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     assert!(
         wait_until(
@@ -198,8 +191,7 @@ async fn setsid_and_double_fork_do_not_outlive_the_task() {
         .await,
         "a detached process survived the task"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
@@ -207,33 +199,30 @@ async fn a_detached_grandchild_dies_with_a_sigkilled_daemon_and_the_restart_reco
     if !supported() {
         return;
     }
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&hub, dir.path(), "test-token", "");
-    let mut bin = Bin::start(dir.path(), &config, &[]);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let s = Harness::setup().await;
+    let mut h = s.start_bin("test-token", "", &[]).await;
     let s = unique_sleep();
-    let marker = probe(dir.path()).join("detached");
+    let marker = probe(h.dir()).join("detached");
     let cmd = format!(
         "setsid sleep {s} > /dev/null 2>&1 < /dev/null & touch {}; sleep 30",
         marker.display()
     );
-    hub.assign(sample_shell_task("orphan-maker", &cmd));
+    h.assign(sample_shell_task("orphan-maker", &cmd));
     assert!(wait_until(|| marker.exists(), T).await);
     assert!(!procs_with_arg(&s).is_empty());
-    bin.kill9().await;
+    h.bin_mut().kill9().await;
     assert!(
         wait_until(|| procs_with_arg(&s).is_empty(), T).await,
         "the detached sleep outlived the daemon"
     );
-    let mut bin = Bin::start(dir.path(), &config, &[]);
-    let rec = hub.wait_for_type("task_recovering", T).await;
+    h.start_bin_again(&[]);
+    let rec = h.wait_for_type("task_recovering", T).await;
     assert!(
         rec.is_some(),
         "the restarted daemon reports the interrupted task"
     );
-    bin.kill9().await;
-    assert_no_violations(&hub);
+    h.bin_mut().kill9().await;
+    h.finish().await;
 }
 
 #[tokio::test]
@@ -241,17 +230,15 @@ async fn resource_limits_bound_what_one_child_can_write() {
     if !supported() {
         return;
     }
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (mut c, ws) = cfg_with_workspace(&hub, dir.path());
+    let s = Harness::setup().await;
+    let (mut c, ws) = s.cfg_with_workspace();
     c.sandbox.max_file_size_mb = 1;
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(sample_shell_task(
+    let h = s.start(c).await;
+    h.assign(sample_shell_task(
         "big",
         "head -c 3000000 /dev/zero > big.bin; echo rc=$?; ulimit -c",
     ));
-    let done = terminal(&hub, "big").await;
+    let done = terminal(h.hub(), "big").await;
     let size = std::fs::metadata(ws.join("big.bin"))
         .map(|m| m.len())
         .unwrap_or(0);
@@ -264,8 +251,7 @@ async fn resource_limits_bound_what_one_child_can_write() {
         out.lines().any(|l| l.trim() == "0"),
         "core dumps are off: {out}"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -276,30 +262,28 @@ async fn resource_limits_bound_what_one_child_can_write() {
 /// through the daemon's branch → commit → push. Returns the terminal frame; asserts the
 /// planted program never ran.
 async fn plant_and_run(plant: impl FnOnce(&Path, &Path)) -> Value {
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("checkout");
-    git(dir.path(), &["clone", "-q", &remote.url(), "checkout"]);
-    let marker = probe(dir.path()).join("pwned");
-    let evil = probe(dir.path()).join("evil.sh");
+    let work = s.dir().join("checkout");
+    git(s.dir(), &["clone", "-q", &remote.url(), "checkout"]);
+    let marker = probe(s.dir()).join("pwned");
+    let evil = probe(s.dir()).join("evil.sh");
     write_exe(
         &evil,
         &format!("#!/bin/sh\ntouch '{}'\ncat\n", marker.display()),
     );
     plant(&work, &evil);
-    let mut c = base_cfg(&hub, dir.path());
+    let mut c = base_cfg(&s.hub, s.dir());
     c.repo_dir = Some(work.clone());
     c.sandbox.write_paths.push(remote.path());
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let mut h = s.start(c).await;
     let mut t = sample_shell_task("vector", "echo work > work.txt; echo data > data.txt");
     t["description"] = json!("Hostile repository");
-    hub.assign(t);
-    let done = terminal(&hub, "vector").await;
-    d.stop().await;
+    h.assign(t);
+    let done = terminal(h.hub(), "vector").await;
+    h.stop_daemon().await;
     assert!(!marker.exists(), "git ran the repository's program: {done}");
-    assert_no_violations(&hub);
+    assert_no_violations(h.hub());
     done
 }
 
@@ -434,43 +418,41 @@ async fn a_gitdir_the_task_plants_in_a_managed_clone_is_never_used() {
     if !supported() {
         return;
     }
-    let hub = hub().await;
+    let s = Harness::setup().await;
     let remote = Remote::new();
-    let dir = tempfile::tempdir().unwrap();
-    let marker = probe(dir.path()).join("pwned");
-    let evil = probe(dir.path()).join("evil.sh");
+    let marker = probe(s.dir()).join("pwned");
+    let evil = probe(s.dir()).join("evil.sh");
     write_exe(
         &evil,
         &format!("#!/bin/sh\ntouch '{}'\ncat\n", marker.display()),
     );
-    let d = spawn(base_cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
+    let cfg = base_cfg(&s.hub, s.dir());
+    let h = s.start(cfg).await;
     // The task replaces the workspace's `.git` link with a repository of its own whose
     // config and hooks name the evil program.
     let cmd = format!(
         "rm -f .git && git init -q . && git config core.fsmonitor '{e}' && cp '{e}' .git/hooks/pre-commit && echo work > work.txt",
         e = evil.display()
     );
-    hub.assign(shell_task(
+    h.assign(shell_task(
         "planter",
         &cmd,
         &remote.url(),
         "Plant a git dir",
     ));
-    let done = terminal(&hub, "planter").await;
+    let done = terminal(h.hub(), "planter").await;
     assert_eq!(done["result"]["pushed"], true, "{done}");
     // The next task on the same clone starts clean, with the daemon's own git directory.
-    hub.assign(shell_task(
+    h.assign(shell_task(
         "after",
         "git status --short | wc -l",
         &remote.url(),
         "After",
     ));
-    let done = terminal(&hub, "after").await;
+    let done = terminal(h.hub(), "after").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     assert!(!marker.exists(), "git ran the task's program: {done}");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 /// The task makes its workspace a repository whose config and attributes name a program;
@@ -481,17 +463,15 @@ async fn observation_and_checks_never_run_what_a_repository_the_task_made_names(
     if !supported() {
         return;
     }
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (c, _ws) = cfg_with_workspace(&hub, dir.path());
-    let marker = probe(dir.path()).join("pwned");
-    let evil = probe(dir.path()).join("evil.sh");
+    let s = Harness::setup().await;
+    let (c, _ws) = s.cfg_with_workspace();
+    let marker = probe(s.dir()).join("pwned");
+    let evil = probe(s.dir()).join("evil.sh");
     write_exe(
         &evil,
         &format!("#!/bin/sh\ntouch '{}'\ncat\n", marker.display()),
     );
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     let cmd = format!(
         "git init -q . && git config core.fsmonitor '{e}' && git config filter.x.clean '{e}' && echo '* filter=x' > .gitattributes && echo data > data.txt",
         e = evil.display()
@@ -501,8 +481,8 @@ async fn observation_and_checks_never_run_what_a_repository_the_task_made_names(
         {"type": "file_exists", "target": "data.txt"},
         {"type": "git_clean", "target": "."}
     ]);
-    hub.assign(t);
-    let done = terminal(&hub, "repo-maker").await;
+    h.assign(t);
+    let done = terminal(h.hub(), "repo-maker").await;
     let report = &done["verification_report"];
     let git_clean = &report["checks"][1];
     assert_eq!(git_clean["status"], "error", "{done}");
@@ -517,8 +497,7 @@ async fn observation_and_checks_never_run_what_a_repository_the_task_made_names(
         !marker.exists(),
         "the daemon's git ran the task's program: {done}"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 /// The loop as usual, inside the sandbox: a cargo test suite, a python and a sh check all
@@ -534,9 +513,11 @@ async fn cargo_python_and_sh_checks_work_under_containment() {
             return;
         }
     }
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (c, ws) = cfg_with_workspace(&hub, dir.path());
+    let s = Harness::setup().await;
+    let (mut c, ws) = s.cfg_with_workspace();
+    // A developer's exported CARGO_TARGET_DIR (outside the workspace) would otherwise reach the
+    // check's cargo, which the sandbox rightly keeps from writing there.
+    c.env.deny.push("CARGO_TARGET_DIR".into());
     std::fs::create_dir_all(ws.join("src")).unwrap();
     std::fs::write(
         ws.join("Cargo.toml"),
@@ -548,18 +529,16 @@ async fn cargo_python_and_sh_checks_work_under_containment() {
         "pub fn add(a: i32, b: i32) -> i32 { a + b }\n#[test]\nfn adds() { assert_eq!(add(2, 2), 4); }\n",
     )
     .unwrap();
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     let mut t = sample_shell_task("toolchains", "echo made > made.txt");
     t["verification_steps"] = json!([
         {"type": "test_passes", "target": "auto"},
         {"type": "command_succeeds", "target": "python3 -c 'import json; print(json.dumps(1))'"},
         {"type": "command_succeeds", "target": "test \"$(cat made.txt)\" = made"}
     ]);
-    hub.assign(t);
-    let done = terminal(&hub, "toolchains").await;
+    h.assign(t);
+    let done = terminal(h.hub(), "toolchains").await;
     assert_eq!(done["result"]["verification_status"], "verified", "{done}");
     assert!(ws.join("target").is_dir(), "cargo built in the workspace");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }

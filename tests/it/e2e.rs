@@ -4,10 +4,11 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
+use hub_sidecar::mock_hub::sample_shell_task;
 use serde_json::{json, Value};
 
 use crate::fakes::{answer, tool_calls, FakeOllama};
+use crate::harness::Harness;
 use crate::util::*;
 
 /// The demo's stand-in `claude` (a test double speaking the real stream-json format that
@@ -28,19 +29,17 @@ fn recording_stand_in(dir: &Path, log: &Path) -> std::path::PathBuf {
 
 #[tokio::test]
 async fn claude_task_fails_a_check_then_the_corrective_prompt_fixes_it() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log = probe(dir.path()).join("prompts.log");
-    let (mut c, _ws) = cfg_with_workspace(&hub, dir.path());
-    c.executor.claude_path = Some(recording_stand_in(&probe(dir.path()), &log));
+    let s = Harness::setup().await;
+    let log = probe(s.dir()).join("prompts.log");
+    let (mut c, _ws) = s.cfg_with_workspace();
+    c.executor.claude_path = Some(recording_stand_in(&probe(s.dir()), &log));
     // The recording wrapper execs the stand-in where it lives, in the repository.
     c.sandbox
         .read_paths
         .push(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/stand-in-claude"));
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(hub_sidecar::demo::sample_task());
-    let done = hub
+    let h = s.start(c).await;
+    h.assign(hub_sidecar::demo::sample_task());
+    let done = h
         .wait_for_type("task_complete", T)
         .await
         .expect("task_complete");
@@ -86,8 +85,7 @@ async fn claude_task_fails_a_check_then_the_corrective_prompt_fixes_it() {
         "observations missing: {fix}"
     );
     assert!(fix.contains("ORIGINAL TASK"));
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
@@ -100,18 +98,16 @@ async fn ollama_agentic_task_writes_through_the_sandbox_and_is_verified() {
         answer("Wrote notes/done.txt."),
     ])
     .await;
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (c, ws) = cfg_with_workspace(&hub, dir.path());
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(json!({
+    let s = Harness::setup().await;
+    let (c, ws) = s.cfg_with_workspace();
+    let h = s.start(c).await;
+    h.assign(json!({
         "task_id": "ollama-e2e", "description": "Write notes/done.txt saying done.", "generation": 1,
         "routing_decision": {"target_type": "ollama", "effective_tier": "standard",
                              "selected_endpoint": ollama.endpoint(), "selected_model": "qwen3:8b"},
         "verification_steps": [{"type": "file_exists", "target": "notes/done.txt"}]
     }));
-    let done = hub
+    let done = h
         .wait_for_type("task_complete", T)
         .await
         .expect("task_complete");
@@ -128,28 +124,24 @@ async fn ollama_agentic_task_writes_through_the_sandbox_and_is_verified() {
         "done\n"
     );
     // The tool call was reported as progress.
-    assert!(hub
+    assert!(h
         .received_of("task_progress")
         .iter()
         .any(|f| f.to_string().contains("write_file")));
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_45_s_check_times_out_at_the_deadline_and_pings_keep_flowing() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = Harness::start().await;
     let sleep = format!("45.{:03}", fastrand::u32(1..999));
     let mut task = sample_shell_task("long-check", "true");
     task["verification_steps"] =
         json!([{"type": "command_succeeds", "target": format!("sleep {sleep}")}]);
     task["verification_timeout_ms"] = json!(5000);
     let t0 = Instant::now();
-    hub.assign(task);
-    let done = hub
+    h.assign(task);
+    let done = h
         .wait_for_type("task_complete", Duration::from_secs(30))
         .await
         .unwrap();
@@ -162,7 +154,7 @@ async fn a_45_s_check_times_out_at_the_deadline_and_pings_keep_flowing() {
         "the check's sleep survived"
     );
     // The link kept pinging (every 1 s here) while the check ran: the hub saw no silence.
-    let pings: Vec<Instant> = hub
+    let pings: Vec<Instant> = h
         .frames()
         .iter()
         .filter(|f| f.inbound && f.frame["type"] == "ping" && f.at >= t0 && f.at <= t0 + took)
@@ -175,21 +167,18 @@ async fn a_45_s_check_times_out_at_the_deadline_and_pings_keep_flowing() {
     );
     let max_gap = pings.windows(2).map(|w| w[1] - w[0]).max().unwrap();
     assert!(max_gap < Duration::from_secs(3), "ping gap {max_gap:?}");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_200k_line_flood_stays_under_the_hub_budget_and_keeps_head_and_tail() {
     // The hub's limiter at its real defaults (60 normal frames a minute).
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = cfg(&hub, dir.path());
+    let s = Harness::setup().await;
+    let mut c = s.cfg();
     c.progress = Default::default();
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(sample_shell_task("flood", "seq 1 200000"));
-    let done = hub
+    let h = s.start(c).await;
+    h.assign(sample_shell_task("flood", "seq 1 200000"));
+    let done = h
         .wait_for_type("task_complete", T)
         .await
         .expect("task_complete delivered");
@@ -200,9 +189,9 @@ async fn a_200k_line_flood_stays_under_the_hub_budget_and_keeps_head_and_tail() 
         out.contains("bytes elided"),
         "the middle is elided with a marker"
     );
-    assert_eq!(hub.rate_limited_count(), 0, "the hub had to rate-limit us");
-    assert!(wait_until(|| hub.acked_terminal("flood") == 1, T).await);
-    let progress = hub.received_of("task_progress");
+    assert_eq!(h.rate_limited_count(), 0, "the hub had to rate-limit us");
+    assert!(wait_until(|| h.acked_terminal("flood") == 1, T).await);
+    let progress = h.received_of("task_progress");
     assert!(
         progress.len() <= 5,
         "{} progress frames for a sub-second task",
@@ -211,21 +200,18 @@ async fn a_200k_line_flood_stays_under_the_hub_budget_and_keeps_head_and_tail() 
     for p in &progress {
         assert!(p["execution_event"]["text"].as_str().unwrap().len() <= 8 * 1024 + 64);
     }
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_quiet_task_still_sends_heartbeat_progress() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = cfg(&hub, dir.path());
+    let s = Harness::setup().await;
+    let mut c = s.cfg();
     c.progress.heartbeat_secs = 1;
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(sample_shell_task("quiet", "sleep 3.5"));
-    hub.wait_for_type("task_complete", T).await.unwrap();
-    let beats = hub
+    let h = s.start(c).await;
+    h.assign(sample_shell_task("quiet", "sleep 3.5"));
+    h.wait_for_type("task_complete", T).await.unwrap();
+    let beats = h
         .received_of("task_progress")
         .iter()
         .filter(|f| f.to_string().contains("still working"))
@@ -234,36 +220,32 @@ async fn a_quiet_task_still_sends_heartbeat_progress() {
         beats >= 2,
         "only {beats} heartbeat frames in 3.5 s of silence"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn a_failing_shell_command_is_retried_once_then_reported_with_exit_code_and_stderr() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
-    let runs = probe(dir.path()).join("runs");
+    let h = Harness::start().await;
+    let runs = probe(h.dir()).join("runs");
     let flaky = format!(
         "echo x >> {0}; [ $(wc -l < {0}) -ge 2 ] || {{ echo first-try-fails >&2; exit 1; }}; echo ok",
         runs.display()
     );
-    hub.assign(sample_shell_task("flaky-cmd", &flaky));
-    let done = hub
+    h.assign(sample_shell_task("flaky-cmd", &flaky));
+    let done = h
         .wait_for_type("task_complete", T)
         .await
         .expect("second run succeeds");
     assert_eq!(done["result"]["verification_status"], "verified");
     assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 2);
 
-    let always = probe(dir.path()).join("always");
+    let always = probe(h.dir()).join("always");
     let failing = format!(
         "echo x >> {}; echo boom-on-stderr >&2; exit 3",
         always.display()
     );
-    hub.assign(sample_shell_task("broken-cmd", &failing));
-    let failed = hub.wait_for_type("task_failed", T).await.unwrap();
+    h.assign(sample_shell_task("broken-cmd", &failing));
+    let failed = h.wait_for_type("task_failed", T).await.unwrap();
     let reason = failed["reason"].as_str().unwrap();
     assert!(
         reason.contains("exit code 3") && reason.contains("boom-on-stderr"),
@@ -274,8 +256,7 @@ async fn a_failing_shell_command_is_retried_once_then_reported_with_exit_code_an
         2,
         "one run and exactly one retry"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 /// A stand-in `claude` (test double) that fails every run: exit 2 with a message on stderr,
@@ -294,18 +275,16 @@ fn failing_claude(dir: &Path, runs: &Path) -> std::path::PathBuf {
 
 #[tokio::test]
 async fn a_failing_claude_is_retried_then_reported_as_task_failed() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let runs = probe(dir.path()).join("runs");
-    let mut c = cfg(&hub, dir.path());
-    c.executor.claude_path = Some(failing_claude(&probe(dir.path()), &runs));
+    let s = Harness::setup().await;
+    let runs = probe(s.dir()).join("runs");
+    let mut c = s.cfg();
+    c.executor.claude_path = Some(failing_claude(&probe(s.dir()), &runs));
     c.executor.claude_retry_delays_ms = vec![10, 10, 10];
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     let mut task = hub_sidecar::demo::sample_task();
     task["task_id"] = json!("claude-down");
-    hub.assign(task);
-    let failed = hub
+    h.assign(task);
+    let failed = h
         .wait_for_type("task_failed", T)
         .await
         .expect("task_failed");
@@ -316,9 +295,8 @@ async fn a_failing_claude_is_retried_then_reported_as_task_failed() {
         4,
         "1 run + 3 retries"
     );
-    assert!(hub.received_of("task_complete").is_empty());
-    d.stop().await;
-    assert_no_violations(&hub);
+    assert!(h.received_of("task_complete").is_empty());
+    h.finish().await;
 }
 
 #[tokio::test]
@@ -330,17 +308,14 @@ async fn an_ollama_that_keeps_failing_fails_the_task_with_status_and_body() {
             .collect(),
     )
     .await;
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(json!({
+    let h = Harness::start().await;
+    h.assign(json!({
         "task_id": "ollama-down", "description": "say hi", "generation": 1,
         "metadata": {"agentic": false},
         "routing_decision": {"target_type": "ollama", "selected_endpoint": ollama.endpoint(),
                              "selected_model": "qwen3:8b"}
     }));
-    let failed = hub
+    let failed = h
         .wait_for_type("task_failed", T)
         .await
         .expect("task_failed");
@@ -350,8 +325,7 @@ async fn an_ollama_that_keeps_failing_fails_the_task_with_status_and_body() {
         "{reason}"
     );
     assert_eq!(ollama.requests().len(), 3, "1 call + 2 retries");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 /// A stand-in `claude` (test double) that starts a long child and never answers.
@@ -368,21 +342,19 @@ fn hanging_claude(dir: &Path, sleep: &str) -> std::path::PathBuf {
 
 #[tokio::test]
 async fn a_claude_run_is_cancelled_by_the_hub_and_times_out_by_tier() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let s = Harness::setup().await;
     let sleep = unique_sleep();
-    let mut c = cfg(&hub, dir.path());
-    c.executor.claude_path = Some(hanging_claude(&probe(dir.path()), &sleep));
+    let mut c = s.cfg();
+    c.executor.claude_path = Some(hanging_claude(&probe(s.dir()), &sleep));
     c.executor.trivial_timeout_secs = 2;
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
 
     // Cancelled by the hub: the CLI's whole tree is gone within a second, nothing reported.
     let mut task = hub_sidecar::demo::sample_task();
     task["task_id"] = json!("claude-cancel");
-    hub.assign(task);
+    h.assign(task);
     assert!(wait_until(|| !procs_with_arg(&sleep).is_empty(), T).await);
-    hub.push(json!({"type": "task_cancelled", "task_id": "claude-cancel", "timestamp": 1}));
+    h.push(json!({"type": "task_cancelled", "task_id": "claude-cancel", "timestamp": 1}));
     assert!(
         wait_until(|| procs_with_arg(&sleep).is_empty(), Duration::from_secs(1)).await,
         "claude's tree survived the cancel"
@@ -393,8 +365,8 @@ async fn a_claude_run_is_cancelled_by_the_hub_and_times_out_by_tier() {
     task["task_id"] = json!("claude-slow");
     task["routing_decision"]["effective_tier"] = json!("trivial");
     let t0 = Instant::now();
-    hub.assign(task);
-    let failed = hub
+    h.assign(task);
+    let failed = h
         .wait_for_type("task_failed", T)
         .await
         .expect("task_failed");
@@ -409,7 +381,6 @@ async fn a_claude_run_is_cancelled_by_the_hub_and_times_out_by_tier() {
         t0.elapsed()
     );
     assert!(wait_until(|| procs_with_arg(&sleep).is_empty(), T).await);
-    assert!(hub.received_of("task_complete").is_empty());
-    d.stop().await;
-    assert_no_violations(&hub);
+    assert!(h.received_of("task_complete").is_empty());
+    h.finish().await;
 }

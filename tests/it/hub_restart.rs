@@ -3,9 +3,10 @@
 //! after `identified` the daemon sends `task_accepted` for a task it is still running, or
 //! whose result waits in the outbox, before anything else about that task.
 
-use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
+use hub_sidecar::mock_hub::{sample_shell_task, MockHub};
 use serde_json::{json, Value};
 
+use crate::harness::Harness;
 use crate::util::*;
 
 /// Inbound frames after the `n`-th identify (1-based), as `(type, task_id)`.
@@ -35,26 +36,21 @@ fn position(frames: &[(String, String)], ty: &str, id: &str) -> Option<usize> {
 
 #[tokio::test]
 async fn after_a_hub_restart_a_running_task_is_accepted_again_before_its_state_report() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
-    let marker = probe(dir.path()).join("started");
-    hub.assign(sample_shell_task(
+    let mut h = Harness::start().await;
+    let marker = probe(h.dir()).join("started");
+    h.assign(sample_shell_task(
         "long",
         &format!("touch {}; sleep 30", marker.display()),
     ));
-    hub.wait_for_type("task_accepted", T).await.unwrap();
+    h.wait_for_type("task_accepted", T).await.unwrap();
     assert!(wait_until(|| marker.exists(), T).await);
-    hub.stop().await;
-    hub.restart().await.unwrap();
-    hub.wait_for_nth("identify", 2, T)
-        .await
-        .expect("re-identify");
-    hub.wait_for(|f| f["type"] == "state_report", T)
+    h.stop().await;
+    h.restart().await.unwrap();
+    h.identified_nth(2).await;
+    h.wait_for(|f| f["type"] == "state_report", T)
         .await
         .expect("state_report");
-    let frames = after_identify(&hub, 2);
+    let frames = after_identify(h.hub(), 2);
     let accepted =
         position(&frames, "task_accepted", "long").expect("no task_accepted after re-identify");
     let report = position(&frames, "state_report", "long").unwrap();
@@ -62,29 +58,24 @@ async fn after_a_hub_restart_a_running_task_is_accepted_again_before_its_state_r
         accepted < report,
         "task_accepted must come first: {frames:?}"
     );
-    hub.push(json!({"type": "task_cancelled", "task_id": "long", "timestamp": 1}));
-    d.stop().await;
+    h.push(json!({"type": "task_cancelled", "task_id": "long", "timestamp": 1}));
+    h.stop_daemon().await;
 }
 
 #[tokio::test]
 async fn after_a_hub_restart_an_outboxed_result_is_accepted_again_before_it_is_resent() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.set_ack_terminal(false);
-    hub.assign(sample_shell_task("quick", "echo done"));
-    hub.wait_for_type("task_complete", T).await.unwrap();
-    hub.stop().await;
-    hub.set_ack_terminal(true);
-    hub.restart().await.unwrap();
-    hub.wait_for_nth("identify", 2, T)
-        .await
-        .expect("re-identify");
-    hub.wait_for_nth("task_complete", 2, T)
+    let h = Harness::start().await;
+    h.set_ack_terminal(false);
+    h.assign(sample_shell_task("quick", "echo done"));
+    h.wait_for_type("task_complete", T).await.unwrap();
+    h.stop().await;
+    h.set_ack_terminal(true);
+    h.restart().await.unwrap();
+    h.identified_nth(2).await;
+    h.wait_for_nth("task_complete", 2, T)
         .await
         .expect("result re-sent");
-    let frames = after_identify(&hub, 2);
+    let frames = after_identify(h.hub(), 2);
     let accepted =
         position(&frames, "task_accepted", "quick").expect("no task_accepted after re-identify");
     let resent = position(&frames, "task_complete", "quick").unwrap();
@@ -92,7 +83,6 @@ async fn after_a_hub_restart_an_outboxed_result_is_accepted_again_before_it_is_r
         accepted < resent,
         "task_accepted must come first: {frames:?}"
     );
-    assert!(wait_until(|| hub.acked_terminal("quick") >= 1, T).await);
-    d.stop().await;
-    assert_no_violations(&hub);
+    assert!(wait_until(|| h.acked_terminal("quick") >= 1, T).await);
+    h.finish().await;
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
 use serde_json::Value;
 
+use crate::harness::Harness;
 use crate::util::*;
 
 const SECRET: &str = "sk-live-RECORDER-93f1";
@@ -427,26 +428,20 @@ where
 
 #[tokio::test]
 async fn a_daemon_killed_mid_task_leaves_a_readable_redacted_record() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(
-        &hub,
-        dir.path(),
-        "test-token",
-        &format!("secrets = [\"{SECRET}\"]"),
-    );
-    let mut bin = Bin::start(dir.path(), &config, &[]);
-    hub.wait_for_type("identify", T).await.unwrap();
-    let started = markers(dir.path()).join("started");
-    let go = markers(dir.path()).join("go");
+    let s = Harness::setup().await;
+    let mut h = s
+        .start_bin("test-token", &format!("secrets = [\"{SECRET}\"]"), &[])
+        .await;
+    let started = markers(h.dir()).join("started");
+    let go = markers(h.dir()).join("go");
     let cmd = format!(
         "echo using {SECRET}; touch {}; while [ ! -e {} ]; do sleep 0.05; done",
         started.display(),
         go.display()
     );
-    hub.assign(sample_shell_task("crashed-task", &cmd));
+    h.assign(sample_shell_task("crashed-task", &cmd));
     assert!(wait_until(|| started.exists(), T).await);
-    let state = dir.path().to_path_buf();
+    let state = h.dir().to_path_buf();
     assert!(
         wait_until(
             || record_text(&state, "crashed-task").contains("\"kind\":\"attempt_start\""),
@@ -454,11 +449,11 @@ async fn a_daemon_killed_mid_task_leaves_a_readable_redacted_record() {
         )
         .await
     );
-    bin.kill9().await;
+    h.bin_mut().kill9().await;
 
-    let raw = record_text(dir.path(), "crashed-task");
+    let raw = record_text(h.dir(), "crashed-task");
     assert!(!raw.contains(SECRET), "{raw}");
-    let s = show_json(dir.path(), "crashed-task").await;
+    let s = show_json(h.dir(), "crashed-task").await;
     assert_eq!(s["status"], "unfinished");
     assert!(s["terminal"].is_null() && s["acked"].is_null());
     let prompt = s["attempts"][0]["prompt"].as_str().unwrap();
@@ -467,7 +462,7 @@ async fn a_daemon_killed_mid_task_leaves_a_readable_redacted_record() {
         "show",
         "crashed-task",
         "--state-dir",
-        dir.path().to_str().unwrap(),
+        h.dir().to_str().unwrap(),
     ])
     .await;
     assert_eq!(code, Some(0));
@@ -481,24 +476,17 @@ async fn a_daemon_killed_mid_task_leaves_a_readable_redacted_record() {
 
 #[tokio::test]
 async fn retention_through_the_daemon_keeps_the_newest_records() {
-    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = cfg(&hub, dir.path());
+    let s = Harness::setup().await;
+    let mut c = s.cfg();
     c.recorder.max_tasks = 2;
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let mut h = s.start(c).await;
     for id in ["keep-0", "keep-1", "keep-2"] {
-        hub.assign(sample_shell_task(id, &format!("echo {id}")));
-        assert!(wait_until(|| hub.acked_terminal(id) == 1, T).await, "{id}");
+        h.assign(sample_shell_task(id, &format!("echo {id}")));
+        assert!(wait_until(|| h.acked_terminal(id) == 1, T).await, "{id}");
     }
-    d.stop().await;
-    let (code, out, err) = cli(&[
-        "tasks",
-        "--json",
-        "--state-dir",
-        dir.path().to_str().unwrap(),
-    ])
-    .await;
+    h.stop_daemon().await;
+    let (code, out, err) =
+        cli(&["tasks", "--json", "--state-dir", h.dir().to_str().unwrap()]).await;
     assert_eq!(code, Some(0), "{err}");
     let list: Value = serde_json::from_str(&out).unwrap();
     let ids: Vec<&str> = list
@@ -508,5 +496,5 @@ async fn retention_through_the_daemon_keeps_the_newest_records() {
         .map(|t| t["task_id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["keep-2", "keep-1"], "the oldest record went");
-    assert!(!dir.path().join("tasks").join("keep-0").exists());
+    assert!(!h.dir().join("tasks").join("keep-0").exists());
 }

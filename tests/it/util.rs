@@ -1,5 +1,5 @@
 //! Test helpers: configs pointing at a mock hub, the daemon in-process or as the real
-//! binary, process-table inspection.
+//! binary, waiting on conditions. The process table is [`crate::procfs`]'s.
 
 #![allow(dead_code)]
 
@@ -12,6 +12,8 @@ use hub_sidecar::mock_hub::MockHub;
 use hub_sidecar::ops::Ops;
 use hub_sidecar::progress::{EventKind, ProgressEvent};
 use tokio::task::JoinHandle;
+
+pub use crate::procfs::procs_with_arg;
 
 /// Generous bound for anything that should happen "soon" on a loaded 2-core CI box.
 pub const T: Duration = Duration::from_secs(15);
@@ -99,32 +101,6 @@ pub async fn wait_until(mut cond: impl FnMut() -> bool, timeout: Duration) -> bo
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// Live (non-zombie) processes whose argv contains `needle` as one argument.
-pub fn procs_with_arg(needle: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if !cmd.split(|b| *b == 0).any(|a| a == needle.as_bytes()) {
-            continue;
-        }
-        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.rsplit(')').next().unwrap_or("").split_whitespace().next() == Some("Z"))
-            .unwrap_or(true);
-        if !zombie {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 /// A unique `sleep` duration so a test can find exactly its own sleeps in the process table.

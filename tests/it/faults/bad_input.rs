@@ -286,14 +286,11 @@ async fn an_absurd_retry_after_from_the_hub_does_not_kill_the_link() {
 
 #[tokio::test]
 async fn an_absurd_timeout_in_a_task_is_not_a_crash() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = Harness::start().await;
     let mut t = sample_shell_task("forever", "echo fine");
     t["metadata"]["timeout_ms"] = json!(u64::MAX);
-    hub.assign(t);
-    let done = hub
+    h.assign(t);
+    let done = h
         .wait_for(
             |f| {
                 f["task_id"] == "forever"
@@ -304,16 +301,12 @@ async fn an_absurd_timeout_in_a_task_is_not_a_crash() {
         .await
         .unwrap();
     assert_eq!(done["type"], "task_complete", "{done}");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
 async fn hostile_verification_steps_are_reported_one_by_one() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = Harness::start().await;
     let mut t = sample_shell_task("steps", "echo x > out.txt");
     t["verification_steps"] = json!([
         {"type": "file_exists", "target": ""},
@@ -323,11 +316,8 @@ async fn hostile_verification_steps_are_reported_one_by_one() {
         {"type": "", "target": "out.txt"},
         {"type": "file_exists", "target": "out.txt"},
     ]);
-    hub.assign(t);
-    let done = hub
-        .wait_for_type("task_complete", T)
-        .await
-        .expect("reported");
+    h.assign(t);
+    let done = h.wait_for_type("task_complete", T).await.expect("reported");
     let checks = done["verification_report"]["checks"]
         .as_array()
         .unwrap()
@@ -363,8 +353,8 @@ async fn hostile_verification_steps_are_reported_one_by_one() {
             .map(|_| json!({"type": "file_exists", "target": "out.txt"}))
             .collect(),
     );
-    hub.assign(t);
-    let done = hub
+    h.assign(t);
+    let done = h
         .wait_for(
             |f| f["type"] == "task_complete" && f["task_id"] == "hundred",
             T,
@@ -375,13 +365,12 @@ async fn hostile_verification_steps_are_reported_one_by_one() {
     assert_eq!(done["verification_report"]["summary"]["passed"], 100);
     assert_eq!(done["result"]["verification_status"], "verified");
     // Unaffected.
-    hub.assign(sample_shell_task("after-steps", "echo ok"));
-    hub.wait_for(
+    h.assign(sample_shell_task("after-steps", "echo ok"));
+    h.wait_for(
         |f| f["type"] == "task_complete" && f["task_id"] == "after-steps",
         T,
     )
     .await
     .expect("still working");
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }

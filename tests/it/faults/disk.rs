@@ -53,20 +53,18 @@ async fn an_unwritable_state_file_refuses_tasks_with_state_not_persistable() {
 
 #[tokio::test]
 async fn a_state_file_lost_while_running_refuses_then_recovers() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let st_dir = dir.path().join("st");
-    let mut c = cfg(&hub, dir.path());
+    let s = Harness::setup().await;
+    let st_dir = s.dir().join("st");
+    let mut c = s.cfg();
     c.state_file = Some(st_dir.join("queue.json"));
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    hub.assign(sample_shell_task("ok-1", "echo one"));
-    assert!(wait_until(|| hub.acked_terminal("ok-1") == 1, T).await);
+    let h = s.start(c).await;
+    h.assign(sample_shell_task("ok-1", "echo one"));
+    assert!(wait_until(|| h.acked_terminal("ok-1") == 1, T).await);
     // The disk goes bad: the state file's path now needs a directory where a file is.
     std::fs::remove_dir_all(&st_dir).unwrap();
     std::fs::write(&st_dir, b"not a directory").unwrap();
-    hub.assign(sample_shell_task("while-bad", "echo never"));
-    let failed = hub
+    h.assign(sample_shell_task("while-bad", "echo never"));
+    let failed = h
         .wait_for(
             |f| f["type"] == "task_failed" && f["task_id"] == "while-bad",
             T,
@@ -77,11 +75,10 @@ async fn a_state_file_lost_while_running_refuses_then_recovers() {
         .as_str()
         .unwrap()
         .starts_with("state_not_persistable"));
-    assert_eq!(count_of(&hub, "task_accepted", "while-bad"), 0);
+    assert_eq!(count_of(h.hub(), "task_accepted", "while-bad"), 0);
     // The disk is fixed: tasks are accepted again, no restart needed.
     std::fs::remove_file(&st_dir).unwrap();
-    hub.assign(sample_shell_task("ok-2", "echo two"));
-    assert!(wait_until(|| hub.acked_terminal("ok-2") == 1, T).await);
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.assign(sample_shell_task("ok-2", "echo two"));
+    assert!(wait_until(|| h.acked_terminal("ok-2") == 1, T).await);
+    h.finish().await;
 }

@@ -8,7 +8,7 @@
 //! `scripts/soak.sh` (`cargo test --release -- --ignored`). Where a test sleeps, the sleep
 //! *is* the fault (a random moment to crash the hub or kill the daemon) and says so.
 //!
-//! Layout: this file holds the shared helpers (process probes, state-file readers, hub
+//! Layout: this file holds the shared helpers (state-file readers, hub
 //! counters, `drive_to_ack`); each fault family is one submodule, reached through
 //! `use super::*`.
 
@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions, MockTaskState};
 use serde_json::{json, Value};
 
+use crate::harness::{Harness, Setup};
+use crate::procfs::{fd_count, rss_kb, zombie_children};
 use crate::util::*;
 
 mod bad_input;
@@ -38,53 +40,6 @@ async fn hub() -> MockHub {
 // ---------------------------------------------------------------------------------------
 // helpers
 // ---------------------------------------------------------------------------------------
-
-/// `VmRSS` of `pid` in KiB.
-fn rss_kb(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Open file descriptors of `pid`.
-fn fd_count(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-/// Zombie children of `pid` (state Z, ppid = pid).
-fn zombie_children(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let Ok(child) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        // After the last ')' (the comm may contain spaces): state, ppid, …
-        let rest: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        if rest.first() == Some(&"Z") && rest.get(1) == Some(&pid.to_string().as_str()) {
-            out.push(child);
-        }
-    }
-    out
-}
 
 /// The state on disk as JSON (the journal replayed), `Null` if there is none.
 fn state_json(path: &Path) -> Value {

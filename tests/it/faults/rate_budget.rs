@@ -5,18 +5,16 @@ use super::*;
 #[tokio::test]
 async fn a_noisy_task_at_the_real_hub_budget_is_never_rate_limited() {
     // The hub's limiter at its defaults (60/min normal, bucket of 60).
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = cfg(&hub, dir.path());
+    let s = Harness::setup().await;
+    let mut c = s.cfg();
     // Progress as eager as it can be: only the budget mirror holds it back.
     c.progress.min_interval_ms = 50;
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     // ~8–10 s, a chunk every ~50 ms: the bucket is spent down to the reserve within ~3 s,
     // then progress must live on the refill (1/s).
     let noisy = "for i in $(seq 1 150); do seq 1 5000; sleep 0.03; done; echo loud-done";
-    hub.assign(sample_shell_task("loud", noisy));
-    let done = hub
+    h.assign(sample_shell_task("loud", noisy));
+    let done = h
         .wait_for(
             |f| f["type"] == "task_complete" && f["task_id"] == "loud",
             T * 2,
@@ -28,8 +26,8 @@ async fn a_noisy_task_at_the_real_hub_budget_is_never_rate_limited() {
         .unwrap()
         .contains("loud-done"));
     // Right after, with the bucket at its reserve: the next task's lifecycle still fits.
-    hub.assign(sample_shell_task("after-loud", "echo quiet"));
-    hub.wait_for(
+    h.assign(sample_shell_task("after-loud", "echo quiet"));
+    h.wait_for(
         |f| f["type"] == "task_complete" && f["task_id"] == "after-loud",
         T,
     )
@@ -37,18 +35,18 @@ async fn a_noisy_task_at_the_real_hub_budget_is_never_rate_limited() {
     .expect("second task completes");
     assert!(
         wait_until(
-            || hub.acked_terminal("loud") == 1 && hub.acked_terminal("after-loud") == 1,
+            || h.acked_terminal("loud") == 1 && h.acked_terminal("after-loud") == 1,
             T
         )
         .await
     );
-    let progress = count_of(&hub, "task_progress", "loud");
+    let progress = count_of(h.hub(), "task_progress", "loud");
     // The budget was the binding constraint: replay the hub's normal-tier bucket (60, refill
     // 1/s) over what it received; it came down to the reserve and never below zero.
     let mut tokens = 60.0f64;
     let mut min_tokens = tokens;
     let mut last: Option<Instant> = None;
-    for f in hub.frames().iter().filter(|f| {
+    for f in h.frames().iter().filter(|f| {
         f.inbound && !matches!(f.frame["type"].as_str(), Some("identify" | "ping") | None)
     }) {
         if let Some(l) = last {
@@ -60,9 +58,9 @@ async fn a_noisy_task_at_the_real_hub_budget_is_never_rate_limited() {
     }
     eprintln!(
         "rate budget: {progress} progress frames, the hub's bucket down to {min_tokens:.1} of 60, {} rate_limited",
-        hub.rate_limited_count()
+        h.rate_limited_count()
     );
-    assert_eq!(hub.rate_limited_count(), 0, "the hub rate-limited us");
+    assert_eq!(h.rate_limited_count(), 0, "the hub rate-limited us");
     assert!(
         progress >= 48,
         "only {progress} progress frames: the budget above the reserve was never spent"
@@ -71,8 +69,7 @@ async fn a_noisy_task_at_the_real_hub_budget_is_never_rate_limited() {
         min_tokens < 14.5,
         "the hub's bucket stayed at {min_tokens:.1}: the reserve was never reached"
     );
-    assert_eq!(count_of(&hub, "task_accepted", "loud"), 1);
-    assert_eq!(count_of(&hub, "task_accepted", "after-loud"), 1);
-    d.stop().await;
-    assert_no_violations(&hub);
+    assert_eq!(count_of(h.hub(), "task_accepted", "loud"), 1);
+    assert_eq!(count_of(h.hub(), "task_accepted", "after-loud"), 1);
+    h.finish().await;
 }

@@ -70,14 +70,12 @@ async fn secrets_are_redacted_in_every_form_from_everything_the_hub_receives() {
     use base64::Engine;
     const TOKEN: &str = "tok/UNIQUE+7f3a=9xyz";
     const SECRET: &str = "s3cr3t-extra-value";
-    let hub = MockHub::start(MockHubOptions {
+    let s = Setup::with_hub(MockHubOptions {
         agents: vec![("sidecar-test".into(), TOKEN.into())],
         ..MockHubOptions::default()
     })
-    .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = cfg(&hub, dir.path());
+    .await;
+    let mut c = s.cfg();
     c.token = TOKEN.into();
     c.secrets = vec![SECRET.into(), "short".into()];
     c.progress.min_interval_ms = 50;
@@ -91,21 +89,20 @@ async fn secrets_are_redacted_in_every_form_from_everything_the_hub_receives() {
         SECRET.to_string(),
         b64(SECRET),
     ];
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     let echo_all: String = forms.iter().map(|f| format!("echo '{f}'; ")).collect();
     // Output (progress + result), a check's output (report), and a failure reason.
     let mut t = sample_shell_task("leaky", &format!("{echo_all} sleep 0.5; echo short"));
     t["verification_steps"] =
         json!([{"type": "command_succeeds", "target": format!("echo '{TOKEN}' '{SECRET}'")}]);
-    hub.assign(t);
-    let done = hub.wait_for_type("task_complete", T).await.unwrap();
-    hub.assign(sample_shell_task(
+    h.assign(t);
+    let done = h.wait_for_type("task_complete", T).await.unwrap();
+    h.assign(sample_shell_task(
         "leaky-fail",
         &format!("{echo_all} echo '{TOKEN}' >&2; exit 3"),
     ));
-    let failed = hub.wait_for_type("task_failed", T).await.unwrap();
-    let sent: Vec<Value> = hub
+    let failed = h.wait_for_type("task_failed", T).await.unwrap();
+    let sent: Vec<Value> = h
         .received()
         .into_iter()
         .filter(|f| f["type"] != "identify")
@@ -139,10 +136,9 @@ async fn secrets_are_redacted_in_every_form_from_everything_the_hub_receives() {
             .any(|f| f["type"] == "task_progress" && f.to_string().contains("[REDACTED]")),
         "no progress frame carried the (redacted) output"
     );
-    let metrics = d.ops.metrics().encode();
+    let metrics = h.ops().metrics().encode();
     assert!(!metrics.contains(TOKEN) && !metrics.contains(SECRET));
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 #[tokio::test]
@@ -316,12 +312,10 @@ async fn wss_verifies_the_certificate_and_trusts_ca_file() {
 
 #[tokio::test]
 async fn shell_metacharacters_in_task_data_are_never_interpreted() {
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (c, ws) = cfg_with_workspace(&hub, dir.path());
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
-    let m = |n: &str| dir.path().join(n).display().to_string();
+    let s = Harness::setup().await;
+    let (c, ws) = s.cfg_with_workspace();
+    let h = s.start(c).await;
+    let m = |n: &str| h.dir().join(n).display().to_string();
     let inj = |n: &str| {
         format!(
             "$(touch {a}) `touch {b}`; touch {c} && touch {d} | touch {e}\n touch {f}",
@@ -340,10 +334,10 @@ async fn shell_metacharacters_in_task_data_are_never_interpreted() {
     t["routing_decision"]["selected_model"] = json!(inj("model"));
     t["branch"] = json!(inj("branch"));
     t["repo"] = Value::Null;
-    hub.assign(t);
-    let done = hub.wait_for_type("task_complete", T).await.unwrap();
+    h.assign(t);
+    let done = h.wait_for_type("task_complete", T).await.unwrap();
     assert_eq!(done["result"]["verification_status"], "verified");
-    let planted: Vec<String> = std::fs::read_dir(dir.path())
+    let planted: Vec<String> = std::fs::read_dir(h.dir())
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -361,8 +355,7 @@ async fn shell_metacharacters_in_task_data_are_never_interpreted() {
         std::fs::read_to_string(ws.join("ran.txt")).unwrap(),
         "only-this-runs\n"
     );
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }
 
 /// After a crash the task on disk is `Recovering`. A hub that re-queued it on the disconnect
@@ -372,11 +365,10 @@ async fn shell_metacharacters_in_task_data_are_never_interpreted() {
 #[tokio::test]
 async fn a_recovering_task_assigned_again_is_run_not_refused_as_busy() {
     use hub_sidecar::state::{ActiveTask, PersistedState, Phase, StateStore, STATE_VERSION};
-    let hub = hub().await;
-    let dir = tempfile::tempdir().unwrap();
+    let s = Harness::setup().await;
     let mut task = sample_shell_task("rec", "echo recovered-run");
     let crashed = hub_sidecar::task::Task::from_value(task.clone()).unwrap();
-    StateStore::new(dir.path().join("queue.json"))
+    StateStore::new(s.dir().join("queue.json"))
         .save(&PersistedState {
             version: STATE_VERSION,
             active: Some(ActiveTask {
@@ -388,12 +380,12 @@ async fn a_recovering_task_assigned_again_is_run_not_refused_as_busy() {
         })
         .await
         .unwrap();
-    let d = spawn(cfg(&hub, dir.path()));
-    hub.wait_for_type("identify", T).await.unwrap();
+    let cfg = s.cfg();
+    let h = s.start(cfg).await;
     // The hub's scheduler hands the re-queued task (generation 2) back at once.
     task["generation"] = json!(2);
-    hub.assign(task);
-    let done = hub
+    h.assign(task);
+    let done = h
         .wait_for(
             |f| {
                 f["task_id"] == "rec"
@@ -403,14 +395,18 @@ async fn a_recovering_task_assigned_again_is_run_not_refused_as_busy() {
         )
         .await
         .expect("a result");
-    assert_eq!(done["type"], "task_complete", "{}", dump(&hub, "rec"));
+    assert_eq!(done["type"], "task_complete", "{}", dump(h.hub(), "rec"));
     assert_eq!(done["generation"], 2);
-    assert!(wait_until(|| hub.acked_terminal("rec") == 1, T).await);
-    settle(&hub).await;
-    assert_eq!(hub.acked_terminal("rec"), 1);
-    assert_eq!(terminal_count(&hub, "rec"), 1, "{}", dump(&hub, "rec"));
-    d.stop().await;
-    assert_no_violations(&hub);
+    assert!(wait_until(|| h.acked_terminal("rec") == 1, T).await);
+    settle(h.hub()).await;
+    assert_eq!(h.acked_terminal("rec"), 1);
+    assert_eq!(
+        terminal_count(h.hub(), "rec"),
+        1,
+        "{}",
+        dump(h.hub(), "rec")
+    );
+    h.finish().await;
 }
 
 /// A hub that answers `rate_limited` with an absurd `retry_after_ms` (a bug, a unit mix-up)
@@ -470,28 +466,25 @@ async fn a_drain_during_a_hub_outage_keeps_the_result_for_the_next_start() {
 #[tokio::test]
 async fn no_secret_fragment_leaks_through_progress_cuts_and_frame_boundaries() {
     const TOKEN: &str = "tok-UNIQUE-7f3a9c2e";
-    let hub = MockHub::start(MockHubOptions {
+    let s = Setup::with_hub(MockHubOptions {
         agents: vec![("sidecar-test".into(), TOKEN.into())],
         ..MockHubOptions::default()
     })
-    .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = cfg(&hub, dir.path());
+    .await;
+    let mut c = s.cfg();
     c.token = TOKEN.into();
     c.progress.min_interval_ms = 50;
     c.progress.max_text_bytes = 256;
-    let d = spawn(c);
-    hub.wait_for_type("identify", T).await.unwrap();
+    let h = s.start(c).await;
     // A token split across two writes a second apart (two progress frames), then bursts
     // of lines carrying the token that overflow the 256-byte progress buffer, cut anywhere.
     let cmd = format!(
         "printf 'xx tok-UNIQUE'; sleep 1; printf -- '-7f3a9c2e yy\\n'; sleep 0.3; \
          for n in 1 2 3 4 5 6; do for i in $(seq 1 $((n * 37))); do echo \"pad$i {TOKEN}\"; done; sleep 0.2; done"
     );
-    hub.assign(sample_shell_task("fragments", &cmd));
-    hub.wait_for_type("task_complete", T).await.unwrap();
-    let texts: Vec<String> = hub
+    h.assign(sample_shell_task("fragments", &cmd));
+    h.wait_for_type("task_complete", T).await.unwrap();
+    let texts: Vec<String> = h
         .received_of("task_progress")
         .iter()
         .map(|f| {
@@ -511,6 +504,5 @@ async fn no_secret_fragment_leaks_through_progress_cuts_and_frame_boundaries() {
             );
         }
     }
-    d.stop().await;
-    assert_no_violations(&hub);
+    h.finish().await;
 }

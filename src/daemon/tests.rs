@@ -1,0 +1,366 @@
+//! The daemon's timers on paused tokio time: the drain timeout, the kill grace of a forced
+//! stop, the outbox flush on the way out, the wait for an answer to `task_recovering`, and
+//! an unanswered result sent again. The daemon runs against an in-memory link (the test
+//! plays the link: it feeds [`LinkEvent`]s and reads the [`OutFrame`]s), with real state on
+//! disk in a temp dir; a running task is a stand-in runner future, so no process runs.
+//!
+//! With the clock paused, tokio jumps it to the next timer whenever every task waits, so a
+//! 30-minute drain timeout takes no wall time and fires exactly when it is due. Disk writes
+//! go through `spawn_blocking`, during which the clock does not jump (which is also why
+//! the flight recorder, a long-lived blocking writer, is off here).
+//!
+//! The link's own timers (ping interval, pong timeout, reconnect backoff) wait on a real
+//! socket and are covered by the integration tests (`tests/it/daemon.rs`, `faults/`).
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use super::*;
+use crate::hub::link::OutFrame;
+use crate::runner::TaskOutcome;
+use crate::sandbox::Containment;
+use crate::state::{read_state, OutboxEntry};
+use crate::util::now_ms;
+
+/// The test's side of the daemon: the link it plays and the state file.
+struct Rig {
+    events: mpsc::Sender<LinkEvent>,
+    out: mpsc::Receiver<OutFrame>,
+    shutdown: Shutdown,
+    state_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// What the state file holds before the daemon starts.
+#[derive(Default)]
+struct Seed {
+    active: Option<ActiveTask>,
+    outbox: Vec<OutboxEntry>,
+}
+
+fn task(task_id: &str) -> Task {
+    serde_json::from_value(serde_json::json!({"task_id": task_id, "generation": 3}))
+        .expect("a minimal task")
+}
+
+fn active(task_id: &str, phase: Phase) -> ActiveTask {
+    ActiveTask {
+        task: task(task_id),
+        phase,
+        accepted_at: now_ms(),
+    }
+}
+
+fn failed_entry(task_id: &str) -> OutboxEntry {
+    OutboxEntry {
+        task_id: task_id.into(),
+        frame: Outbound::task_failed(task_id, 3, "left over"),
+        created_at: now_ms(),
+    }
+}
+
+/// A daemon over `seed`, not yet running, and the rig to drive it.
+async fn daemon(seed: Seed, tweak: impl FnOnce(&mut Config)) -> (Daemon, Rig) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = Config::for_hub("ws://127.0.0.1:9", dir.path());
+    // No namespace probe: nothing here spawns a process.
+    cfg.containment = Some(Containment::Off);
+    // The recorder's writer is a long-lived `spawn_blocking` task, and the paused clock never
+    // jumps while one runs.
+    cfg.recorder.enabled = false;
+    tweak(&mut cfg);
+    let seeded = StateStore::new(cfg.state_file());
+    seeded.load().await.expect("empty state");
+    for entry in seed.outbox {
+        seeded.push(entry, None).await.1.expect("seed the outbox");
+    }
+    seeded.set_active(seed.active).await.expect("seed the task");
+    let cfg = Arc::new(cfg);
+    let state = load_state(&cfg).await.expect("load the seeded state");
+    let budget = Arc::new(RateBudget::from_config(&cfg.progress));
+    let (link, out) = link::channel();
+    let (events, ev_rx) = mpsc::channel(16);
+    let shutdown = Shutdown::new();
+    let state_file = cfg.state_file();
+    let (d, _writer) = Daemon::new(
+        cfg,
+        shutdown.clone(),
+        Ops::new(),
+        budget,
+        link,
+        ev_rx,
+        state,
+    )
+    .await;
+    let rig = Rig {
+        events,
+        out,
+        shutdown,
+        state_file,
+        _dir: dir,
+    };
+    (d, rig)
+}
+
+/// A runner that works until cancelled (or, `deaf`, ignores the cancel and works forever).
+fn stand_in_runner(d: &mut Daemon, task_id: &str, deaf: bool) -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let seen = cancel.clone();
+    let handle = tokio::spawn(async move {
+        if deaf {
+            std::future::pending::<()>().await;
+        }
+        seen.cancelled().await;
+        TaskOutcome::Cancelled
+    });
+    d.active = Some(active(task_id, Phase::Running));
+    d.running = Some(Running {
+        task_id: task_id.into(),
+        cancel: cancel.clone(),
+        handle,
+        dropped: false,
+    });
+    cancel
+}
+
+/// Run the daemon's loop in its own task; the daemon comes back with the exit reason.
+fn start(mut d: Daemon) -> JoinHandle<(ExitReason, Daemon)> {
+    tokio::spawn(async move {
+        let reason = d.run().await;
+        (reason, d)
+    })
+}
+
+/// Has `fut` finished within `limit` of paused time?
+async fn done_within(limit: Duration, fut: &mut (impl Future + Unpin)) -> bool {
+    tokio::time::timeout(limit, fut).await.is_ok()
+}
+
+impl Rig {
+    async fn identified(&self) {
+        self.events
+            .send(LinkEvent::Identified { epoch: 1 })
+            .await
+            .expect("the daemon hears the link");
+    }
+
+    /// The next frame the daemon gives the link.
+    async fn next_out(&mut self) -> OutFrame {
+        self.out.recv().await.expect("the daemon is running")
+    }
+
+    /// The next outbox frame (sent with a barrier ping behind it), skipping the
+    /// `task_accepted` that precedes it after an identify.
+    async fn next_result(&mut self) -> OutFrame {
+        loop {
+            let f = self.next_out().await;
+            if f.barrier.is_some() {
+                return f;
+            }
+        }
+    }
+
+    fn active_on_disk(&self) -> Option<ActiveTask> {
+        read_state(&self.state_file).expect("state file").active
+    }
+
+    fn outbox_on_disk(&self) -> usize {
+        read_state(&self.state_file)
+            .expect("state file")
+            .outbox
+            .len()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_gives_the_task_until_drain_timeout_then_cancels_it_and_keeps_it() {
+    let (mut d, rig) = daemon(Seed::default(), |c| c.drain_timeout_secs = 30).await;
+    let cancel = stand_in_runner(&mut d, "long", false);
+    let mut run = start(d);
+    let t0 = Instant::now();
+    rig.shutdown.drain.cancel();
+    assert!(
+        !done_within(Duration::from_secs(29), &mut run).await,
+        "stopped before the drain timeout"
+    );
+    assert!(!cancel.is_cancelled(), "the task was cancelled early");
+    let (reason, d) = run.await.expect("daemon task");
+    assert_eq!(reason, ExitReason::Aborted);
+    assert_eq!(t0.elapsed(), Duration::from_secs(30));
+    assert!(cancel.is_cancelled());
+    assert_eq!(
+        d.active.map(|a| a.phase),
+        Some(Phase::Recovering),
+        "kept for task_recovering"
+    );
+    assert_eq!(
+        rig.active_on_disk().map(|a| a.phase),
+        Some(Phase::Recovering)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forced_stop_waits_out_the_kill_grace_for_a_runner_deaf_to_its_cancel() {
+    let (mut d, rig) = daemon(Seed::default(), |c| c.executor.kill_grace_ms = 4_000).await;
+    let cancel = stand_in_runner(&mut d, "deaf", true);
+    let mut run = start(d);
+    let t0 = Instant::now();
+    rig.shutdown.abort.cancel();
+    // The grace plus 2 s for the runner to report, then the runner is dropped.
+    assert!(!done_within(Duration::from_millis(5_999), &mut run).await);
+    let (reason, _) = run.await.expect("daemon task");
+    assert_eq!(reason, ExitReason::Aborted);
+    assert_eq!(t0.elapsed(), Duration::from_secs(6));
+    assert!(cancel.is_cancelled());
+    assert_eq!(
+        rig.active_on_disk().map(|a| a.phase),
+        Some(Phase::Recovering)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_immediate_stop_cuts_the_kill_grace_short() {
+    let (mut d, rig) = daemon(Seed::default(), |c| c.executor.kill_grace_ms = 60_000).await;
+    stand_in_runner(&mut d, "deaf", true);
+    let run = start(d);
+    let t0 = Instant::now();
+    rig.shutdown.abort.cancel();
+    rig.shutdown.immediate.cancel();
+    let (reason, _) = run.await.expect("daemon task");
+    assert_eq!(reason, ExitReason::Interrupted);
+    assert_eq!(t0.elapsed(), Duration::ZERO, "waited for the grace");
+    assert_eq!(
+        rig.active_on_disk().map(|a| a.phase),
+        Some(Phase::Recovering)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_waits_at_most_outbox_flush_for_an_unanswered_result_and_keeps_it() {
+    let seed = Seed {
+        outbox: vec![failed_entry("unanswered")],
+        ..Seed::default()
+    };
+    let (d, mut rig) = daemon(seed, |_| {}).await;
+    let mut run = start(d);
+    rig.identified().await;
+    let sent = rig.next_result().await;
+    assert_eq!(sent.barrier.as_deref(), Some("unanswered"));
+    let t0 = Instant::now();
+    rig.shutdown.drain.cancel();
+    assert!(!done_within(OUTBOX_FLUSH - Duration::from_millis(1), &mut run).await);
+    let (reason, _) = run.await.expect("daemon task");
+    assert_eq!(reason, ExitReason::Drained);
+    assert_eq!(t0.elapsed(), OUTBOX_FLUSH);
+    assert_eq!(
+        rig.outbox_on_disk(),
+        1,
+        "the result stays for the next start"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_ends_as_soon_as_the_last_result_is_acknowledged() {
+    let seed = Seed {
+        outbox: vec![failed_entry("answered")],
+        ..Seed::default()
+    };
+    let (d, mut rig) = daemon(seed, |_| {}).await;
+    let run = start(d);
+    rig.identified().await;
+    rig.next_result().await;
+    let t0 = Instant::now();
+    rig.shutdown.drain.cancel();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    rig.events
+        .send(LinkEvent::Frame(Inbound::TaskAck {
+            task_id: "answered".into(),
+            status: Some("received".into()),
+        }))
+        .await
+        .unwrap();
+    let (reason, _) = run.await.expect("daemon task");
+    assert_eq!(reason, ExitReason::Drained);
+    assert_eq!(t0.elapsed(), Duration::from_secs(3));
+    assert_eq!(rig.outbox_on_disk(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_task_recovering_is_given_up_after_a_minute() {
+    // Drained a second either side of the deadline (at the deadline itself, which of the two
+    // the loop sees first would be up to the scheduler).
+    let second = Duration::from_secs(1);
+    for (wait, kept) in [
+        (RECOVERY_ANSWER - second, true),
+        (RECOVERY_ANSWER + second, false),
+    ] {
+        let seed = Seed {
+            active: Some(active("crashed", Phase::Running)),
+            ..Seed::default()
+        };
+        let (d, mut rig) = daemon(seed, |_| {}).await;
+        let run = start(d);
+        rig.identified().await;
+        let asked = rig.next_out().await;
+        assert!(
+            matches!(&asked.frame, Outbound::TaskRecovering { task_id, generation: 3 } if task_id == "crashed"),
+            "{asked:?}"
+        );
+        tokio::time::sleep(wait).await;
+        rig.shutdown.drain.cancel();
+        let (reason, d) = run.await.expect("daemon task");
+        assert_eq!(reason, ExitReason::Drained);
+        assert_eq!(d.active.is_some(), kept, "after {wait:?}");
+        assert_eq!(
+            rig.active_on_disk().is_some(),
+            kept,
+            "on disk after {wait:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_result_the_hub_let_pass_is_sent_again_once_its_wait_is_over() {
+    let seed = Seed {
+        outbox: vec![failed_entry("dropped")],
+        ..Seed::default()
+    };
+    let (d, mut rig) = daemon(seed, |_| {}).await;
+    let run = start(d);
+    rig.identified().await;
+    rig.next_result().await;
+    // The barrier's pong came back but no answer to the frame: the hub dropped it.
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        rig.events
+            .send(LinkEvent::Barrier {
+                task_id: "dropped".into(),
+            })
+            .await
+            .unwrap();
+        let again = rig.next_result().await;
+        assert_eq!(again.barrier.as_deref(), Some("dropped"));
+        waits.push(t0.elapsed());
+    }
+    // Longer each time (the outbox's rule), and never sooner.
+    assert_eq!(waits, [1, 2, 4].map(Duration::from_secs), "re-send waits");
+    rig.shutdown.immediate.cancel();
+    run.await.expect("daemon task");
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_unless_immediate_waits_at_most_its_limit_and_not_at_all_once_cancelled() {
+    let immediate = CancellationToken::new();
+    let t0 = Instant::now();
+    let quick = tokio::time::sleep(Duration::from_secs(1));
+    assert!(wait_unless_immediate(&immediate, Duration::from_secs(5), quick).await);
+    assert_eq!(t0.elapsed(), Duration::from_secs(1));
+    let slow = std::future::pending::<()>();
+    assert!(!wait_unless_immediate(&immediate, Duration::from_secs(5), slow).await);
+    assert_eq!(t0.elapsed(), Duration::from_secs(6));
+    immediate.cancel();
+    let slow = std::future::pending::<()>();
+    assert!(!wait_unless_immediate(&immediate, Duration::from_secs(5), slow).await);
+    assert_eq!(t0.elapsed(), Duration::from_secs(6));
+}

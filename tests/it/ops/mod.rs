@@ -1,0 +1,61 @@
+//! Operations (issue: operations and user experience): graceful stop through the real
+//! binary, systemd notify datagrams, `/healthz` and `/metrics`, the `check`, `run-task` and
+//! `verify` subcommands, and the shipped unit files.
+//!
+//! Layout: this file holds the shared readers (state, logs, close codes); `signals`, `health`,
+//! `subcommands` and `install` hold the tests by topic.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions, RecoveryAnswer};
+use hub_sidecar::ops::Ops;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::harness::Harness;
+use crate::util::*;
+
+mod health;
+mod install;
+mod signals;
+mod subcommands;
+
+async fn hub() -> MockHub {
+    MockHub::start(MockHubOptions::default()).await.unwrap()
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The state on disk as JSON (the journal replayed).
+fn state_json(dir: &Path) -> Value {
+    serde_json::to_value(hub_sidecar::state::read_state(&dir.join("queue.json")).unwrap()).unwrap()
+}
+
+/// The phase of the active task in the state file, if any.
+fn active_phase(dir: &Path) -> Option<String> {
+    let st = hub_sidecar::state::read_state(&dir.join("queue.json")).ok()?;
+    let v = serde_json::to_value(st).ok()?;
+    v["active"]["phase"].as_str().map(str::to_string)
+}
+
+/// Wait until the daemon's log contains `needle` (the daemon logs each stop stage).
+async fn wait_log(bin: &Bin, needle: &str) {
+    assert!(
+        wait_until(|| bin.logs().contains(needle), T).await,
+        "log never showed {needle:?}:\n{}",
+        bin.logs()
+    );
+}
+
+/// Close frames the sidecar sent, as codes.
+fn close_codes(hub: &MockHub) -> Vec<u64> {
+    hub.received_of("<close>")
+        .iter()
+        .filter_map(|f| f["code"].as_u64())
+        .collect()
+}

@@ -1,0 +1,328 @@
+//! The `check`, `run-task` and `verify` subcommands of the real binary.
+
+use super::*;
+
+/// Run the binary with `args` to completion: exit code, stdout, stderr.
+async fn run_bin(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-sidecar"));
+    cmd.args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("HUB_SIDECAR_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .expect("command timed out")
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn check_passes_with_a_good_config_and_never_prints_the_token() {
+    let hub = MockHub::start(MockHubOptions {
+        agents: vec![("sidecar-test".into(), "tok-CHECK-5d1f0a".into())],
+        ..MockHubOptions::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&hub, dir.path(), "tok-CHECK-5d1f0a", "");
+    let (code, out, err) = run_bin(&["check", "--config", config.to_str().unwrap()], &[]).await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    for item in [
+        "✓ config",
+        "✓ hub",
+        "✓ state dir",
+        "✓ workspace",
+        "claude",
+        "git",
+    ] {
+        assert!(out.contains(item), "missing {item:?}:\n{out}");
+    }
+    assert!(out.contains("token accepted"), "{out}");
+    assert!(
+        out.contains("- ollama"),
+        "ollama skipped without ollama_url:\n{out}"
+    );
+    assert!(!out.contains("tok-CHECK-5d1f0a") && !err.contains("tok-CHECK-5d1f0a"));
+    assert!(!hub.received_of("identify").is_empty());
+    assert_no_violations(&hub);
+}
+
+#[tokio::test]
+async fn check_fails_naming_a_missing_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "agent_id = \"a\"\nhub_url = \"ws://127.0.0.1:9/ws\"\n",
+    )
+    .unwrap();
+    let (code, out, err) = run_bin(&["check", "--config", config.to_str().unwrap()], &[]).await;
+    assert_ne!(code, Some(0));
+    assert!(out.contains("✗ config"), "{out}");
+    assert!(
+        out.contains("token"),
+        "the missing key is named:\n{out}{err}"
+    );
+}
+
+#[tokio::test]
+async fn check_fails_on_a_wrong_token() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&hub, dir.path(), "tok-WRONG-77ab31", "");
+    let (code, out, err) = run_bin(&["check", "--config", config.to_str().unwrap()], &[]).await;
+    assert_eq!(code, Some(1), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("✗ hub"), "{out}");
+    assert!(out.contains("FAILED: hub"), "{out}");
+    assert!(!out.contains("tok-WRONG-77ab31") && !err.contains("tok-WRONG-77ab31"));
+}
+
+#[tokio::test]
+async fn run_task_runs_the_shell_example_offline_and_verify_agrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let out_file = dir.path().join("result.json");
+    let task = repo().join("examples/tasks/shell-with-checks.json");
+    let (code, out, err) = run_bin(
+        &[
+            "run-task",
+            task.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--out",
+            out_file.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let result: Value = serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
+    assert_eq!(result["type"], "task_complete");
+    assert_eq!(result["task_id"], "example-shell-with-checks");
+    assert_eq!(result["result"]["verification_status"], "verified");
+    assert!(
+        err.contains("check file_exists → pass"),
+        "plain progress lines off a TTY:\n{err}"
+    );
+    assert!(ws.join("out/report.txt").exists());
+
+    // verify: the same checks pass on that workspace and fail on an empty one.
+    let (code, out, _) = run_bin(
+        &[
+            "verify",
+            task.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["status"], "pass");
+    assert_eq!(report["summary"]["passed"], 3);
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let (code, out, _) = run_bin(
+        &[
+            "verify",
+            task.to_str().unwrap(),
+            "--workspace",
+            empty.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["status"], "fail");
+}
+
+#[tokio::test]
+async fn verify_can_pass_an_llm_judge_check() {
+    let fake = crate::fakes::FakeOllama::answering(
+        r#"{"match": true, "confidence": 0.95, "reason": "the file is there"}"#,
+        2,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("hello.txt"), "hello\n").unwrap();
+    let task = dir.path().join("t.json");
+    std::fs::write(
+        &task,
+        json!({"task_id": "judged", "description": "Write hello.txt",
+            "routing_decision": {"selected_endpoint": fake.addr.to_string(), "selected_model": "m"},
+            "verification_steps": [{"type": "llm_judge", "target": "hello.txt exists"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let (code, out, err) = run_bin(
+        &[
+            "verify",
+            task.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["checks"][0]["status"], "pass", "{out}");
+    let asked = fake.requests();
+    assert_eq!(asked.len(), 1);
+    assert!(asked[0].to_string().contains("added: hello.txt (+1 lines)"));
+}
+
+#[tokio::test]
+async fn verify_exits_non_zero_on_malformed_verification_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("present.txt"), "x").unwrap();
+    let task = dir.path().join("t.json");
+    for steps in [
+        json!([{"type": "file_exists", "target": "present.txt"}, "file_exists present.txt"]),
+        json!({"type": "file_exists", "target": "present.txt"}),
+    ] {
+        std::fs::write(
+            &task,
+            json!({"task_id": "bad-steps", "verification_steps": steps}).to_string(),
+        )
+        .unwrap();
+        let (code, out, err) = run_bin(
+            &[
+                "verify",
+                task.to_str().unwrap(),
+                "--workspace",
+                dir.path().to_str().unwrap(),
+            ],
+            &[],
+        )
+        .await;
+        assert_eq!(
+            code,
+            Some(1),
+            "a malformed step must never verify:\n{out}\n{err}"
+        );
+        let report: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(report["status"], "error", "{out}");
+        assert!(
+            out.contains("verification_steps"),
+            "the bad element is named: {out}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn run_task_with_a_relative_workspace_observes_the_git_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    for args in [
+        &["init", "-q"][..],
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "i",
+        ],
+    ] {
+        let ok = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&ws)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+    let task = dir.path().join("t.json");
+    let mut t = sample_shell_task("relative-ws", "echo hi > made.txt");
+    t["verification_steps"] = json!([{"type": "file_exists", "target": "made.txt"}]);
+    std::fs::write(&task, t.to_string()).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-sidecar"))
+        .args(["run-task", "t.json", "--workspace", "ws"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .env_remove("HUB_SIDECAR_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|_| panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let obs = &v["verification_history"][0]["observations"];
+    assert_eq!(obs, &json!(["added: made.txt (+1 lines)"]), "{v:#}");
+}
+
+#[tokio::test]
+async fn run_task_with_a_failing_task_exits_non_zero_and_prints_the_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let task = dir.path().join("t.json");
+    let mut t = sample_shell_task("fails", "echo out; exit 3");
+    t["verification_steps"] = json!([{"type": "file_exists", "target": "nope"}]);
+    std::fs::write(&task, t.to_string()).unwrap();
+    // No --workspace: a temporary one is made (under TMPDIR, here the test's directory).
+    let tmp = dir.path().to_str().unwrap();
+    let (code, out, err) = run_bin(&["run-task", task.to_str().unwrap()], &[("TMPDIR", tmp)]).await;
+    assert_eq!(code, Some(1), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["type"], "task_failed", "{out}");
+    assert!(
+        err.contains("workspace"),
+        "the temporary workspace is shown: {err}"
+    );
+}
+
+#[tokio::test]
+async fn run_task_fixes_the_failing_test_with_the_stand_in_claude() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    for f in ["calc.sh", "test.sh"] {
+        std::fs::copy(
+            repo().join("examples/workspaces/failing-test").join(f),
+            ws.join(f),
+        )
+        .unwrap();
+    }
+    let stand_in = repo().join("examples/stand-in-claude/fix-failing-test");
+    let task = repo().join("examples/tasks/claude-fix-failing-test.json");
+    let (code, out, err) = run_bin(
+        &[
+            "run-task",
+            task.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+        ],
+        &[(
+            "HUB_SIDECAR_EXECUTOR__CLAUDE_PATH",
+            stand_in.to_str().unwrap(),
+        )],
+    )
+    .await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["result"]["verification_status"], "verified");
+    assert_eq!(
+        v["result"]["verification_attempts"], 2,
+        "fixed on the corrective attempt"
+    );
+    assert_eq!(v["verification_history"][0]["status"], "fail");
+}
