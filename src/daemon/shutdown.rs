@@ -31,6 +31,7 @@ pub struct Shutdown {
 }
 
 impl Shutdown {
+    /// No stage requested yet: the signal handler cancels the tokens in order.
     pub fn new() -> Shutdown {
         Shutdown::default()
     }
