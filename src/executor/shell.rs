@@ -82,6 +82,6 @@ impl ShellExecutor {
                 )),
             ),
         };
-        ExecOutcome::new(status, out.combined(), error)
+        ExecOutcome::new(status, out.into_combined(), error)
     }
 }
