@@ -421,6 +421,11 @@ pub struct GitConfig {
     /// Hub HTTP API for risk classification; default derived from `hub_url`
     /// (`ws` → `http`, `wss` → `https`, path dropped).
     pub hub_api_url: Option<String>,
+    /// Warm caches: paths relative to a managed clone's root (`"target/"`,
+    /// `"node_modules/"`) that the clean before each task keeps. Empty by default. Risk: what
+    /// one task left there (a build artefact, a poisoned cache) reaches the next task on the
+    /// same clone and can decide whether it verifies.
+    pub warm_cache: Vec<String>,
 }
 
 impl Default for GitConfig {
@@ -435,6 +440,7 @@ impl Default for GitConfig {
             command_timeout_secs: 120,
             gh_path: None,
             hub_api_url: None,
+            warm_cache: Vec::new(),
         }
     }
 }

@@ -8,7 +8,9 @@
 //! Clean policy: a managed workspace is cleaned with `git clean -ffdx`, ignored files
 //! included. Build caches such as `target/` go too; a rebuild costs time, but a task must see
 //! exactly the remote's tree, and an ignored `.env` or stale artefact from an earlier task
-//! must never decide whether this one verifies. `repo_dir` is the operator's directory: it is
+//! must never decide whether this one verifies — unless the operator lists paths in
+//! `git.warm_cache` (off by default): those are kept between tasks of the same clone, with
+//! the risk that one task's artefacts reach the next. `repo_dir` is the operator's directory: it is
 //! never reset or cleaned; a dirty tree there is stashed (recoverable) before branching.
 //!
 //! # Layout
@@ -209,10 +211,13 @@ async fn prepare_managed(
             "preparing workspace for {shown}: branch `{base}` does not exist on origin; check the task's branch"
         ));
     }
+    let mut clean = vec!["clean".to_string(), "-ffdxq".to_string()];
+    clean.extend(keep_patterns(&cfg.git.warm_cache)?);
+    let clean: Vec<&str> = clean.iter().map(String::as_str).collect();
     for args in [
         vec!["checkout", "--quiet", "-f", "-B", &base, &remote_ref],
         vec!["reset", "--quiet", "--hard", &remote_ref],
-        vec!["clean", "-ffdxq"],
+        clean,
     ] {
         git.git(&path, &args, false).await.map_err(fail)?;
     }
@@ -236,6 +241,30 @@ async fn prepare_managed(
         kind: WorkspaceKind::Managed { base, git_dir },
         _lock: Some(lock),
     })
+}
+
+/// `git clean` arguments that keep the warm-cache paths (`git.warm_cache`): with `-x` only
+/// the `-e` patterns given here are honoured, so nothing else ignored survives. Each path is
+/// anchored at the clone's root (`target/` keeps `/target/`, not `src/target/`). A path that
+/// could name something outside the clone or the clone's git link is refused, not skipped:
+/// the operator asked for it and should hear why it is not kept.
+fn keep_patterns(paths: &[String]) -> Result<Vec<String>, String> {
+    let mut out = Vec::with_capacity(paths.len() * 2);
+    for p in paths {
+        let rel = p.trim().trim_start_matches("./");
+        let bad = rel.is_empty()
+            || rel.starts_with('/')
+            || rel.split('/').any(|c| c == ".." || c == ".git" || c == ".")
+            || rel.contains(['*', '?', '[', '\\', '!']);
+        if bad {
+            return Err(format!(
+                "git.warm_cache entry `{p}` is not a plain path inside the clone (like `target/`); fix the config"
+            ));
+        }
+        out.push("-e".to_string());
+        out.push(format!("/{rel}"));
+    }
+    Ok(out)
 }
 
 /// The workspace for a task without a repository: `repo_dir`, else a per-task directory
@@ -298,5 +327,37 @@ pub fn git_write_roots(cfg: &Config, task: &Task) -> Vec<PathBuf> {
             .repo_dir
             .clone()
             .unwrap_or_else(|| workspace_for(cfg, task))],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_patterns;
+
+    #[test]
+    fn warm_cache_paths_become_root_anchored_clean_excludes() {
+        let paths = ["target/".to_string(), "./node_modules".to_string()];
+        assert_eq!(
+            keep_patterns(&paths).unwrap(),
+            ["-e", "/target/", "-e", "/node_modules"]
+        );
+        assert!(keep_patterns(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn warm_cache_paths_that_could_leave_the_clone_are_refused() {
+        for bad in [
+            "",
+            "/etc/",
+            "../x",
+            "a/../../b",
+            ".git",
+            "a/.git/hooks",
+            "*",
+            "!keep",
+        ] {
+            let e = keep_patterns(&[bad.to_string()]).unwrap_err();
+            assert!(e.contains("git.warm_cache"), "{bad}: {e}");
+        }
     }
 }

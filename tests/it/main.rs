@@ -18,3 +18,4 @@ mod real_claude;
 mod recorder;
 mod util;
 mod verify;
+mod warm_cache;
