@@ -26,6 +26,7 @@
 //! This is a benchmark, not a test: it reports, it does not assert. A figure that misses its
 //! target is printed as `MISS`, and the run goes on.
 
+mod clone;
 mod harness;
 mod latency;
 mod output;
@@ -148,6 +149,10 @@ async fn main() {
         if run(11) {
             eprintln!("bench: 11 ten daemons side by side");
             rows.extend(startup::side_by_side(&o, 10).await);
+        }
+        if run(12) {
+            eprintln!("bench: 12 fifty tasks on one managed clone");
+            rows.extend(clone::managed_clone(&o, 50).await);
         }
         if run(9) {
             eprintln!("bench: 9 backlog of 1000 × 64 KB results");
