@@ -187,9 +187,12 @@ pub fn head_tail(s: &str, max: usize) -> String {
         .captures_iter(s)
         .filter_map(|c| c[1].parse::<u64>().ok())
         .sum();
-    let content = marker.replace_all(s, "");
+    // The text without its markers, fed piece by piece: the buffer keeps only head and tail,
+    // so a 1 MiB capture cut to 64 KiB is never copied whole.
     let mut buf = CappedBuf::new(max);
-    buf.push(content.as_bytes());
+    for piece in marker.split(s) {
+        buf.push(piece.as_bytes());
+    }
     let now = buf.dropped();
     let head_tail = buf.into_string_lossy();
     if earlier == 0 {
@@ -305,6 +308,26 @@ mod tests {
             };
             proptest::prop_assert_eq!(text, expected);
         }
+    }
+
+    #[test]
+    fn head_tail_counts_earlier_markers_and_cuts_once() {
+        let mut capture = CappedBuf::new(200);
+        for i in 0..1000 {
+            capture.push(format!("line {i}\n").as_bytes());
+        }
+        let captured = capture.into_string_lossy();
+        let cut = head_tail(&captured, 50);
+        // 25 bytes of head, one marker for everything left out, 25 bytes of tail.
+        let total: usize = (0..1000).map(|i| format!("line {i}\n").len()).sum();
+        assert!(cut.starts_with("line 0\nline 1\nline 2\nline"), "{cut}");
+        assert!(cut.ends_with("line 998\nline 999\n"), "{cut}");
+        assert_eq!(cut.matches("bytes elided").count(), 1, "{cut}");
+        assert!(
+            cut.contains(&crate::util::elision(total as u64 - 50)),
+            "{cut}"
+        );
+        assert_eq!(head_tail("short", 50), "short");
     }
 
     #[test]
