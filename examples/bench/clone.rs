@@ -100,10 +100,10 @@ pub async fn managed_clone(o: &Opts, n: usize) -> Vec<Row> {
         "flat: last 5 ≤ 1.5 × first 5",
         "—",
         format!(
-            "last 5 median {:.1} ms vs first 5 median {:.1} ms ({:.2}×); all: min {:.1} / median {:.1} / max {:.1} ms; the clone itself (task 1) {:.0} ms",
+            "{:.2}× (last 5 median {:.1} ms / first 5 median {:.1} ms); all: min {:.1} / median {:.1} / max {:.1} ms; the clone itself (task 1) {:.0} ms",
+            last.median() / first.median(),
             last.median(),
             first.median(),
-            last.median() / first.median(),
             all.p(0.0),
             all.median(),
             all.max(),
