@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks: build the release binary and the driver once, run the driver
-# (examples/bench.rs) against the real binary, and put the table into BENCHMARKS.md
+# (examples/bench/) against the real binary, and put the table into BENCHMARKS.md
 # between the "results" markers. Extra arguments go to the driver (e.g. --quick).
 #
 # The daemon is built on its own (`--bins`) and the driver after it (`--examples`): building

@@ -276,8 +276,8 @@ enum PrepareError {
     #[error(transparent)]
     Containment(#[from] ContainmentError),
     /// The workspace could not be prepared (the workspace module's own message).
-    #[error("{0}")]
-    Workspace(String),
+    #[error(transparent)]
+    Workspace(#[from] workspace::WorkspaceError),
     /// The task branch could not be created.
     #[error("creating the task branch: {0}")]
     Branch(GitError),
@@ -312,9 +312,7 @@ async fn prepare_workspace(
     if task.repo.is_some() {
         progress.emit(ProgressEvent::status("preparing the repository workspace"));
     }
-    let ws = workspace::prepare(cfg, task, git)
-        .await
-        .map_err(PrepareError::Workspace)?;
+    let ws = workspace::prepare(cfg, task, git).await?;
     let branch = match &ws.kind {
         // A per-task directory is nobody's repository: nothing to branch or push.
         WorkspaceKind::Temp => Ok(None),

@@ -29,6 +29,7 @@ pub const STATE_VERSION: u32 = 2;
 /// [`StateStore::save`] exchange. The daemon itself never holds all outbox frames at once.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct PersistedState {
+    /// Format version ([`STATE_VERSION`] when written now).
     pub version: u32,
     /// The one task this daemon works on, if any.
     pub active: Option<ActiveTask>,
@@ -36,10 +37,14 @@ pub struct PersistedState {
     pub outbox: Vec<OutboxEntry>,
 }
 
+/// The task this daemon has accepted and not yet finished.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ActiveTask {
+    /// The task as the hub assigned it.
     pub task: Task,
+    /// Where it is in its life.
     pub phase: Phase,
+    /// Wall clock, ms since the epoch, when it was accepted.
     pub accepted_at: i64,
 }
 
@@ -53,9 +58,12 @@ pub enum Phase {
     Recovering,
 }
 
+/// A terminal frame (`task_complete`, `task_failed`, …) kept until the hub acknowledges it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct OutboxEntry {
+    /// The task the frame is about.
     pub task_id: String,
+    /// The frame, sent again as is after a reconnect.
     pub frame: Outbound,
     /// Wall clock, ms since the epoch: expiry counts from here.
     pub created_at: i64,
@@ -66,7 +74,9 @@ pub struct OutboxEntry {
 pub struct OutboxMeta {
     /// Unique within the file, increasing: the order entries were added.
     pub seq: u64,
+    /// The task the frame is about.
     pub task_id: String,
+    /// Wall clock, ms since the epoch: expiry counts from here.
     pub created_at: i64,
 }
 
@@ -74,14 +84,20 @@ pub struct OutboxMeta {
 /// accept tasks", a corrupt file means "start empty but keep the evidence".
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
+    /// A change could not be made durable: the daemon must not accept tasks.
     #[error("cannot write state file {path}: {source}; check that the state directory exists, is writable and the disk is not full")]
     Write {
+        /// The journal file.
         path: PathBuf,
+        /// What the file system said.
         source: std::io::Error,
     },
+    /// The file exists but could not be read.
     #[error("cannot read state file {path}: {source}")]
     Read {
+        /// The journal file.
         path: PathBuf,
+        /// What the file system said.
         source: std::io::Error,
     },
 }
@@ -89,6 +105,7 @@ pub enum StateError {
 /// What [`StateStore::load`] found.
 #[derive(Debug)]
 pub struct Loaded {
+    /// The task that was active when the daemon stopped, if any.
     pub active: Option<ActiveTask>,
     /// Outbox entries, oldest first (frames stay on disk: [`StateStore::entry`]).
     pub outbox: Vec<OutboxMeta>,
@@ -119,6 +136,7 @@ impl StateStore {
         }
     }
 
+    /// The journal file.
     pub fn path(&self) -> &Path {
         &self.path
     }

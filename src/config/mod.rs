@@ -29,9 +29,9 @@ use serde_json::Value;
 
 pub use raw::Layers;
 pub use sections::{
-    Containment, EnvConfig, ExecutorConfig, GitConfig, JudgeBackend, ProgressConfig,
-    RecorderConfig, SandboxConfig, VerificationConfig, DEFAULT_MAX_COST_USD_PER_DAY,
-    DEFAULT_RETRY_CEILING,
+    warm_cache_entry, Containment, EnvConfig, ExecutorConfig, GitConfig, JudgeBackend,
+    ProgressConfig, RecorderConfig, SandboxConfig, VerificationConfig,
+    DEFAULT_MAX_COST_USD_PER_DAY, DEFAULT_RETRY_CEILING,
 };
 
 /// Why the configuration cannot be used. Every message names the key (or the file), where it

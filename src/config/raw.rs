@@ -181,6 +181,7 @@ pub(crate) struct RawGit {
     pub command_timeout_secs: Option<u64>,
     pub gh_path: Option<PathBuf>,
     pub hub_api_url: Option<String>,
+    pub warm_cache: Option<Vec<String>>,
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
 }

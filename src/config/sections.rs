@@ -293,6 +293,23 @@ pub struct GitConfig {
     /// Hub HTTP API for risk classification; default derived from `hub_url`
     /// (`ws` → `http`, `wss` → `https`, path dropped).
     pub hub_api_url: Option<String>,
+    /// Warm caches: paths relative to a managed clone's root (`"target/"`,
+    /// `"node_modules/"`) that the clean before each task keeps. Empty by default. Risk: what
+    /// one task left there (a build artefact, a poisoned cache) reaches the next task on the
+    /// same clone and can decide whether it verifies.
+    pub warm_cache: Vec<String>,
+}
+
+/// A `git.warm_cache` entry as a path relative to the clone's root (`./target/` →
+/// `target/`), or `None` when it could name something outside the clone or the clone's git
+/// link (absolute, `..`, `.`, `.git`, a glob). Checked at load and again where it is used.
+pub fn warm_cache_entry(entry: &str) -> Option<&str> {
+    let rel = entry.trim().trim_start_matches("./");
+    let bad = rel.is_empty()
+        || rel.starts_with('/')
+        || rel.split('/').any(|c| c == ".." || c == ".git" || c == ".")
+        || rel.contains(['*', '?', '[', '\\', '!']);
+    (!bad).then_some(rel)
 }
 
 impl Default for GitConfig {
@@ -307,6 +324,7 @@ impl Default for GitConfig {
             command_timeout_secs: 120,
             gh_path: None,
             hub_api_url: None,
+            warm_cache: Vec::new(),
         }
     }
 }

@@ -434,3 +434,30 @@ fn ollama_url_is_checked_at_load_but_kept_as_written() {
         );
     }
 }
+
+#[test]
+fn a_warm_cache_path_that_could_leave_the_clone_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_hub = |hub: &str, extra: &str| {
+        let f = dir.path().join("u.toml");
+        std::fs::write(
+            &f,
+            format!("agent_id = \"a\"\ntoken = \"t\"\nhub_url = \"{hub}\"\n{extra}"),
+        )
+        .unwrap();
+        Config::load(&layers(Some(f), &[], &[]))
+    };
+    let c = with_hub(
+        "ws://h/ws",
+        "[git]\nwarm_cache = [\"target/\", \"./node_modules\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.git.warm_cache, ["target/", "./node_modules"]);
+    for bad in ["../up", "/abs", ".git/hooks", "*", "a/./b"] {
+        let e = with_hub("ws://h/ws", &format!("[git]\nwarm_cache = [\"{bad}\"]\n")).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Invalid { key, .. } if key == "git.warm_cache"),
+            "{bad}: {e}"
+        );
+    }
+}

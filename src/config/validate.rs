@@ -12,8 +12,8 @@ use super::raw::{
     RawConfig, RawEnv, RawExecutor, RawGit, RawProgress, RawRecorder, RawSandbox, RawVerification,
 };
 use super::{
-    Config, ConfigError, EnvConfig, ExecutorConfig, GitConfig, JudgeBackend, ProgressConfig,
-    RecorderConfig, SandboxConfig, VerificationConfig,
+    warm_cache_entry, Config, ConfigError, EnvConfig, ExecutorConfig, GitConfig, JudgeBackend,
+    ProgressConfig, RecorderConfig, SandboxConfig, VerificationConfig,
 };
 
 /// Fill in defaults, then check. `origin` says where the keys were looked for.
@@ -175,6 +175,7 @@ fn git(r: RawGit) -> GitConfig {
         command_timeout_secs: r.command_timeout_secs.unwrap_or(d.command_timeout_secs),
         gh_path: r.gh_path.or(d.gh_path),
         hub_api_url: r.hub_api_url.or(d.hub_api_url),
+        warm_cache: r.warm_cache.unwrap_or(d.warm_cache),
     }
 }
 
@@ -265,6 +266,17 @@ fn check(cfg: &Config, origin: &str) -> Result<(), ConfigError> {
         origin: origin.to_string(),
         message: message.to_string(),
     };
+    if let Some(p) = cfg
+        .git
+        .warm_cache
+        .iter()
+        .find(|p| warm_cache_entry(p).is_none())
+    {
+        return Err(invalid(
+            "git.warm_cache",
+            format!("`{p}` is not a plain path inside the clone (like `target/`); fix the entry"),
+        ));
+    }
     if cfg.agent_id.chars().count() > 128 {
         return Err(invalid(
             "agent_id",

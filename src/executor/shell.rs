@@ -84,6 +84,6 @@ impl ShellExecutor {
                 )),
             ),
         };
-        ExecOutcome::new(status, out.combined(), error)
+        ExecOutcome::new(status, out.into_combined(), error)
     }
 }

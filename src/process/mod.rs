@@ -151,6 +151,22 @@ impl RunOutput {
             (false, false) => format!("{}\n{}", self.stdout, self.stderr),
         }
     }
+
+    /// [`Self::combined`], consuming the output: when one stream is empty the other is moved,
+    /// not copied (a capped capture is up to `output_cap` bytes).
+    pub fn into_combined(self) -> String {
+        match (self.stdout.is_empty(), self.stderr.is_empty()) {
+            (_, true) => self.stdout,
+            (true, false) => self.stderr,
+            (false, false) => {
+                let mut s = self.stdout;
+                s.reserve_exact(1 + self.stderr.len());
+                s.push('\n');
+                s.push_str(&self.stderr);
+                s
+            }
+        }
+    }
 }
 
 /// Send `sig` to the whole process group `pgid` (0 is ignored: never our own group).
@@ -320,9 +336,9 @@ pub async fn run_with(
     });
     Ok(RunOutput {
         exit,
-        stdout: out_buf.to_string_lossy(),
-        stderr: err_buf.to_string_lossy(),
         dropped_bytes: out_buf.dropped() + err_buf.dropped(),
+        stdout: out_buf.into_string_lossy(),
+        stderr: err_buf.into_string_lossy(),
         duration: started.elapsed(),
     })
 }

@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use super::WorkspaceError;
+
 /// One task at a time per managed workspace: a lock file holding the owner's pid.
 #[derive(Debug)]
 pub struct WorkspaceLock {
@@ -10,20 +12,20 @@ pub struct WorkspaceLock {
 
 impl WorkspaceLock {
     /// Take the lock, or take over one whose pid is no longer alive (a crashed run).
-    pub async fn acquire(path: &Path) -> Result<WorkspaceLock, String> {
+    pub async fn acquire(path: &Path) -> Result<WorkspaceLock, WorkspaceError> {
         // Written in full to a private file, then hard-linked into place: the link either
         // fails (held) or appears with the pid inside, so nobody ever reads a half-made lock.
         let me = std::process::id();
         let tmp = path.with_extension(format!("lock.{me}.tmp"));
         tokio::fs::write(&tmp, format!("{me}\n"))
             .await
-            .map_err(|e| format!("cannot write lock {}: {e}", tmp.display()))?;
+            .map_err(WorkspaceError::io("write lock", &tmp))?;
         let res = Self::link(&tmp, path).await;
         let _ = tokio::fs::remove_file(&tmp).await;
         res
     }
 
-    async fn link(tmp: &Path, path: &Path) -> Result<WorkspaceLock, String> {
+    async fn link(tmp: &Path, path: &Path) -> Result<WorkspaceLock, WorkspaceError> {
         for _ in 0..3 {
             match tokio::fs::hard_link(tmp, path).await {
                 Ok(()) => {
@@ -35,10 +37,10 @@ impl WorkspaceLock {
                     let text = tokio::fs::read_to_string(path).await.unwrap_or_default();
                     match text.trim().parse::<u32>() {
                         Ok(pid) if pid_alive(pid) => {
-                            return Err(format!(
-                                "workspace is in use by process {pid} (lock {}); each hub-sidecar needs its own state_dir",
-                                path.display()
-                            ));
+                            return Err(WorkspaceError::Busy {
+                                pid,
+                                lock: path.to_path_buf(),
+                            });
                         }
                         // Dead pid, or garbage: nobody holds it.
                         _ => {
@@ -47,13 +49,16 @@ impl WorkspaceLock {
                         }
                     }
                 }
-                Err(e) => return Err(format!("cannot create lock {}: {e}", path.display())),
+                Err(e) => return Err(WorkspaceError::io("create lock", path)(e)),
             }
         }
-        Err(format!(
-            "cannot take workspace lock {}: it keeps reappearing",
-            path.display()
-        ))
+        Err(WorkspaceError::Io {
+            action: "take workspace lock",
+            path: path.to_path_buf(),
+            source: std::io::Error::other(
+                "it keeps reappearing after being removed as stale; is another daemon using this state_dir?",
+            ),
+        })
     }
 }
 
@@ -86,7 +91,11 @@ mod tests {
         let p = dir.path().join("w.lock");
         let l = WorkspaceLock::acquire(&p).await.unwrap();
         let e = WorkspaceLock::acquire(&p).await.unwrap_err();
-        assert!(e.contains("in use by process"), "{e}");
+        assert!(
+            matches!(e, WorkspaceError::Busy { pid, .. } if pid == std::process::id()),
+            "{e}"
+        );
+        assert!(e.to_string().contains("in use by process"), "{e}");
         drop(l);
         assert!(!p.exists());
         // A pid that cannot be alive: beyond pid_max on Linux.

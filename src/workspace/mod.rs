@@ -8,7 +8,9 @@
 //! Clean policy: a managed workspace is cleaned with `git clean -ffdx`, ignored files
 //! included. Build caches such as `target/` go too; a rebuild costs time, but a task must see
 //! exactly the remote's tree, and an ignored `.env` or stale artefact from an earlier task
-//! must never decide whether this one verifies. `repo_dir` is the operator's directory: it is
+//! must never decide whether this one verifies — unless the operator lists paths in
+//! `git.warm_cache` (off by default): those are kept between tasks of the same clone, with
+//! the risk that one task's artefacts reach the next. `repo_dir` is the operator's directory: it is
 //! never reset or cleaned; a dirty tree there is stashed (recoverable) before branching.
 //!
 //! # Layout
@@ -18,7 +20,7 @@
 
 mod lock;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::config::Config;
 use crate::git::branch::default_branch;
@@ -28,12 +30,58 @@ use crate::task::Task;
 
 pub use lock::WorkspaceLock;
 
+/// Why a workspace could not be prepared. The message is the task's failure reason: it says
+/// what failed and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// Another live process holds the managed clone's lock.
+    #[error("workspace is in use by process {pid} (lock {}); each hub-sidecar needs its own state_dir", lock.display())]
+    Busy {
+        /// The process holding it.
+        pid: u32,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// The task or the config asks for something the daemon refuses to do.
+    #[error("{0}")]
+    Refused(String),
+    /// A file-system step failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("create workspace", …).
+        action: &'static str,
+        /// The file or directory it was done to.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// A git step failed (clone, fetch, reset, …); the message names the repository.
+    #[error("{0}")]
+    Git(String),
+}
+
+impl WorkspaceError {
+    fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> WorkspaceError {
+        let path = path.to_path_buf();
+        move |source| WorkspaceError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}
+
 /// What kind of directory a task runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkspaceKind {
     /// A managed clone of the task's `repo`; `base` is the branch it was reset to, and
     /// `git_dir` its git directory, kept outside the workspace (see [`prepare`]).
-    Managed { base: String, git_dir: PathBuf },
+    Managed {
+        /// The branch the clone was reset to.
+        base: String,
+        /// The clone's git directory (outside the workspace).
+        git_dir: PathBuf,
+    },
     /// The configured `repo_dir`: used as is.
     RepoDir,
     /// A per-task directory, removed after the result.
@@ -45,13 +93,14 @@ pub enum WorkspaceKind {
 pub struct Workspace {
     /// The executor's cwd and tool sandbox root.
     pub path: PathBuf,
+    /// Managed clone, `repo_dir` or per-task directory.
     pub kind: WorkspaceKind,
     _lock: Option<WorkspaceLock>,
 }
 
 impl Workspace {
     /// The git directory the daemon owns, for a managed clone.
-    pub fn git_dir(&self) -> Option<&std::path::Path> {
+    pub fn git_dir(&self) -> Option<&Path> {
         match &self.kind {
             WorkspaceKind::Managed { git_dir, .. } => Some(git_dir),
             _ => None,
@@ -71,14 +120,18 @@ impl Workspace {
 }
 
 /// The workspace for `task`: see the module docs. Failures are the task's failure reason.
-pub async fn prepare(cfg: &Config, task: &Task, git: &GitRunner) -> Result<Workspace, String> {
+pub async fn prepare(
+    cfg: &Config,
+    task: &Task,
+    git: &GitRunner,
+) -> Result<Workspace, WorkspaceError> {
     if let Some(url) = task.repo.as_deref().filter(|u| !u.trim().is_empty()) {
         return prepare_managed(cfg, task, url.trim(), git).await;
     }
     if let Some(dir) = &cfg.repo_dir {
         tokio::fs::create_dir_all(dir)
             .await
-            .map_err(|e| format!("cannot create repo_dir {}: {e}", dir.display()))?;
+            .map_err(WorkspaceError::io("create repo_dir", dir))?;
         return Ok(Workspace {
             path: dir.clone(),
             kind: WorkspaceKind::RepoDir,
@@ -88,7 +141,7 @@ pub async fn prepare(cfg: &Config, task: &Task, git: &GitRunner) -> Result<Works
     let path = workspace_for(cfg, task);
     tokio::fs::create_dir_all(&path)
         .await
-        .map_err(|e| format!("cannot create workspace {}: {e}", path.display()))?;
+        .map_err(WorkspaceError::io("create workspace", &path))?;
     Ok(Workspace {
         path,
         kind: WorkspaceKind::Temp,
@@ -101,27 +154,29 @@ async fn prepare_managed(
     task: &Task,
     url: &str,
     git: &GitRunner,
-) -> Result<Workspace, String> {
+) -> Result<Workspace, WorkspaceError> {
     // Task data never becomes an option: git would read `-…` as one.
     if url.starts_with('-') {
-        return Err(format!(
+        return Err(WorkspaceError::Refused(format!(
             "task repo `{}` is not a repository URL",
             strip_userinfo(url)
-        ));
+        )));
     }
     if task
         .branch
         .as_deref()
         .is_some_and(|b| b.trim().starts_with('-'))
     {
-        return Err("task branch must not start with `-`".into());
+        return Err(WorkspaceError::Refused(
+            "task branch must not start with `-`".into(),
+        ));
     }
     let root = cfg.state_dir.join("workspaces");
     let git_root = cfg.state_dir.join("gitdirs");
     for d in [&root, &git_root] {
         tokio::fs::create_dir_all(d)
             .await
-            .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+            .map_err(WorkspaceError::io("create", d))?;
     }
     let slug = slug_of_url(url);
     let path = root.join(&slug);
@@ -136,10 +191,10 @@ async fn prepare_managed(
         _ => git.clone(),
     };
     let fail = |e: GitError| {
-        format!(
+        WorkspaceError::Git(format!(
             "preparing workspace for {shown}: {e} (workspace {}; delete it to force a fresh clone)",
             path.display()
-        )
+        ))
     };
 
     let cloned = if tokio::fs::metadata(git_dir.join("HEAD")).await.is_ok()
@@ -154,9 +209,9 @@ async fn prepare_managed(
         let partial_git = git_root.join(format!("{slug}.git.partial"));
         for stale in [&path, &partial, &git_dir, &partial_git] {
             if tokio::fs::metadata(stale).await.is_ok() {
-                tokio::fs::remove_dir_all(stale).await.map_err(|e| {
-                    format!("cannot remove stale workspace {}: {e}", stale.display())
-                })?;
+                tokio::fs::remove_dir_all(stale)
+                    .await
+                    .map_err(WorkspaceError::io("remove stale workspace", stale))?;
             }
         }
         let dest = partial.to_string_lossy().into_owned();
@@ -171,14 +226,16 @@ async fn prepare_managed(
         {
             let _ = tokio::fs::remove_dir_all(&partial).await;
             let _ = tokio::fs::remove_dir_all(&partial_git).await;
-            return Err(format!("preparing workspace for {shown}: {e}"));
+            return Err(WorkspaceError::Git(format!(
+                "preparing workspace for {shown}: {e}"
+            )));
         }
         tokio::fs::rename(&partial_git, &git_dir)
             .await
-            .map_err(|e| format!("cannot move the new clone into {}: {e}", git_dir.display()))?;
+            .map_err(WorkspaceError::io("move the new clone into", &git_dir))?;
         tokio::fs::rename(&partial, &path)
             .await
-            .map_err(|e| format!("cannot move the new clone into {}: {e}", path.display()))?;
+            .map_err(WorkspaceError::io("move the new clone into", &path))?;
         true
     };
     let git = git.trusting(&path, &git_dir);
@@ -205,14 +262,17 @@ async fn prepare_managed(
         .await
         .is_err()
     {
-        return Err(format!(
+        return Err(WorkspaceError::Git(format!(
             "preparing workspace for {shown}: branch `{base}` does not exist on origin; check the task's branch"
-        ));
+        )));
     }
+    let mut clean = vec!["clean".to_string(), "-ffdxq".to_string()];
+    clean.extend(keep_patterns(&cfg.git.warm_cache)?);
+    let clean: Vec<&str> = clean.iter().map(String::as_str).collect();
     for args in [
         vec!["checkout", "--quiet", "-f", "-B", &base, &remote_ref],
         vec!["reset", "--quiet", "--hard", &remote_ref],
-        vec!["clean", "-ffdxq"],
+        clean,
     ] {
         git.git(&path, &args, false).await.map_err(fail)?;
     }
@@ -229,13 +289,32 @@ async fn prepare_managed(
     }
     tokio::fs::write(&dot_git, format!("gitdir: {}\n", git_dir.display()))
         .await
-        .map_err(|e| format!("cannot write {}: {e}", dot_git.display()))?;
+        .map_err(WorkspaceError::io("write", &dot_git))?;
     tracing::info!(task_id = %task.task_id, workspace = %path.display(), base = %base, cloned, "workspace ready");
     Ok(Workspace {
         path,
         kind: WorkspaceKind::Managed { base, git_dir },
         _lock: Some(lock),
     })
+}
+
+/// `git clean` arguments that keep the warm-cache paths (`git.warm_cache`): with `-x` only
+/// the `-e` patterns given here are honoured, so nothing else ignored survives. Each path is
+/// anchored at the clone's root (`target/` keeps `/target/`, not `src/target/`). A path that
+/// could name something outside the clone or the clone's git link is refused, not skipped:
+/// the operator asked for it and should hear why it is not kept.
+fn keep_patterns(paths: &[String]) -> Result<Vec<String>, WorkspaceError> {
+    let mut out = Vec::with_capacity(paths.len() * 2);
+    for p in paths {
+        let Some(rel) = crate::config::warm_cache_entry(p) else {
+            return Err(WorkspaceError::Refused(format!(
+                "git.warm_cache entry `{p}` is not a plain path inside the clone (like `target/`); fix the config"
+            )));
+        };
+        out.push("-e".to_string());
+        out.push(format!("/{rel}"));
+    }
+    Ok(out)
 }
 
 /// The workspace for a task without a repository: `repo_dir`, else a per-task directory
@@ -268,7 +347,7 @@ pub fn task_tmp_dir(cfg: &Config, task: &Task) -> PathBuf {
 }
 
 /// Remove a task's TMPDIR (whatever the task left there).
-pub async fn remove_task_tmp_dir(path: &std::path::Path) {
+pub async fn remove_task_tmp_dir(path: &Path) {
     if let Err(e) = tokio::fs::remove_dir_all(path).await {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(path = %path.display(), error = %e, "cannot remove the task's TMPDIR; delete it by hand");
@@ -298,5 +377,37 @@ pub fn git_write_roots(cfg: &Config, task: &Task) -> Vec<PathBuf> {
             .repo_dir
             .clone()
             .unwrap_or_else(|| workspace_for(cfg, task))],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_patterns;
+
+    #[test]
+    fn warm_cache_paths_become_root_anchored_clean_excludes() {
+        let paths = ["target/".to_string(), "./node_modules".to_string()];
+        assert_eq!(
+            keep_patterns(&paths).unwrap(),
+            ["-e", "/target/", "-e", "/node_modules"]
+        );
+        assert!(keep_patterns(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn warm_cache_paths_that_could_leave_the_clone_are_refused() {
+        for bad in [
+            "",
+            "/etc/",
+            "../x",
+            "a/../../b",
+            ".git",
+            "a/.git/hooks",
+            "*",
+            "!keep",
+        ] {
+            let e = keep_patterns(&[bad.to_string()]).unwrap_err().to_string();
+            assert!(e.contains("git.warm_cache"), "{bad}: {e}");
+        }
     }
 }

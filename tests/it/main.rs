@@ -20,3 +20,4 @@ mod real_claude;
 mod recorder;
 mod util;
 mod verify;
+mod warm_cache;
