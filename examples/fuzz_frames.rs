@@ -78,7 +78,7 @@ fn mutate_value(v: &mut Value, rng: &mut fastrand::Rng, depth: usize) {
                 1 => {
                     m.insert(k.clone(), wild(rng));
                 }
-                _ => mutate_value(m.get_mut(k).unwrap(), rng, depth + 1),
+                _ => mutate_value(m.get_mut(k).expect("k is one of m's keys"), rng, depth + 1),
             }
         }
         Value::Array(a) if !a.is_empty() && depth < 6 && rng.bool() => {

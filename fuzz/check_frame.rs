@@ -14,7 +14,7 @@ use hub_sidecar::task::Task;
 use serde_json::Value;
 
 /// What the link and daemon do with one inbound text frame, minus the socket.
-pub fn check(text: &str) {
+pub(crate) fn check(text: &str) {
     if let Ok(v) = serde_json::from_str::<Value>(text) {
         let _ = Task::from_value(v);
     }
@@ -41,7 +41,8 @@ pub fn check(text: &str) {
             );
             let answer = Outbound::task_failed(&task.task_id, task.generation, "sidecar_busy");
             assert!(answer.to_text().starts_with('{'));
-            let back: Task = serde_json::from_str(&serde_json::to_string(&task).unwrap()).unwrap();
+            let text = serde_json::to_string(&task).expect("a parsed task serialises");
+            let back: Task = serde_json::from_str(&text).expect("a serialised task parses back");
             assert_eq!(back.task_id, task.task_id);
         }
         _ => {}

@@ -57,7 +57,7 @@ fn seeded_remote(dir: &Path, files: usize) -> std::path::PathBuf {
 /// each). Preparation is timed as assign (driver's clock, just before the frame is sent) →
 /// the task's command started (`date +%s%N` printed by the task, same clock): accept,
 /// workspace fetch + reset + clean, task branch, sandbox and the spawn itself.
-pub async fn managed_clone(o: &Opts, n: usize) -> Vec<Row> {
+pub(crate) async fn managed_clone(o: &Opts, n: usize) -> Vec<Row> {
     let fixture = tempfile::tempdir().expect("temp dir");
     let remote = seeded_remote(fixture.path(), 500);
     let hub = hub_unlimited().await;

@@ -12,11 +12,11 @@ use serde_json::Value;
 use crate::Opts;
 
 /// Bound for anything that should happen "soon"; a run that exceeds it is reported as broken.
-pub const T: Duration = Duration::from_secs(30);
+pub(crate) const T: Duration = Duration::from_secs(30);
 
 /// One line of the results table.
 #[derive(Clone)]
-pub struct Row {
+pub(crate) struct Row {
     pub figure: String,
     pub target: String,
     pub node: String,
@@ -26,7 +26,13 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(figure: &str, target: &str, node: &str, measured: String, ok: Option<bool>) -> Row {
+    pub(crate) fn new(
+        figure: &str,
+        target: &str,
+        node: &str,
+        measured: String,
+        ok: Option<bool>,
+    ) -> Row {
         Row {
             figure: figure.into(),
             target: target.into(),
@@ -38,34 +44,34 @@ impl Row {
 }
 
 /// Order statistics over a sample of durations, in milliseconds.
-pub struct Stats(Vec<f64>);
+pub(crate) struct Stats(Vec<f64>);
 
 impl Stats {
-    pub fn new(mut v: Vec<f64>) -> Stats {
+    pub(crate) fn new(mut v: Vec<f64>) -> Stats {
         v.sort_by(f64::total_cmp);
         Stats(v)
     }
     /// Nearest-rank percentile, `q` in 0..=1.
-    pub fn p(&self, q: f64) -> f64 {
+    pub(crate) fn p(&self, q: f64) -> f64 {
         if self.0.is_empty() {
             return f64::NAN;
         }
         let i = ((q * self.0.len() as f64).ceil() as usize).clamp(1, self.0.len()) - 1;
         self.0[i]
     }
-    pub fn median(&self) -> f64 {
+    pub(crate) fn median(&self) -> f64 {
         self.p(0.5)
     }
-    pub fn max(&self) -> f64 {
+    pub(crate) fn max(&self) -> f64 {
         self.0.last().copied().unwrap_or(f64::NAN)
     }
 }
 
-pub fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-pub fn epoch_ms_f64() -> f64 {
+pub(crate) fn epoch_ms_f64() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -73,12 +79,12 @@ pub fn epoch_ms_f64() -> f64 {
         * 1000.0
 }
 
-pub fn type_of(v: &Value) -> &str {
+pub(crate) fn type_of(v: &Value) -> &str {
     v.get("type").and_then(Value::as_str).unwrap_or("")
 }
 
 /// The instant of the first recorded frame matching direction, type and (optionally) task id.
-pub fn at_of(
+pub(crate) fn at_of(
     frames: &[Recorded],
     inbound: bool,
     ty: &str,
@@ -95,7 +101,7 @@ pub fn at_of(
 }
 
 /// The real binary running against `hub`, in its own temp dir.
-pub struct Daemon {
+pub(crate) struct Daemon {
     pub child: tokio::process::Child,
     /// Kept so the dir lives as long as the daemon.
     pub dir: tempfile::TempDir,
@@ -106,12 +112,12 @@ pub struct Daemon {
 impl Daemon {
     /// Writes a config (`extra` appended verbatim, e.g. a `[progress]` table) and starts the
     /// binary. `envs` are added to its environment.
-    pub fn start(opts: &Opts, hub: &MockHub, extra: &str, envs: &[(&str, &str)]) -> Daemon {
+    pub(crate) fn start(opts: &Opts, hub: &MockHub, extra: &str, envs: &[(&str, &str)]) -> Daemon {
         Daemon::start_in(opts, hub, extra, envs, None)
     }
 
     /// [`Daemon::start`] with its state dir under `base` (default: the system temp dir).
-    pub fn start_in(
+    pub(crate) fn start_in(
         opts: &Opts,
         hub: &MockHub,
         extra: &str,
@@ -128,7 +134,7 @@ impl Daemon {
 
     /// [`Daemon::start`] with `dir` (prepared by the caller, e.g. a state file seeded) as its
     /// state dir.
-    pub fn start_with(
+    pub(crate) fn start_with(
         opts: &Opts,
         hub: &MockHub,
         extra: &str,
@@ -172,12 +178,12 @@ impl Daemon {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id().expect("daemon still running")
     }
 
     /// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`, …).
-    pub fn status_kb(&self, field: &str) -> u64 {
+    pub(crate) fn status_kb(&self, field: &str) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         s.lines()
             .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
@@ -187,7 +193,7 @@ impl Daemon {
 
     /// Resident kB split by what backs it (`/proc/<pid>/smaps`): the executable's own
     /// file pages, shared libraries, and anonymous memory (heap, stacks, arenas).
-    pub fn rss_split(&self) -> (u64, u64, u64) {
+    pub(crate) fn rss_split(&self) -> (u64, u64, u64) {
         let s = std::fs::read_to_string(format!("/proc/{}/smaps", self.pid())).unwrap_or_default();
         let (mut exe, mut libs, mut anon) = (0, 0, 0);
         let mut bucket = 2;
@@ -217,7 +223,7 @@ impl Daemon {
     }
 
     /// utime + stime in clock ticks (`/proc/<pid>/stat` fields 14 and 15).
-    pub fn cpu_ticks(&self) -> u64 {
+    pub(crate) fn cpu_ticks(&self) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
         // Fields after the command name, which may contain spaces, start after the last ')'.
         let rest: Vec<&str> = s
@@ -232,7 +238,7 @@ impl Daemon {
     }
 
     /// SIGTERM (drain) and wait; SIGKILL if it does not go within 5 s.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = std::process::Command::new("kill")
             .arg("-TERM")
             .arg(self.pid().to_string())
@@ -246,14 +252,14 @@ impl Daemon {
     }
 }
 
-pub fn set_mode_600(path: &Path) {
+pub(crate) fn set_mode_600(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
 }
 
 /// Waits until the hub has answered `identify`: a `task_assign` pushed before that goes to
 /// no socket and is lost.
-pub async fn identified(hub: &MockHub) {
+pub(crate) async fn identified(hub: &MockHub) {
     let deadline = Instant::now() + T;
     // The mock wakes waiters on inbound frames only; its answer has no event, so poll.
     while !hub.connected() {
@@ -263,7 +269,7 @@ pub async fn identified(hub: &MockHub) {
 }
 
 /// The mock hub with the real hub's defaults (limiter on).
-pub async fn hub_default() -> MockHub {
+pub(crate) async fn hub_default() -> MockHub {
     MockHub::start(MockHubOptions::default())
         .await
         .expect("mock hub")
@@ -271,7 +277,7 @@ pub async fn hub_default() -> MockHub {
 
 /// The mock hub with its limiter off, for throughput runs that would otherwise measure the
 /// hub's 60-frames-a-minute budget instead of the daemon.
-pub async fn hub_unlimited() -> MockHub {
+pub(crate) async fn hub_unlimited() -> MockHub {
     MockHub::start(MockHubOptions {
         rate_limit: false,
         ..Default::default()
@@ -282,10 +288,10 @@ pub async fn hub_unlimited() -> MockHub {
 
 /// Config for runs that must not be throttled by the daemon's own progress bucket either;
 /// resource reports are pushed out of the window so they do not interleave.
-pub const UNTHROTTLED: &str = "resource_report_interval_secs = 3600\n[progress]\ncapacity = 100000\nrefill_per_minute = 100000\nreserve = 12\n";
+pub(crate) const UNTHROTTLED: &str = "resource_report_interval_secs = 3600\n[progress]\ncapacity = 100000\nrefill_per_minute = 100000\nreserve = 12\n";
 
 /// Clock ticks per second, for `/proc/<pid>/stat`.
-pub fn clk_tck() -> f64 {
+pub(crate) fn clk_tck() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()
@@ -298,12 +304,12 @@ pub fn clk_tck() -> f64 {
 /// A short pause between sequential tasks, so the fsync the daemon does when the hub acks
 /// the previous result is not counted in the next task's accept latency. A real hub would
 /// not assign within 10 ms of a result either (it runs its scheduler in between).
-pub async fn settle() {
+pub(crate) async fn settle() {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 /// Live, non-zombie processes with an argument containing `needle`.
-pub fn procs_matching(needle: &str) -> Vec<u32> {
+pub(crate) fn procs_matching(needle: &str) -> Vec<u32> {
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;
@@ -333,7 +339,7 @@ pub fn procs_matching(needle: &str) -> Vec<u32> {
 }
 
 /// The first number in a measured text: the figure's headline value ("7.3 MB: …" → 7.3).
-pub fn headline(measured: &str) -> Option<f64> {
+pub(crate) fn headline(measured: &str) -> Option<f64> {
     let start = measured.find(|c: char| c.is_ascii_digit())?;
     let num: String = measured[start..]
         .chars()
@@ -344,7 +350,7 @@ pub fn headline(measured: &str) -> Option<f64> {
 
 /// One row per figure from repeated runs: the median run's text and verdict, with the
 /// headline's min / median / max over the runs appended when there was more than one.
-pub fn merge_runs(runs: Vec<Vec<Row>>) -> Vec<Row> {
+pub(crate) fn merge_runs(runs: Vec<Vec<Row>>) -> Vec<Row> {
     let n = runs.len();
     let mut first = runs.first().cloned().unwrap_or_default();
     if n < 2 {
@@ -379,7 +385,7 @@ pub fn merge_runs(runs: Vec<Vec<Row>>) -> Vec<Row> {
     first
 }
 
-pub fn table(rows: &[Row]) -> String {
+pub(crate) fn table(rows: &[Row]) -> String {
     let mut s =
         String::from("| figure | target | Node sidecar | hub-sidecar | |\n|---|---|---|---|---|\n");
     for r in rows {

@@ -15,7 +15,7 @@ use crate::Opts;
 /// `true` tasks, plus the cost of one `state::write_atomic` on the same file system. `base`
 /// is where the state dir goes: the disk (the real figure) or tmpfs (the daemon's own share,
 /// with the fsyncs made free).
-pub async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec<Row> {
+pub(crate) async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec<Row> {
     let hub = hub_unlimited().await;
     let d = Daemon::start_in(o, &hub, UNTHROTTLED, &[], Some(base));
     identified(&hub).await;
@@ -107,7 +107,7 @@ pub async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec<Row> {
 /// One durable state change as the daemon makes it (`StateStore::set_active` of an active
 /// task: a journal append + `fdatasync`), `n` times, in a temp dir under `base`; and the
 /// physical floor beside it: a bare 1 KB append + `fdatasync` on the same file system.
-pub async fn fsync_cost(n: usize, base: &Path) -> (Stats, Stats) {
+pub(crate) async fn fsync_cost(n: usize, base: &Path) -> (Stats, Stats) {
     use hub_sidecar::state::{ActiveTask, Phase, StateStore};
     let dir = tempfile::tempdir_in(base).expect("temp dir");
     let store = StateStore::new(dir.path().join("queue.json"));
@@ -146,7 +146,7 @@ pub async fn fsync_cost(n: usize, base: &Path) -> (Stats, Stats) {
 /// does not know these tasks and refuses each for good (`task_complete_failed`), which is one
 /// answer per frame like an ack. Reported: spawn → identify with the backlog on disk, first
 /// frame → last frame received, the state file's size before and after, and peak RSS.
-pub async fn backlog(o: &Opts, n: usize) -> Vec<Row> {
+pub(crate) async fn backlog(o: &Opts, n: usize) -> Vec<Row> {
     use hub_sidecar::hub::proto::Outbound;
     use hub_sidecar::state::{OutboxEntry, PersistedState, StateStore, STATE_VERSION};
     let hub = hub_unlimited().await;

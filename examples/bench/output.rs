@@ -9,7 +9,7 @@ use crate::harness::*;
 use crate::Opts;
 
 /// Figure 4: `seq 1 200000` with the hub's limiter on and default daemon settings.
-pub async fn flood(o: &Opts) -> Vec<Row> {
+pub(crate) async fn flood(o: &Opts) -> Vec<Row> {
     let hub = hub_default().await;
     let d = Daemon::start(o, &hub, "resource_report_interval_secs = 3600\n", &[]);
     identified(&hub).await;
@@ -82,7 +82,7 @@ pub async fn flood(o: &Opts) -> Vec<Row> {
 
 /// Figure 5: a task printing a line every 10 ms for 2 s, then a second task right after its
 /// result; limiter on.
-pub async fn trickle(o: &Opts) -> Vec<Row> {
+pub(crate) async fn trickle(o: &Opts) -> Vec<Row> {
     let hub = hub_default().await;
     let d = Daemon::start(o, &hub, "resource_report_interval_secs = 3600\n", &[]);
     identified(&hub).await;
@@ -135,7 +135,7 @@ pub async fn trickle(o: &Opts) -> Vec<Row> {
 /// settings (hub limiter off so the hub's budget is not what is measured): the daemon's peak
 /// RSS and assign → complete wall time, against `seq` alone writing into a pipe. Median of
 /// `runs` (min–max beside it).
-pub async fn big_output(o: &Opts, runs: usize) -> Vec<Row> {
+pub(crate) async fn big_output(o: &Opts, runs: usize) -> Vec<Row> {
     let cmd = "seq 1 20000000";
     let mut walls = Vec::new();
     let mut peaks = Vec::new();

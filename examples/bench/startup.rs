@@ -8,7 +8,7 @@ use crate::Opts;
 
 /// Figure 1: spawn → `identify` received, median of 10 cold-ish starts (each its own hub and
 /// state dir; the binary's pages are in the page cache after the first).
-pub async fn spawn_to_identify(o: &Opts) -> Vec<Row> {
+pub(crate) async fn spawn_to_identify(o: &Opts) -> Vec<Row> {
     let mut samples = Vec::new();
     let mut answered = Vec::new();
     for _ in 0..10 {
@@ -42,7 +42,7 @@ pub async fn spawn_to_identify(o: &Opts) -> Vec<Row> {
 
 /// Figures 2 and 8: idle RSS 5 s after `identified`, then CPU over `idle_secs` while idle and
 /// connected (default config: 30 s pings and resource reports are part of being idle).
-pub async fn idle(o: &Opts, envs: &[(&str, &str)], label: &str, idle_secs: u64) -> Vec<Row> {
+pub(crate) async fn idle(o: &Opts, envs: &[(&str, &str)], label: &str, idle_secs: u64) -> Vec<Row> {
     let hub = hub_default().await;
     let d = Daemon::start(o, &hub, "", envs);
     identified(&hub).await;
@@ -90,7 +90,7 @@ pub async fn idle(o: &Opts, envs: &[(&str, &str)], label: &str, idle_secs: u64) 
 /// Figure 11: 10 idle daemons side by side (one hub each), 5 s after all identified: the
 /// sum of their PSS (`/proc/<pid>/smaps_rollup`, shared pages split between sharers) over 10
 /// is what one more agent costs the host; private memory is what only that agent holds.
-pub async fn side_by_side(o: &Opts, n: usize) -> Vec<Row> {
+pub(crate) async fn side_by_side(o: &Opts, n: usize) -> Vec<Row> {
     let mut hubs = Vec::new();
     let mut daemons = Vec::new();
     for _ in 0..n {

@@ -12,7 +12,7 @@ use crate::Opts;
 
 /// Figure 6: a `sleep 60` check under `verification_timeout_ms: 2000`: deadline → the whole
 /// tree (the `sh` and its `sleep`) gone.
-pub async fn check_timeout(o: &Opts) -> Vec<Row> {
+pub(crate) async fn check_timeout(o: &Opts) -> Vec<Row> {
     let hub = hub_unlimited().await;
     let d = Daemon::start(o, &hub, UNTHROTTLED, &[]);
     identified(&hub).await;
@@ -62,7 +62,7 @@ pub async fn check_timeout(o: &Opts) -> Vec<Row> {
 /// Figure 7: verification engine overhead with 4 `true` checks: from the report
 /// (`duration_ms` − Σ check `duration_ms`, ms resolution) and from the wire (round trip with
 /// 4 checks − without, minus 4 bare spawns measured here).
-pub async fn verify_overhead(o: &Opts, n: usize) -> Vec<Row> {
+pub(crate) async fn verify_overhead(o: &Opts, n: usize) -> Vec<Row> {
     let hub = hub_unlimited().await;
     let d = Daemon::start(o, &hub, UNTHROTTLED, &[]);
     identified(&hub).await;
@@ -101,8 +101,10 @@ pub async fn verify_overhead(o: &Opts, n: usize) -> Vec<Row> {
     for i in 0..n {
         for (checks, v) in [(0, &mut without), (4, &mut with)] {
             let id = format!("v{checks}-{i}");
-            let a = at_of(&frames, false, "task_assign", Some(&id)).unwrap();
-            let c = at_of(&frames, true, "task_complete", Some(&id)).unwrap();
+            let a = at_of(&frames, false, "task_assign", Some(&id))
+                .expect("the mock recorded the assignment");
+            let c = at_of(&frames, true, "task_complete", Some(&id))
+                .expect("every timed task completes");
             v.push(ms(c - a));
         }
     }
@@ -139,7 +141,7 @@ pub async fn verify_overhead(o: &Opts, n: usize) -> Vec<Row> {
 /// What one `sh -c true` costs to spawn and reap from a tokio runtime, set up like the
 /// daemon's checks (own process group, explicit environment and working directory, piped
 /// output): the floor under any command check.
-pub async fn spawn_cost(n: usize) -> Stats {
+pub(crate) async fn spawn_cost(n: usize) -> Stats {
     let cwd = std::env::temp_dir();
     let env: Vec<(String, String)> = std::env::vars().collect();
     let mut v = Vec::with_capacity(n);

@@ -38,7 +38,7 @@ pub(crate) mod test_support {
     use std::path::Path;
 
     /// Run git in `ws` with a fixed identity, synchronously (tests only), asserting success.
-    pub fn git(ws: &Path, args: &[&str]) {
+    pub(crate) fn git(ws: &Path, args: &[&str]) {
         let ok = std::process::Command::new("git")
             .arg("-C")
             .arg(ws)

@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// How the fake answers `POST /v1/messages`.
 #[derive(Clone)]
-pub enum Script {
+pub(crate) enum Script {
     /// Every call fails with this status, error type and message.
     Error(u16, &'static str, &'static str),
     /// First turn: a text block and a `Write` of `content` to `file_path`; after the tool
@@ -26,7 +26,7 @@ pub enum Script {
     Text(&'static str),
 }
 
-pub struct FakeAnthropic {
+pub(crate) struct FakeAnthropic {
     pub addr: std::net::SocketAddr,
     requests: Arc<Mutex<Vec<(String, Value)>>>,
     server: tokio::task::JoinHandle<()>,
@@ -39,7 +39,7 @@ impl Drop for FakeAnthropic {
 }
 
 impl FakeAnthropic {
-    pub async fn start(script: Script) -> FakeAnthropic {
+    pub(crate) async fn start(script: Script) -> FakeAnthropic {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let requests: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
@@ -58,12 +58,12 @@ impl FakeAnthropic {
     }
 
     /// `ANTHROPIC_BASE_URL` for this fake.
-    pub fn base_url(&self) -> String {
+    pub(crate) fn base_url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// `(request line, body)` of every request so far.
-    pub fn requests(&self) -> Vec<(String, Value)> {
+    pub(crate) fn requests(&self) -> Vec<(String, Value)> {
         self.requests.lock().unwrap().clone()
     }
 }

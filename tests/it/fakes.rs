@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Read one HTTP/1.1 request from `sock`: its head (request line and headers) and its
 /// body parsed as JSON (`Null` when it is not). `None` when the peer went away first.
-pub async fn read_request(sock: &mut TcpStream) -> Option<(String, Value)> {
+pub(crate) async fn read_request(sock: &mut TcpStream) -> Option<(String, Value)> {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 16384];
     let head_end = loop {
@@ -43,7 +43,7 @@ pub async fn read_request(sock: &mut TcpStream) -> Option<(String, Value)> {
 }
 
 /// One scripted answer of the fake Ollama.
-pub enum Reply {
+pub(crate) enum Reply {
     Status(u16, String),
     /// `application/x-ndjson` lines, as `/api/chat` streams them.
     Ndjson(Vec<Value>),
@@ -53,7 +53,7 @@ pub enum Reply {
 
 /// A test double for Ollama's HTTP API on 127.0.0.1:0: minimal HTTP/1.1, one request per
 /// connection, answers `/api/chat` from a script (a queue) and records request bodies.
-pub struct FakeOllama {
+pub(crate) struct FakeOllama {
     pub addr: std::net::SocketAddr,
     pub requests: Arc<Mutex<Vec<Value>>>,
     server: tokio::task::JoinHandle<()>,
@@ -66,7 +66,7 @@ impl Drop for FakeOllama {
 }
 
 impl FakeOllama {
-    pub async fn start(replies: Vec<Reply>) -> FakeOllama {
+    pub(crate) async fn start(replies: Vec<Reply>) -> FakeOllama {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let requests: Arc<Mutex<Vec<Value>>> = Arc::default();
@@ -86,11 +86,11 @@ impl FakeOllama {
     }
 
     /// `host:port`, as the hub's routing decision names it.
-    pub fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         self.addr.to_string()
     }
 
-    pub fn requests(&self) -> Vec<Value> {
+    pub(crate) fn requests(&self) -> Vec<Value> {
         self.requests.lock().unwrap().clone()
     }
 }
@@ -136,20 +136,20 @@ async fn handle(
 impl FakeOllama {
     /// A fake whose every `/api/chat` answer (up to `n`) is one non-streamed assistant
     /// message with `content` — what `stream: false` calls (judge, tool rounds) get.
-    pub async fn answering(content: &str, n: usize) -> FakeOllama {
+    pub(crate) async fn answering(content: &str, n: usize) -> FakeOllama {
         let line = json!({"model": "m", "message": {"role": "assistant", "content": content}, "done": true});
         FakeOllama::start((0..n).map(|_| Reply::Ndjson(vec![line.clone()])).collect()).await
     }
 }
 
-pub const MODEL: &str = "qwen3:8b";
+pub(crate) const MODEL: &str = "qwen3:8b";
 
-pub fn chunk(content: &str) -> Value {
+pub(crate) fn chunk(content: &str) -> Value {
     json!({"model": MODEL, "created_at": "2025-06-01T10:00:00.000Z",
            "message": {"role": "assistant", "content": content}, "done": false})
 }
 
-pub fn done_line(message: Value, prompt_eval_count: u64, eval_count: u64) -> Value {
+pub(crate) fn done_line(message: Value, prompt_eval_count: u64, eval_count: u64) -> Value {
     json!({"model": MODEL, "created_at": "2025-06-01T10:00:01.000Z", "message": message,
            "done": true, "done_reason": "stop", "total_duration": 5_000_000_000u64,
            "load_duration": 1_000_000u64, "prompt_eval_count": prompt_eval_count,
@@ -158,7 +158,7 @@ pub fn done_line(message: Value, prompt_eval_count: u64, eval_count: u64) -> Val
 }
 
 /// A streamed reply: one line per piece, then the `done` line with the counts.
-pub fn streamed(pieces: &[&str], tokens_in: u64, tokens_out: u64) -> Reply {
+pub(crate) fn streamed(pieces: &[&str], tokens_in: u64, tokens_out: u64) -> Reply {
     let mut lines: Vec<Value> = pieces.iter().map(|p| chunk(p)).collect();
     lines.push(done_line(
         json!({"role": "assistant", "content": ""}),
@@ -169,7 +169,7 @@ pub fn streamed(pieces: &[&str], tokens_in: u64, tokens_out: u64) -> Reply {
 }
 
 /// A non-streamed reply that calls tools (`stream: false`: one complete line).
-pub fn tool_calls(calls: &[(&str, Value)]) -> Reply {
+pub(crate) fn tool_calls(calls: &[(&str, Value)]) -> Reply {
     let calls: Vec<Value> = calls
         .iter()
         .map(|(name, args)| json!({"function": {"name": name, "arguments": args}}))
@@ -181,7 +181,7 @@ pub fn tool_calls(calls: &[(&str, Value)]) -> Reply {
     )])
 }
 
-pub fn answer(text: &str) -> Reply {
+pub(crate) fn answer(text: &str) -> Reply {
     Reply::Ndjson(vec![done_line(
         json!({"role": "assistant", "content": text}),
         50,

@@ -29,40 +29,40 @@ use tempfile::TempDir;
 use crate::util::{self, assert_no_violations, Bin, InProc, T};
 
 /// A mock hub and a temp dir, before the daemon starts.
-pub struct Setup {
+pub(crate) struct Setup {
     pub hub: MockHub,
     pub dir: TempDir,
 }
 
 impl Setup {
     /// A hub with the real hub's default options.
-    pub async fn new() -> Setup {
+    pub(crate) async fn new() -> Setup {
         Setup::with_hub(MockHubOptions::default()).await
     }
 
-    pub async fn with_hub(opts: MockHubOptions) -> Setup {
+    pub(crate) async fn with_hub(opts: MockHubOptions) -> Setup {
         Setup {
             hub: MockHub::start(opts).await.expect("start the mock hub"),
             dir: tempfile::tempdir().expect("create a temp dir"),
         }
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// The test config ([`util::cfg`]): fast timers, state in the temp dir.
-    pub fn cfg(&self) -> Config {
+    pub(crate) fn cfg(&self) -> Config {
         util::cfg(&self.hub, self.dir.path())
     }
 
     /// [`util::cfg_with_workspace`]: the config and its fixed workspace `dir/ws`.
-    pub fn cfg_with_workspace(&self) -> (Config, PathBuf) {
+    pub(crate) fn cfg_with_workspace(&self) -> (Config, PathBuf) {
         util::cfg_with_workspace(&self.hub, self.dir.path())
     }
 
     /// Run the daemon in this test's runtime with `cfg`; returns once it identified.
-    pub async fn start(self, cfg: Config) -> Harness {
+    pub(crate) async fn start(self, cfg: Config) -> Harness {
         let h = self.start_unidentified(cfg);
         h.identified().await;
         h
@@ -70,7 +70,7 @@ impl Setup {
 
     /// Like [`Setup::start`] without waiting for `identify` (a test of what comes first,
     /// or a daemon that must not get that far).
-    pub fn start_unidentified(self, cfg: Config) -> Harness {
+    pub(crate) fn start_unidentified(self, cfg: Config) -> Harness {
         Harness {
             daemon: Daemon::InProc(util::spawn(cfg)),
             setup: self,
@@ -80,7 +80,12 @@ impl Setup {
 
     /// Run the real binary with a TOML config ([`util::write_config`] with `token` and
     /// `extra` lines) and `envs`; returns once it identified.
-    pub async fn start_bin(self, token: &str, extra: &str, envs: &[(&str, &str)]) -> Harness {
+    pub(crate) async fn start_bin(
+        self,
+        token: &str,
+        extra: &str,
+        envs: &[(&str, &str)],
+    ) -> Harness {
         let config = util::write_config(&self.hub, self.dir.path(), token, extra);
         let bin = Bin::start(self.dir.path(), &config, envs);
         let h = Harness {
@@ -101,7 +106,7 @@ enum Daemon {
 
 /// The daemon running against the mock hub. Derefs to the [`MockHub`] for the hub's knobs
 /// and recordings (`h.received_of(..)`, `h.set_cooldown(..)`, …).
-pub struct Harness {
+pub(crate) struct Harness {
     setup: Setup,
     daemon: Daemon,
     finished: bool,
@@ -116,33 +121,33 @@ impl Deref for Harness {
 
 impl Harness {
     /// A default hub, a temp dir and the daemon with the test config, identified.
-    pub async fn start() -> Harness {
+    pub(crate) async fn start() -> Harness {
         let s = Setup::new().await;
         let cfg = s.cfg();
         s.start(cfg).await
     }
 
     /// The first phase only: hub and dir, for tests that prepare before the daemon starts.
-    pub async fn setup() -> Setup {
+    pub(crate) async fn setup() -> Setup {
         Setup::new().await
     }
 
-    pub fn hub(&self) -> &MockHub {
+    pub(crate) fn hub(&self) -> &MockHub {
         &self.setup.hub
     }
 
     /// The temp dir: state, config, probes.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.setup.dir.path()
     }
 
     /// [`util::probe`] of the temp dir: where tasks may leave markers.
-    pub fn probe(&self) -> PathBuf {
+    pub(crate) fn probe(&self) -> PathBuf {
         util::probe(self.dir())
     }
 
     /// The in-process daemon's metrics and health.
-    pub fn ops(&self) -> &Ops {
+    pub(crate) fn ops(&self) -> &Ops {
         match &self.daemon {
             Daemon::InProc(d) => &d.ops,
             _ => panic!("ops() needs the in-process daemon (Setup::start)"),
@@ -150,7 +155,7 @@ impl Harness {
     }
 
     /// The binary daemon ([`Setup::start_bin`]): its pid, signals, logs.
-    pub fn bin(&self) -> &Bin {
+    pub(crate) fn bin(&self) -> &Bin {
         match &self.daemon {
             Daemon::Bin(b) => b,
             _ => panic!("bin() needs the binary daemon (Setup::start_bin)"),
@@ -158,7 +163,7 @@ impl Harness {
     }
 
     /// The binary daemon, to wait for or kill it.
-    pub fn bin_mut(&mut self) -> &mut Bin {
+    pub(crate) fn bin_mut(&mut self) -> &mut Bin {
         match &mut self.daemon {
             Daemon::Bin(b) => b,
             _ => panic!("bin_mut() needs the binary daemon (Setup::start_bin)"),
@@ -166,7 +171,7 @@ impl Harness {
     }
 
     /// Waits for the daemon's first `identify`.
-    pub async fn identified(&self) -> Value {
+    pub(crate) async fn identified(&self) -> Value {
         self.hub()
             .wait_for_type("identify", T)
             .await
@@ -174,7 +179,7 @@ impl Harness {
     }
 
     /// Waits for the `n`-th (1-based) `identify`: the daemon reconnected `n - 1` times.
-    pub async fn identified_nth(&self, n: usize) -> Value {
+    pub(crate) async fn identified_nth(&self, n: usize) -> Value {
         self.hub()
             .wait_for_nth("identify", n, T)
             .await
@@ -182,7 +187,7 @@ impl Harness {
     }
 
     /// Waits for the first inbound frame of type `ty` about `task_id`.
-    pub async fn frame(&self, ty: &str, task_id: &str) -> Value {
+    pub(crate) async fn frame(&self, ty: &str, task_id: &str) -> Value {
         self.hub()
             .wait_for(|f| f["type"] == ty && f["task_id"] == task_id, T)
             .await
@@ -190,12 +195,12 @@ impl Harness {
     }
 
     /// Waits for `task_accepted` for `task_id`.
-    pub async fn accepted(&self, task_id: &str) -> Value {
+    pub(crate) async fn accepted(&self, task_id: &str) -> Value {
         self.frame("task_accepted", task_id).await
     }
 
     /// Waits for the terminal frame (`task_complete` or `task_failed`) for `task_id`.
-    pub async fn terminal(&self, task_id: &str) -> Value {
+    pub(crate) async fn terminal(&self, task_id: &str) -> Value {
         self.hub()
             .wait_for(
                 |f| {
@@ -210,7 +215,7 @@ impl Harness {
 
     /// Waits for `task_complete` for `task_id` (a `task_failed` instead fails the test
     /// with its reason).
-    pub async fn completed(&self, task_id: &str) -> Value {
+    pub(crate) async fn completed(&self, task_id: &str) -> Value {
         let done = self.terminal(task_id).await;
         assert_eq!(
             done["type"], "task_complete",
@@ -220,7 +225,7 @@ impl Harness {
     }
 
     /// Waits for `task_failed` for `task_id` (a `task_complete` instead fails the test).
-    pub async fn failed(&self, task_id: &str) -> Value {
+    pub(crate) async fn failed(&self, task_id: &str) -> Value {
         let done = self.terminal(task_id).await;
         assert_eq!(
             done["type"], "task_failed",
@@ -231,7 +236,7 @@ impl Harness {
 
     /// Drain-stop the in-process daemon and return why it stopped; the harness stays for
     /// assertions on what it left behind (then [`Harness::finish`] or drop).
-    pub async fn stop_daemon(&mut self) -> ExitReason {
+    pub(crate) async fn stop_daemon(&mut self) -> ExitReason {
         match std::mem::replace(&mut self.daemon, Daemon::Stopped) {
             Daemon::InProc(d) => d.stop().await,
             _ => panic!("stop_daemon() needs the running in-process daemon"),
@@ -239,13 +244,13 @@ impl Harness {
     }
 
     /// The binary daemon's config file ([`Setup::start_bin`]).
-    pub fn config_path(&self) -> PathBuf {
+    pub(crate) fn config_path(&self) -> PathBuf {
         self.dir().join("hub-sidecar.toml")
     }
 
     /// Start the binary again with the same config (the previous process must have
     /// exited or been killed); does not wait for its identify.
-    pub fn start_bin_again(&mut self, envs: &[(&str, &str)]) {
+    pub(crate) fn start_bin_again(&mut self, envs: &[(&str, &str)]) {
         if let Daemon::Bin(b) = &mut self.daemon {
             assert!(
                 b.child.try_wait().ok().flatten().is_some(),
@@ -256,7 +261,7 @@ impl Harness {
     }
 
     /// The in-process daemon's stop tokens, for tests of the stop stages themselves.
-    pub fn shutdown(&self) -> &Shutdown {
+    pub(crate) fn shutdown(&self) -> &Shutdown {
         match &self.daemon {
             Daemon::InProc(d) => &d.shutdown,
             _ => panic!("shutdown() needs the in-process daemon (Setup::start)"),
@@ -265,7 +270,7 @@ impl Harness {
 
     /// Wait (unbounded: wrap it in a timeout) for the in-process daemon to return after a
     /// stop the test requested through [`Harness::shutdown`].
-    pub async fn exited(&mut self) -> ExitReason {
+    pub(crate) async fn exited(&mut self) -> ExitReason {
         match std::mem::replace(&mut self.daemon, Daemon::Stopped) {
             Daemon::InProc(d) => d
                 .handle
@@ -278,7 +283,7 @@ impl Harness {
 
     /// Start the daemon again in-process with `cfg` (the previous one must be stopped) and
     /// wait for its `n`-th identify overall.
-    pub async fn restart_daemon(&mut self, cfg: Config, nth_identify: usize) {
+    pub(crate) async fn restart_daemon(&mut self, cfg: Config, nth_identify: usize) {
         assert!(
             matches!(self.daemon, Daemon::Stopped),
             "restart_daemon() while a daemon still runs"
@@ -289,7 +294,7 @@ impl Harness {
 
     /// Stop the daemon if it still runs (in-process: drain; binary: SIGTERM and exit code 0),
     /// then check that the hub recorded no schema violation.
-    pub async fn finish(mut self) {
+    pub(crate) async fn finish(mut self) {
         match std::mem::replace(&mut self.daemon, Daemon::Stopped) {
             Daemon::InProc(d) => {
                 d.stop().await;

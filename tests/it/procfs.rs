@@ -9,7 +9,7 @@
 
 /// The fields of `/proc/<pid>/stat` the tests look at.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stat {
+pub(crate) struct Stat {
     pub pid: i32,
     /// The command name (`comm`), without its parentheses.
     pub comm: String,
@@ -19,13 +19,13 @@ pub struct Stat {
 }
 
 impl Stat {
-    pub fn is_zombie(&self) -> bool {
+    pub(crate) fn is_zombie(&self) -> bool {
         self.state == 'Z'
     }
 }
 
 /// Parse one `/proc/<pid>/stat` line; `None` when it is not one.
-pub fn parse_stat(line: &str) -> Option<Stat> {
+pub(crate) fn parse_stat(line: &str) -> Option<Stat> {
     let open = line.find('(')?;
     let close = line.rfind(')')?;
     let pid = line[..open].trim().parse().ok()?;
@@ -42,12 +42,12 @@ pub fn parse_stat(line: &str) -> Option<Stat> {
 }
 
 /// `pid`'s stat; `None` once it is gone (or was never there).
-pub fn stat(pid: i32) -> Option<Stat> {
+pub(crate) fn stat(pid: i32) -> Option<Stat> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// `pid`'s arguments; `None` once it is gone.
-pub fn cmdline(pid: i32) -> Option<Vec<String>> {
+pub(crate) fn cmdline(pid: i32) -> Option<Vec<String>> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     Some(
         raw.split(|b| *b == 0)
@@ -58,7 +58,7 @@ pub fn cmdline(pid: i32) -> Option<Vec<String>> {
 }
 
 /// One `Key:` value of `/proc/<pid>/status`, as its first word (`VmRSS:  1234 kB` → `1234`).
-pub fn status_field(pid: i32, key: &str) -> Option<String> {
+pub(crate) fn status_field(pid: i32, key: &str) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
@@ -67,7 +67,7 @@ pub fn status_field(pid: i32, key: &str) -> Option<String> {
 }
 
 /// Every pid in the table now.
-pub fn pids() -> Vec<i32> {
+pub(crate) fn pids() -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -77,12 +77,12 @@ pub fn pids() -> Vec<i32> {
 }
 
 /// `pid` exists and is not a zombie.
-pub fn is_live(pid: i32) -> bool {
+pub(crate) fn is_live(pid: i32) -> bool {
     stat(pid).is_some_and(|s| !s.is_zombie())
 }
 
 /// Live (non-zombie) processes whose argv contains `needle` as one argument.
-pub fn procs_with_arg(needle: &str) -> Vec<i32> {
+pub(crate) fn procs_with_arg(needle: &str) -> Vec<i32> {
     pids()
         .into_iter()
         .filter(|&pid| cmdline(pid).is_some_and(|args| args.iter().any(|a| a == needle)))
@@ -92,7 +92,7 @@ pub fn procs_with_arg(needle: &str) -> Vec<i32> {
 
 /// Live processes whose space-joined command line contains `needle`, as `pid: cmdline`
 /// (for failure messages).
-pub fn procs_with(needle: &str) -> Vec<String> {
+pub(crate) fn procs_with(needle: &str) -> Vec<String> {
     pids()
         .into_iter()
         .filter_map(|pid| Some((pid, cmdline(pid)?.join(" "))))
@@ -102,7 +102,7 @@ pub fn procs_with(needle: &str) -> Vec<String> {
 }
 
 /// The direct children of `pid`, zombies included.
-pub fn children(pid: i32) -> Vec<Stat> {
+pub(crate) fn children(pid: i32) -> Vec<Stat> {
     pids()
         .into_iter()
         .filter_map(stat)
@@ -111,7 +111,7 @@ pub fn children(pid: i32) -> Vec<Stat> {
 }
 
 /// Zombie children of `pid`: exited, never reaped.
-pub fn zombie_children(pid: i32) -> Vec<i32> {
+pub(crate) fn zombie_children(pid: i32) -> Vec<i32> {
     children(pid)
         .into_iter()
         .filter(Stat::is_zombie)
@@ -120,14 +120,14 @@ pub fn zombie_children(pid: i32) -> Vec<i32> {
 }
 
 /// `VmRSS` of `pid` in KiB (0 when unknown).
-pub fn rss_kb(pid: i32) -> u64 {
+pub(crate) fn rss_kb(pid: i32) -> u64 {
     status_field(pid, "VmRSS")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
 
 /// Open file descriptors of `pid` (0 when unknown).
-pub fn fd_count(pid: i32) -> usize {
+pub(crate) fn fd_count(pid: i32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
         .unwrap_or(0)

@@ -13,13 +13,13 @@ use hub_sidecar::ops::Ops;
 use hub_sidecar::progress::{EventKind, ProgressEvent};
 use tokio::task::JoinHandle;
 
-pub use crate::procfs::procs_with_arg;
+pub(crate) use crate::procfs::procs_with_arg;
 
 /// Generous bound for anything that should happen "soon" on a loaded 2-core CI box.
-pub const T: Duration = Duration::from_secs(15);
+pub(crate) const T: Duration = Duration::from_secs(15);
 
 /// A config for `hub` with fast timers, state in `dir`.
-pub fn cfg(hub: &MockHub, dir: &Path) -> Config {
+pub(crate) fn cfg(hub: &MockHub, dir: &Path) -> Config {
     let mut c = Config::for_hub(&hub.url(), dir);
     c.ping_interval_secs = 1;
     c.pong_timeout_secs = 3;
@@ -35,7 +35,7 @@ pub fn cfg(hub: &MockHub, dir: &Path) -> Config {
 /// `dir/probe`: where a test's task may leave markers for the test to see. Tasks are
 /// confined to their workspace; the test configs add this one directory to
 /// `sandbox.write_paths` (the state directory itself stays closed to them).
-pub fn probe(dir: &Path) -> PathBuf {
+pub(crate) fn probe(dir: &Path) -> PathBuf {
     let p = dir.join("probe");
     std::fs::create_dir_all(&p).unwrap();
     p
@@ -43,7 +43,7 @@ pub fn probe(dir: &Path) -> PathBuf {
 
 /// [`cfg`] with a fixed `repo_dir` workspace (`dir/ws`), for tests that look at the files a
 /// task left: a per-task temp workspace is removed once the result exists.
-pub fn cfg_with_workspace(hub: &MockHub, dir: &Path) -> (Config, PathBuf) {
+pub(crate) fn cfg_with_workspace(hub: &MockHub, dir: &Path) -> (Config, PathBuf) {
     let ws = dir.join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let mut c = cfg(hub, dir);
@@ -52,13 +52,13 @@ pub fn cfg_with_workspace(hub: &MockHub, dir: &Path) -> (Config, PathBuf) {
 }
 
 /// The daemon running in this test's runtime.
-pub struct InProc {
+pub(crate) struct InProc {
     pub shutdown: Shutdown,
     pub ops: Ops,
     pub handle: JoinHandle<anyhow::Result<ExitReason>>,
 }
 
-pub fn spawn(cfg: Config) -> InProc {
+pub(crate) fn spawn(cfg: Config) -> InProc {
     let shutdown = Shutdown::new();
     let ops = Ops::new();
     let handle = tokio::spawn(daemon::run(cfg, shutdown.clone(), ops.clone()));
@@ -71,7 +71,7 @@ pub fn spawn(cfg: Config) -> InProc {
 
 impl InProc {
     /// Drain-stop and wait for the exit reason.
-    pub async fn stop(self) -> ExitReason {
+    pub(crate) async fn stop(self) -> ExitReason {
         self.shutdown.drain.cancel();
         tokio::time::timeout(T, self.handle)
             .await
@@ -81,7 +81,7 @@ impl InProc {
     }
 }
 
-pub fn assert_no_violations(hub: &MockHub) {
+pub(crate) fn assert_no_violations(hub: &MockHub) {
     let v = hub.violations();
     assert!(
         v.is_empty(),
@@ -90,7 +90,7 @@ pub fn assert_no_violations(hub: &MockHub) {
 }
 
 /// Poll a condition that has no event to wait on (files, the process table).
-pub async fn wait_until(mut cond: impl FnMut() -> bool, timeout: Duration) -> bool {
+pub(crate) async fn wait_until(mut cond: impl FnMut() -> bool, timeout: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if cond() {
@@ -104,12 +104,12 @@ pub async fn wait_until(mut cond: impl FnMut() -> bool, timeout: Duration) -> bo
 }
 
 /// A unique `sleep` duration so a test can find exactly its own sleeps in the process table.
-pub fn unique_sleep() -> String {
+pub(crate) fn unique_sleep() -> String {
     format!("{}.{:03}", 30 + fastrand::u32(0..60), fastrand::u32(1..999))
 }
 
 /// The real `hub-sidecar` binary with a config file in a temp dir.
-pub struct Bin {
+pub(crate) struct Bin {
     pub child: tokio::process::Child,
     pub dir: PathBuf,
     pub log: PathBuf,
@@ -117,7 +117,7 @@ pub struct Bin {
 }
 
 /// Write a TOML config for `hub` into `dir`.
-pub fn write_config(hub: &MockHub, dir: &Path, token: &str, extra: &str) -> PathBuf {
+pub(crate) fn write_config(hub: &MockHub, dir: &Path, token: &str, extra: &str) -> PathBuf {
     let path = dir.join("hub-sidecar.toml");
     let text = format!(
         "agent_id = \"sidecar-test\"\ntoken = \"{token}\"\nhub_url = \"{}\"\nstate_dir = \"{}\"\nping_interval_secs = 1\npong_timeout_secs = 3\nreconnect_min_ms = 50\nreconnect_max_ms = 400\nresource_report_interval_secs = 3600\n{extra}\n[sandbox]\nwrite_paths = [\"{}\"]\n",
@@ -136,7 +136,7 @@ pub fn write_config(hub: &MockHub, dir: &Path, token: &str, extra: &str) -> Path
 
 impl Bin {
     /// Start the binary with `config`, logging to `dir/daemon-N.log`.
-    pub fn start(dir: &Path, config: &Path, envs: &[(&str, &str)]) -> Bin {
+    pub(crate) fn start(dir: &Path, config: &Path, envs: &[(&str, &str)]) -> Bin {
         let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
         let log = dir.join(format!("daemon-{n}.log"));
         let file = std::fs::File::create(&log).unwrap();
@@ -160,11 +160,11 @@ impl Bin {
         }
     }
 
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.child.id().expect("running") as i32
     }
 
-    pub fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = std::process::Command::new("kill")
             .arg(format!("-{sig}"))
             .arg(self.pid().to_string())
@@ -174,28 +174,28 @@ impl Bin {
         assert!(ok, "kill -{sig} failed");
     }
 
-    pub async fn kill9(&mut self) {
+    pub(crate) async fn kill9(&mut self) {
         self.child.kill().await.unwrap();
     }
 
     /// Wait for exit; the exit code.
-    pub async fn wait(&mut self, timeout: Duration) -> Option<i32> {
+    pub(crate) async fn wait(&mut self, timeout: Duration) -> Option<i32> {
         match tokio::time::timeout(timeout, self.child.wait()).await {
             Ok(Ok(s)) => s.code(),
             _ => None,
         }
     }
 
-    pub fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
 /// Progress events recorded by a `ProgressSink::with_observer` in module-level tests.
-pub type Events = std::sync::Arc<std::sync::Mutex<Vec<ProgressEvent>>>;
+pub(crate) type Events = std::sync::Arc<std::sync::Mutex<Vec<ProgressEvent>>>;
 
 /// The recorded events of one kind.
-pub fn kinds(events: &Events, kind: EventKind) -> Vec<ProgressEvent> {
+pub(crate) fn kinds(events: &Events, kind: EventKind) -> Vec<ProgressEvent> {
     events
         .lock()
         .unwrap()

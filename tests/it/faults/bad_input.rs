@@ -8,7 +8,7 @@ mod frames {
     use serde_json::{Map, Value};
 
     /// Arbitrary JSON, nested a few levels.
-    pub fn json() -> impl Strategy<Value = Value> {
+    pub(super) fn json() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::from),
@@ -29,7 +29,7 @@ mod frames {
         })
     }
 
-    pub const TASK_FIELDS: &[&str] = &[
+    pub(super) const TASK_FIELDS: &[&str] = &[
         "task_id",
         "description",
         "metadata",
@@ -47,7 +47,7 @@ mod frames {
         "max_verification_retries",
     ];
 
-    pub const TYPES: &[&str] = &[
+    pub(super) const TYPES: &[&str] = &[
         "identified",
         "error",
         "pong",
@@ -83,7 +83,7 @@ mod frames {
     ];
 
     /// A `task_assign` with every field of a random type (or missing).
-    pub fn task_assign() -> impl Strategy<Value = Value> {
+    pub(super) fn task_assign() -> impl Strategy<Value = Value> {
         prop::collection::vec(prop::option::of(json()), TASK_FIELDS.len()).prop_map(|vals| {
             let mut m = Map::new();
             m.insert("type".into(), Value::from("task_assign"));
@@ -97,7 +97,7 @@ mod frames {
     }
 
     /// A frame of a known (or unknown) type with random values in the fields hub frames use.
-    pub fn typed() -> impl Strategy<Value = Value> {
+    pub(super) fn typed() -> impl Strategy<Value = Value> {
         (
             prop::sample::select(TYPES),
             prop::collection::vec(prop::option::of(json()), FIELDS.len()),
@@ -114,7 +114,7 @@ mod frames {
             })
     }
 
-    pub fn any_frame() -> impl Strategy<Value = Value> {
+    pub(super) fn any_frame() -> impl Strategy<Value = Value> {
         prop_oneof![json(), task_assign(), typed()]
     }
 }
