@@ -1,24 +1,14 @@
-//! The command line: clap definitions and the dispatch to each subcommand.
+//! The command line: the clap types of every subcommand and nothing else.
 //!
 //! Raw flags live here; [`crate::config::Config::load`] turns them (with the file and the
-//! environment) into the validated configuration, once.
+//! environment) into the validated configuration, once ([`ConfigArgs::load`]). What each
+//! subcommand does is in [`crate::commands`].
 
-use std::process::ExitCode;
+use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::commands::check::CheckArgs;
-use crate::commands::run_task::RunTaskArgs;
-use crate::commands::verify::VerifyArgs;
-pub use crate::commands::ConfigArgs;
-use crate::config;
-use crate::daemon::{self, ExitReason, Shutdown};
-pub use crate::demo::DemoArgs;
-use crate::ops::Ops;
-use crate::redact::{RedactingWriter, Redactor};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use crate::config::{self, Config, Layers};
 
 /// A worker daemon for an AgentCom hub: takes tasks over one WebSocket, runs them with a
 /// shell, Claude Code or Ollama executor, verifies them, and reports every result.
@@ -102,13 +92,13 @@ pub enum Command {
     Demo(DemoArgs),
     /// List recent tasks from the flight records: when, executor, duration, attempts,
     /// status, cost. Reads only files; works whether the daemon runs or not.
-    Tasks(crate::commands::show::TasksArgs),
+    Tasks(TasksArgs),
     /// Tell one task's story from its flight record: each attempt's prompt, what changed,
     /// which checks failed, why the loop stopped, the result and its acknowledgement.
-    Show(crate::commands::show::ShowArgs),
+    Show(ShowArgs),
     /// Ask the running daemon (on its loopback metrics_addr) for the link state, the
     /// current task and attempt, and today's spend against the daily budget.
-    Status(crate::commands::status::StatusArgs),
+    Status(StatusArgs),
 }
 
 impl Default for Command {
@@ -125,124 +115,155 @@ pub struct RunArgs {
     pub config: ConfigArgs,
 }
 
-/// Run the parsed command line.
-///
-/// `logs` is the log writer from [`init_tracing`]: once a config is loaded its secrets are
-/// added, so no log line can carry them.
-pub async fn run(cli: Cli, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
-    let top = cli.run.config;
-    match cli.command.unwrap_or_default() {
-        Command::Run(args) => {
-            let config = args.config.or(top);
-            run_daemon(RunArgs { config }, logs).await
-        }
-        Command::Check(mut args) => {
-            args.config = args.config.or(top);
-            crate::commands::check::run(args).await
-        }
-        Command::RunTask(args) => crate::commands::run_task::run(args).await,
-        Command::Verify(args) => crate::commands::verify::run(args).await,
-        Command::Demo(args) => crate::demo::run(args).await,
-        Command::Tasks(args) => crate::commands::show::run_tasks(args).await,
-        Command::Show(args) => crate::commands::show::run_show(args).await,
-        Command::Status(args) => crate::commands::status::run(args).await,
-    }
+/// `check` flags.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    /// Where the configuration comes from.
+    pub config: ConfigArgs,
 }
 
-async fn run_daemon(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
-    let cfg = args.config.load()?;
-    logs.set(Redactor::from_config(&cfg));
-    config::warn_about(&cfg);
-    tracing::info!(agent_id = %cfg.agent_id, hub = %cfg.hub_url, state = %cfg.state_file().display(), "hub-sidecar starting");
-    let shutdown = Shutdown::new();
-    let ops = Ops::new();
-    // Side services live exactly as long as the daemon: cancelled and awaited on every exit.
-    let services = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    tracker.spawn(stage_signals(shutdown.clone(), services.clone()));
-    if let Some(addr) = cfg.metrics_addr {
-        crate::ops::http::start(addr, ops.clone(), services.clone(), &tracker).await?;
-    }
-    // `hub-sidecar status` without metrics_addr; a failure only costs that command.
-    let socket = crate::ops::socket::path(&cfg.state_dir);
-    if let Err(e) = crate::ops::socket::start(socket, ops.clone(), services.clone(), &tracker).await
-    {
-        tracing::warn!(error = %format!("{e:#}"), "no status socket: `hub-sidecar status` needs metrics_addr");
-    }
-    // Fed only while the last pong is younger than two ping intervals.
-    tracker.spawn(crate::ops::systemd::watchdog(
-        ops.clone(),
-        cfg.ping_interval() * 2,
-        services.clone(),
-    ));
-    let result = daemon::run(cfg, shutdown, ops).await;
-    services.cancel();
-    tracker.close();
-    tracker.wait().await;
-    let reason = result.context("the daemon stopped with an error")?;
-    tracing::info!(reason = ?reason, "hub-sidecar stopped");
-    Ok(match reason {
-        ExitReason::Drained | ExitReason::Aborted | ExitReason::RestartRequested => {
-            ExitCode::SUCCESS
-        }
-        // What a shell reports for a process ended by SIGINT; the third signal asked for it.
-        ExitReason::Interrupted => ExitCode::from(130),
-    })
+/// `run-task` flags.
+#[derive(Debug, Clone, Args)]
+pub struct RunTaskArgs {
+    /// The task file: a task object or a task_assign frame (see examples/tasks/).
+    pub task: PathBuf,
+    /// Run in this directory (default: a new temporary directory, kept and printed).
+    #[arg(long, short = 'w')]
+    pub workspace: Option<PathBuf>,
+    /// Write the result frame here instead of stdout.
+    #[arg(long, short = 'o')]
+    pub out: Option<PathBuf>,
+    /// Config for executor, verification and env settings (defaults otherwise; the hub keys
+    /// are not needed).
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
 }
 
-/// First SIGTERM/SIGINT: drain. Second: abort the task (kept for recovery). Third: stop at
-/// once ([`Shutdown::immediate`]: the task's processes are killed, the binary exits 130).
-/// Ends with the daemon's side services (`services`).
-async fn stage_signals(shutdown: Shutdown, services: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the daemon with SIGKILL");
-        return;
-    };
-    let mut count = 0;
-    loop {
-        tokio::select! {
-            _ = services.cancelled() => return,
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+/// `verify` flags.
+#[derive(Debug, Clone, Args)]
+pub struct VerifyArgs {
+    /// The task file (a task object or a task_assign frame) whose verification_steps run.
+    pub task: PathBuf,
+    /// The directory the checks run in.
+    #[arg(long, short = 'w')]
+    pub workspace: PathBuf,
+    /// Optional config for [verification] and [env] settings (defaults otherwise).
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+}
+
+/// `tasks` flags.
+#[derive(Debug, Clone, Args)]
+pub struct TasksArgs {
+    #[command(flatten)]
+    /// Where the configuration (and so the state directory) comes from.
+    pub config: ConfigArgs,
+    /// How many tasks to list, newest first.
+    #[arg(long, short = 'n', default_value_t = 20)]
+    pub limit: usize,
+    /// Print JSON (one array) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `show` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    /// The task id (as in `hub-sidecar tasks`).
+    pub task_id: String,
+    #[command(flatten)]
+    /// Where the configuration (and so the state directory) comes from.
+    pub config: ConfigArgs,
+    /// Print the whole story as JSON (for tools) instead of the timeline.
+    #[arg(long)]
+    pub json: bool,
+    /// Also print each attempt's prompt and recorded output in full.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+}
+
+/// `status` flags.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    /// Where the configuration (and so the daemon's addresses) comes from.
+    pub config: ConfigArgs,
+    /// Print the daemon's JSON answer as is.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `demo` flags.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DemoArgs {
+    /// Keep the demo's temporary directory and print where it is.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Settings shared by commands that load a config.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ConfigArgs {
+    /// Config file: TOML, or the Node sidecar's config.json.
+    #[arg(long, short = 'c', env = "HUB_SIDECAR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Agent id at the hub (overrides the file and HUB_SIDECAR_AGENT_ID).
+    #[arg(long)]
+    pub agent_id: Option<String>,
+    /// Hub token. Prefer the file or HUB_SIDECAR_TOKEN: flags show up in `ps`.
+    #[arg(long, hide = true)]
+    pub token: Option<String>,
+    /// Hub WebSocket URL, e.g. ws://hub:4000/ws.
+    #[arg(long)]
+    pub hub_url: Option<String>,
+    /// State directory (state file, workspaces).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Workspace for tasks without a repository.
+    #[arg(long)]
+    pub repo_dir: Option<PathBuf>,
+    /// Serve /healthz and /metrics here, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+}
+
+impl ConfigArgs {
+    /// Each flag from `self`, else from `fallback` (flags given before the subcommand).
+    pub fn or(self, fallback: ConfigArgs) -> ConfigArgs {
+        ConfigArgs {
+            config: self.config.or(fallback.config),
+            agent_id: self.agent_id.or(fallback.agent_id),
+            token: self.token.or(fallback.token),
+            hub_url: self.hub_url.or(fallback.hub_url),
+            state_dir: self.state_dir.or(fallback.state_dir),
+            repo_dir: self.repo_dir.or(fallback.repo_dir),
+            metrics_addr: self.metrics_addr.or(fallback.metrics_addr),
         }
-        count += 1;
-        match count {
-            1 => shutdown.drain.cancel(),
-            2 => {
-                tracing::warn!("second stop signal: cancelling the running task");
-                shutdown.abort.cancel();
+    }
+
+    /// Load and validate the configuration from file, environment and these flags.
+    pub fn load(&self) -> Result<Config, config::ConfigError> {
+        let mut flags = Vec::new();
+        let mut put = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                flags.push((k.to_string(), v));
             }
-            _ => {
-                // State is already on disk; nothing is lost by leaving now. The daemon kills
-                // the task's process groups without a grace period (no orphans), returns
-                // `Interrupted`, and the binary exits 130 once its services have stopped.
-                tracing::warn!("third stop signal: exiting immediately");
-                shutdown.immediate.cancel();
-            }
-        }
+        };
+        put("agent_id", self.agent_id.clone());
+        put("token", self.token.clone());
+        put("hub_url", self.hub_url.clone());
+        put(
+            "state_dir",
+            self.state_dir.as_ref().map(|p| p.display().to_string()),
+        );
+        put(
+            "repo_dir",
+            self.repo_dir.as_ref().map(|p| p.display().to_string()),
+        );
+        put("metrics_addr", self.metrics_addr.clone());
+        Config::load(&Layers::from_process(self.config.clone(), flags))
     }
-}
-
-/// Set up tracing: human text or JSON on stderr, secrets scrubbed from every line.
-pub fn init_tracing(format: LogFormat, level: &str, secrets: Vec<String>) -> RedactingWriter {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
-    let writer = RedactingWriter::new(Redactor::new(secrets));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer.clone())
-        .with_target(false);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-    };
-    writer
 }
 
 #[cfg(test)]

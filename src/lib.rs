@@ -7,7 +7,7 @@
 //!
 //! # Layout
 //!
-//! - [`cli`]: the command line (clap) and the dispatch to each subcommand.
+//! - [`cli`]: the command line's clap types; [`logging`]: the scrubbed log on stderr.
 //! - [`config`]: layered configuration (defaults < file < env < flags), validated once.
 //! - [`hub`]: the hub link: wire types ([`hub::proto`]), connection, heartbeat, backoff,
 //!   the outgoing rate budget and resource reports.
@@ -29,8 +29,8 @@
 //! - [`cost`]: model prices for estimated and equivalent costs.
 //! - [`ops`]: systemd notify, health and metrics.
 //! - [`mock_hub`]: an in-process hub that validates frames like the real one (tests, demo).
-//! - [`demo`]: the `demo` subcommand.
-//! - [`commands`]: the `check`, `run-task` and `verify` subcommands.
+//! - [`commands`]: every subcommand (`run`, `demo`, `check`, `run-task`, `verify`, `tasks`,
+//!   `show`, `status`) and the dispatch to them.
 //! - [`term`]: the live progress line for terminal work.
 //! - [`util`]: time, truncation and URL helpers (the `url` crate, percent-encoding).
 
@@ -39,10 +39,10 @@ pub mod commands;
 pub mod config;
 pub mod cost;
 pub mod daemon;
-pub mod demo;
 pub mod executor;
 pub mod git;
 pub mod hub;
+pub mod logging;
 pub mod mock_hub;
 pub mod ops;
 pub mod outbox;

@@ -4,14 +4,15 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use hub_sidecar::cli::{self, Cli};
+use hub_sidecar::cli::Cli;
+use hub_sidecar::{commands, logging};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Secrets known from the environment are scrubbed from logs from the first line on;
     // the daemon's own logging never formats the token in the first place.
     let secrets = std::env::var("HUB_SIDECAR_TOKEN").into_iter().collect();
-    let logs = cli::init_tracing(cli.log_format, cli.log_level(), secrets);
+    let logs = logging::init_tracing(cli.log_format, cli.log_level(), secrets);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -23,7 +24,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::run(cli, logs)) {
+    match runtime.block_on(commands::run(cli, logs)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("hub-sidecar: {e:#}");

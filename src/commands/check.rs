@@ -10,19 +10,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use clap::Args;
 
-use super::ConfigArgs;
+use crate::cli::CheckArgs;
 use crate::config::Config;
 use crate::redact::Redactor;
-
-/// `check` flags.
-#[derive(Debug, Clone, Default, Args)]
-pub struct CheckArgs {
-    #[command(flatten)]
-    /// Where the configuration comes from.
-    pub config: ConfigArgs,
-}
 
 /// How long any one probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);

@@ -5,14 +5,14 @@
 //! The result — the `task_complete` / `task_failed` frame the hub would get — goes to stdout
 //! or `--out`. Exit 0 iff the task was verified.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Args;
 use tokio_util::sync::CancellationToken;
 
+use crate::cli::RunTaskArgs;
 use crate::config::{Config, Layers};
 use crate::hub::budget::RateBudget;
 use crate::hub::proto::Outbound;
@@ -22,23 +22,6 @@ use crate::progress::FrameSender;
 use crate::redact::Redactor;
 use crate::runner::{self, RunnerDeps, TaskOutcome};
 use crate::spend::SpendLedger;
-
-/// `run-task` flags.
-#[derive(Debug, Clone, Args)]
-pub struct RunTaskArgs {
-    /// The task file: a task object or a task_assign frame (see examples/tasks/).
-    pub task: PathBuf,
-    /// Run in this directory (default: a new temporary directory, kept and printed).
-    #[arg(long, short = 'w')]
-    pub workspace: Option<PathBuf>,
-    /// Write the result frame here instead of stdout.
-    #[arg(long, short = 'o')]
-    pub out: Option<PathBuf>,
-    /// Config for executor, verification and env settings (defaults otherwise; the hub keys
-    /// are not needed).
-    #[arg(long, short = 'c')]
-    pub config: Option<PathBuf>,
-}
 
 /// Progress frames have nowhere to go offline: the terminal shows progress instead.
 struct Discard;

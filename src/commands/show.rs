@@ -9,40 +9,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Args;
 
-use super::ConfigArgs;
+use crate::cli::{ConfigArgs, ShowArgs, TasksArgs};
 use crate::recorder::story::{self, TaskStory, TaskSummary};
-
-/// `tasks` flags.
-#[derive(Debug, Clone, Args)]
-pub struct TasksArgs {
-    #[command(flatten)]
-    /// Where the configuration (and so the state directory) comes from.
-    pub config: ConfigArgs,
-    /// How many tasks to list, newest first.
-    #[arg(long, short = 'n', default_value_t = 20)]
-    pub limit: usize,
-    /// Print JSON (one array) instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// `show` flags.
-#[derive(Debug, Clone, Args)]
-pub struct ShowArgs {
-    /// The task id (as in `hub-sidecar tasks`).
-    pub task_id: String,
-    #[command(flatten)]
-    /// Where the configuration (and so the state directory) comes from.
-    pub config: ConfigArgs,
-    /// Print the whole story as JSON (for tools) instead of the timeline.
-    #[arg(long)]
-    pub json: bool,
-    /// Also print each attempt's prompt and recorded output in full.
-    #[arg(long, short = 'v')]
-    pub verbose: bool,
-}
 
 /// The state directory: `--state-dir`, else the one in the configuration.
 pub fn state_dir(args: &ConfigArgs) -> anyhow::Result<PathBuf> {

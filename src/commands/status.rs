@@ -10,22 +10,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Args;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::ConfigArgs;
+use crate::cli::{ConfigArgs, StatusArgs};
 use crate::ops::StatusSnapshot;
-
-/// `status` flags.
-#[derive(Debug, Clone, Args)]
-pub struct StatusArgs {
-    #[command(flatten)]
-    /// Where the configuration (and so the daemon's addresses) comes from.
-    pub config: ConfigArgs,
-    /// Print the daemon's JSON answer as is.
-    #[arg(long)]
-    pub json: bool,
-}
 
 /// How long the daemon may take to answer.
 const ANSWER: Duration = Duration::from_secs(5);

@@ -6,31 +6,17 @@
 //! baseline ([`observe::against_baseline`]): the uncommitted changes in a git work tree,
 //! every file elsewhere.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Args;
 use tokio_util::sync::CancellationToken;
 
+use crate::cli::VerifyArgs;
 use crate::executor::ExecContext;
 use crate::process::ChildEnv;
 use crate::redact::Redactor;
 use crate::verify::{checks, observe};
-
-/// `verify` flags.
-#[derive(Debug, Clone, Args)]
-pub struct VerifyArgs {
-    /// The task file (a task object or a task_assign frame) whose verification_steps run.
-    pub task: PathBuf,
-    /// The directory the checks run in.
-    #[arg(long, short = 'w')]
-    pub workspace: PathBuf,
-    /// Optional config for [verification] and [env] settings (defaults otherwise).
-    #[arg(long, short = 'c')]
-    pub config: Option<PathBuf>,
-}
 
 /// Run the checks once and print the report.
 pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {

@@ -38,7 +38,7 @@ async fn claude_task_fails_a_check_then_the_corrective_prompt_fixes_it() {
         .read_paths
         .push(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/stand-in-claude"));
     let h = s.start(c).await;
-    h.assign(hub_sidecar::demo::sample_task());
+    h.assign(hub_sidecar::commands::demo::sample_task());
     let done = h
         .wait_for_type("task_complete", T)
         .await
@@ -281,7 +281,7 @@ async fn a_failing_claude_is_retried_then_reported_as_task_failed() {
     c.executor.claude_path = Some(failing_claude(&probe(s.dir()), &runs));
     c.executor.claude_retry_delays_ms = vec![10, 10, 10];
     let h = s.start(c).await;
-    let mut task = hub_sidecar::demo::sample_task();
+    let mut task = hub_sidecar::commands::demo::sample_task();
     task["task_id"] = json!("claude-down");
     h.assign(task);
     let failed = h
@@ -350,7 +350,7 @@ async fn a_claude_run_is_cancelled_by_the_hub_and_times_out_by_tier() {
     let h = s.start(c).await;
 
     // Cancelled by the hub: the CLI's whole tree is gone within a second, nothing reported.
-    let mut task = hub_sidecar::demo::sample_task();
+    let mut task = hub_sidecar::commands::demo::sample_task();
     task["task_id"] = json!("claude-cancel");
     h.assign(task);
     assert!(wait_until(|| !procs_with_arg(&sleep).is_empty(), T).await);
@@ -361,7 +361,7 @@ async fn a_claude_run_is_cancelled_by_the_hub_and_times_out_by_tier() {
     );
 
     // A trivial task times out after its tier's execution timeout (2 s here).
-    let mut task = hub_sidecar::demo::sample_task();
+    let mut task = hub_sidecar::commands::demo::sample_task();
     task["task_id"] = json!("claude-slow");
     task["routing_decision"]["effective_tier"] = json!("trivial");
     let t0 = Instant::now();

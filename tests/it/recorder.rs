@@ -61,7 +61,7 @@ async fn run_claude_task(task_id: &str, tweak: impl FnOnce(&mut Value)) -> tempf
     c.secrets = vec![SECRET.to_string()];
     let d = spawn(c);
     hub.wait_for_type("identify", T).await.unwrap();
-    let mut task = hub_sidecar::demo::sample_task();
+    let mut task = hub_sidecar::commands::demo::sample_task();
     task["task_id"] = task_id.into();
     // The secret reaches the prompt (and so the record) through the description.
     task["description"] = Value::String(format!(

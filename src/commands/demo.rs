@@ -14,13 +14,14 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use crate::cli::DemoArgs;
 use crate::config::Config;
 use crate::daemon::{self, Shutdown};
 use crate::mock_hub::{MockHub, MockHubOptions};
 use crate::ops::Ops;
 
 /// The stand-in CLI, embedded so the demo works from any directory.
-const STAND_IN_CLAUDE: &str = include_str!("../examples/stand-in-claude/claude");
+const STAND_IN_CLAUDE: &str = include_str!("../../examples/stand-in-claude/claude");
 
 /// The sample task: write a file whose exact content is checked.
 pub fn sample_task() -> Value {
@@ -37,14 +38,6 @@ pub fn sample_task() -> Value {
         "routing_decision": {"effective_tier": "standard", "target_type": "claude", "selected_model": "claude-sonnet-4-5"},
         "max_verification_retries": 2
     })
-}
-
-/// `demo` flags.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct DemoArgs {
-    /// Keep the demo's temporary directory and print where it is.
-    #[arg(long)]
-    pub keep: bool,
 }
 
 /// Run the demo: the real daemon against an embedded mock hub, one sample task.
