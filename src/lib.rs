@@ -8,7 +8,7 @@
 //! # Layout
 //!
 //! - [`cli`]: the command line's clap types; [`logging`]: the scrubbed log on stderr.
-//! - [`config`]: layered configuration (defaults < file < env < flags), validated once.
+//! - [`config`]: layered configuration (defaults < file < env < flags): raw, then validated once.
 //! - [`hub`]: the hub link: wire types ([`hub::proto`]), connection, heartbeat, backoff,
 //!   the outgoing rate budget and resource reports.
 //! - [`task`]: the task model parsed from `task_assign`, executor choice.
