@@ -103,12 +103,29 @@ pub struct FileHint {
     pub reason: Option<String>,
 }
 
+crate::util::open_enum! {
+    /// What kind of check a verification step is (`verification_steps[].type`). An unknown
+    /// type is kept and reported as a check with status `error`.
+    CheckType {
+        /// `target` is a path that must exist in the workspace.
+        FileExists = "file_exists",
+        /// The work tree (or `target`'s part of it) has no uncommitted change.
+        GitClean = "git_clean",
+        /// `target` is a shell command that must exit 0.
+        CommandSucceeds = "command_succeeds",
+        /// `target` is a test command, or `auto` for the detected runner.
+        TestPasses = "test_passes",
+        /// `target` is a claim an LLM judges from the observations.
+        LlmJudge = "llm_judge",
+    }
+}
+
 /// One mechanical check (`verification_steps[]`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct VerificationStep {
     /// `file_exists`, `test_passes`, `git_clean`, `command_succeeds` (or an extension).
     #[serde(rename = "type", default)]
-    pub check_type: String,
+    pub check_type: CheckType,
     /// What to check: a path, a command, or `auto` for the detected test runner.
     #[serde(default)]
     pub target: String,
@@ -139,7 +156,7 @@ fn json_kind(v: &Value) -> &'static str {
 
 impl VerificationStep {
     /// A step standing for something that could not be parsed; it reports `error`.
-    fn invalid(check_type: String, target: String, why: String) -> VerificationStep {
+    fn invalid(check_type: CheckType, target: String, why: String) -> VerificationStep {
         VerificationStep {
             check_type,
             target,
@@ -163,7 +180,7 @@ impl VerificationStep {
         };
         let mut problems = Vec::new();
         let check_type = match m.get("type") {
-            Some(Value::String(t)) if !t.trim().is_empty() => t.clone(),
+            Some(Value::String(t)) if !t.trim().is_empty() => CheckType::from(t.as_str()),
             None | Some(Value::Null) => {
                 problems.push("`type` is missing".to_string());
                 "invalid".into()

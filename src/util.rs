@@ -81,6 +81,73 @@ pub fn http_base_url(endpoint: &str) -> String {
     }
 }
 
+/// A string the hub or a task sends and the daemon branches on, as an enum parsed once where
+/// it arrives: the known values are variants, anything else is kept as sent in `Other` (a
+/// newer hub or an extension is not an error). Serialises back to exactly the string.
+macro_rules! open_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        #[serde(from = "String", into = "String")]
+        pub enum $name {
+            $($(#[$vm])* $v,)+
+            /// A value this build does not know, as sent.
+            Other(String),
+        }
+        impl $name {
+            /// The wire string.
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $($name::$v => $s,)+
+                    $name::Other(s) => s,
+                }
+            }
+        }
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                match s {
+                    $($s => $name::$v,)+
+                    other => $name::Other(other.to_string()),
+                }
+            }
+        }
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                match $name::from(s.as_str()) {
+                    $name::Other(_) => $name::Other(s),
+                    known => known,
+                }
+            }
+        }
+        impl From<$name> for String {
+            fn from(v: $name) -> String {
+                v.as_str().to_string()
+            }
+        }
+        impl Default for $name {
+            fn default() -> Self {
+                $name::Other(String::new())
+            }
+        }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.as_str() == other
+            }
+        }
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+    };
+}
+pub(crate) use open_enum;
+
 #[cfg(test)]
 mod tests {
     use super::*;

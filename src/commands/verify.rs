@@ -16,6 +16,7 @@ use crate::cli::VerifyArgs;
 use crate::executor::ExecContext;
 use crate::process::ChildEnv;
 use crate::redact::Redactor;
+use crate::task::CheckType;
 use crate::verify::{checks, observe};
 
 /// Run the checks once and print the report.
@@ -53,7 +54,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         .task
         .verification_steps
         .iter()
-        .any(|s| s.check_type == "llm_judge");
+        .any(|s| s.check_type == CheckType::LlmJudge);
     let observations = if needs_observations {
         observe::against_baseline(&ctx.workspace, &ctx.env, &ctx.cancel).await
     } else {

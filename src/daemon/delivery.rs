@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Daemon;
+use crate::hub::proto::{AckStatus, HubErrorCode, HubErrorKind};
 use crate::outbox::Next;
 use crate::state::OutboxMeta;
 use crate::util::now_ms;
@@ -50,23 +51,25 @@ impl Daemon {
     }
 
     /// `task_ack`: the hub has the task's result; `accepted` only acknowledges `task_accepted`.
-    pub(super) async fn on_ack(&mut self, task_id: &str, status: Option<&str>) {
-        if status == Some("accepted") {
+    pub(super) async fn on_ack(&mut self, task_id: &str, status: Option<&AckStatus>) {
+        if status == Some(&AckStatus::Accepted) {
             return;
         }
         let gone = self.outbox.remove_task(task_id);
         self.inflight.take_if(|m| m.task_id == task_id);
         if !gone.is_empty() {
             tracing::info!(task_id = %task_id, status = ?status, "result acknowledged by the hub");
-            self.deps.recorder.acked(task_id, status);
+            self.deps
+                .recorder
+                .acked(task_id, status.map(AckStatus::as_str));
             self.forget(gone).await;
         }
         self.pump_outbox().await;
     }
 
     /// A hub `error`: a final refusal of the in-flight result drops it; others are logged.
-    pub(super) async fn on_hub_error(&mut self, error: &str, message_type: Option<&str>) {
-        if error.starts_with("task_complete_failed") || error.starts_with("task_fail_failed") {
+    pub(super) async fn on_hub_error(&mut self, error: &HubErrorCode, message_type: Option<&str>) {
+        if error.kind() == HubErrorKind::ResultRefused {
             if let Some(m) = self.inflight.take() {
                 tracing::error!(task_id = %m.task_id, error = %error, "hub refused the result for good (stale generation or unknown task); dropping it");
                 self.outbox.remove_seq(m.seq);

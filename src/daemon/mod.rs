@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::hub::budget::RateBudget;
 use crate::hub::link::{self, LinkEvent, LinkHandle};
-use crate::hub::proto::{Inbound, Outbound};
+use crate::hub::proto::{Inbound, Outbound, ReportAction};
 use crate::ops::Ops;
 use crate::outbox::Outbox;
 use crate::process::ChildEnv;
@@ -394,7 +394,7 @@ impl Daemon {
                 self.drop_task(&task_id).await;
             }
             Inbound::StateReportAck { task_id, action } => {
-                if action == "abort" {
+                if action == ReportAction::Abort {
                     tracing::warn!(task_id = %task_id, "hub says abort the task");
                     self.drop_task(&task_id).await;
                 }
@@ -407,7 +407,7 @@ impl Daemon {
                 tracing::info!(reason = ?reason, "hub asked for a restart; exiting once idle");
                 self.restart_requested = true;
             }
-            Inbound::TaskAck { task_id, status } => self.on_ack(&task_id, status.as_deref()).await,
+            Inbound::TaskAck { task_id, status } => self.on_ack(&task_id, status.as_ref()).await,
             Inbound::Error {
                 error,
                 message_type,

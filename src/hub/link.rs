@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::hub::backoff::{cooldown_from_reason, Backoff};
 use crate::hub::budget::RateBudget;
-use crate::hub::proto::{Inbound, Outbound, RateTier, Secret};
+use crate::hub::proto::{HubErrorKind, Inbound, Outbound, RateTier, Secret};
 use crate::hub::resources::ResourceSampler;
 use crate::ops::Ops;
 
@@ -393,11 +393,9 @@ async fn identify(cfg: &Config, mut ws: Ws, cancel: &CancellationToken) -> Resul
         match msg {
             Some(Ok(Message::Text(t))) => match Inbound::parse(&t) {
                 Ok(Inbound::Identified { .. }) => return Ok(ws),
-                Ok(Inbound::Error { error, .. })
-                    if error == "invalid_token" || error == "token_agent_mismatch" =>
-                {
+                Ok(Inbound::Error { error, .. }) if error.kind() == HubErrorKind::Auth => {
                     let _ = ws.close(None).await;
-                    return Err(End::Auth(error));
+                    return Err(End::Auth(error.into()));
                 }
                 Ok(other) => tracing::debug!(frame = ?other, "frame before identified ignored"),
                 Err(e) => tracing::debug!(error = %e, "unparseable frame before identified"),
@@ -492,14 +490,14 @@ impl Connection<'_> {
                                 }
                             }
                             Ok(Inbound::RateLimitWarning { tier, remaining, .. }) => {
-                                if tier == "normal" {
+                                if tier == Some(RateTier::Normal) {
                                     self.budget.on_warning(remaining);
                                 }
                             }
                             Ok(Inbound::RateLimited { retry_after_ms, tier }) => {
-                                tracing::warn!(tier = %tier, retry_after_ms, "hub rate-limited a frame");
+                                tracing::warn!(tier = ?tier, retry_after_ms, "hub rate-limited a frame");
                                 self.ops.rate_limited();
-                                if tier != "light" {
+                                if tier != Some(RateTier::Light) {
                                     self.budget.on_rate_limited(Duration::from_millis(retry_after_ms));
                                 }
                                 let _ = self.events.send(LinkEvent::Frame(Inbound::RateLimited { retry_after_ms, tier })).await;

@@ -24,7 +24,7 @@ pub enum Inbound {
     Error {
         /// The code, e.g. `invalid_token`, `validation_failed`, `task_complete_failed: R`.
         #[serde(default, deserialize_with = "lenient")]
-        error: String,
+        error: HubErrorCode,
         /// The `type` of our frame that was refused, when the hub says.
         #[serde(default, deserialize_with = "lenient")]
         message_type: Option<String>,
@@ -44,9 +44,9 @@ pub enum Inbound {
     TaskAck {
         /// The task the answer is about.
         task_id: String,
-        /// `accepted`, `complete`, `retried` or `dead_letter`.
+        /// What the hub did with the result.
         #[serde(default, deserialize_with = "lenient")]
-        status: Option<String>,
+        status: Option<AckStatus>,
     },
     /// After `task_recovering`: the task is still ours, carry on.
     TaskContinue {
@@ -70,9 +70,9 @@ pub enum Inbound {
     StateReportAck {
         /// The task the report was about.
         task_id: String,
-        /// `continue` or `abort`.
+        /// Whether to go on with the task.
         #[serde(default, deserialize_with = "lenient")]
-        action: String,
+        action: ReportAction,
     },
     /// Restart when idle (after the current task).
     RestartSidecar {
@@ -82,9 +82,9 @@ pub enum Inbound {
     },
     /// A rate-limit bucket is nearly empty (the frame it precedes was still accepted).
     RateLimitWarning {
-        /// `light`, `normal` or `heavy`.
-        #[serde(default, deserialize_with = "lenient")]
-        tier: String,
+        /// Which bucket: `light`, `normal` or `heavy`; `None` for a tier this build does not know.
+        #[serde(default, deserialize_with = "tier")]
+        tier: Option<RateTier>,
         /// Tokens left in that bucket.
         #[serde(default, deserialize_with = "lenient")]
         remaining: u64,
@@ -97,9 +97,9 @@ pub enum Inbound {
         /// How long the bucket needs before the next frame of the tier.
         #[serde(default, deserialize_with = "lenient")]
         retry_after_ms: u64,
-        /// `light`, `normal` or `heavy`.
-        #[serde(default, deserialize_with = "lenient")]
-        tier: String,
+        /// Which bucket: `light`, `normal` or `heavy`; `None` for a tier this build does not know.
+        #[serde(default, deserialize_with = "tier")]
+        tier: Option<RateTier>,
     },
     /// Chat traffic and anything newer than this build: logged at debug, ignored.
     #[serde(other)]
@@ -271,6 +271,96 @@ pub enum Outbound {
     },
 }
 
+crate::util::open_enum! {
+    /// `task_ack.status`: what the hub did with a result (PROTOCOL.md §5).
+    AckStatus {
+        /// The assignment was taken (an answer to `task_accepted`, not to a result).
+        Accepted = "accepted",
+        /// The result is recorded.
+        Complete = "complete",
+        /// The failure was recorded and the task re-queued.
+        Retried = "retried",
+        /// The failure was recorded and the task given up.
+        DeadLetter = "dead_letter",
+    }
+}
+
+crate::util::open_enum! {
+    /// `state_report_ack.action`: go on with a recovering task, or drop it.
+    ReportAction {
+        /// Keep the task.
+        Continue = "continue",
+        /// Stop and forget it.
+        Abort = "abort",
+    }
+}
+
+/// A hub `error` code, parsed where the frame arrives. The text is kept as sent (it is
+/// logged, and a `task_*_failed` code carries the hub's reason after the colon).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(from = "String", into = "String")]
+pub struct HubErrorCode(String);
+
+/// What the daemon does about a hub `error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HubErrorKind {
+    /// `invalid_token` / `token_agent_mismatch`: final for this token; wait long, then retry.
+    Auth,
+    /// `task_complete_failed: …` / `task_fail_failed: …`: the result in flight is refused
+    /// for good (stale generation, unknown task).
+    ResultRefused,
+    /// Anything else: logged.
+    Other,
+}
+
+impl HubErrorCode {
+    /// How the daemon treats this code.
+    pub fn kind(&self) -> HubErrorKind {
+        let c = self.0.as_str();
+        if c == "invalid_token" || c == "token_agent_mismatch" {
+            HubErrorKind::Auth
+        } else if c.starts_with("task_complete_failed") || c.starts_with("task_fail_failed") {
+            HubErrorKind::ResultRefused
+        } else {
+            HubErrorKind::Other
+        }
+    }
+
+    /// The code as the hub sent it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for HubErrorCode {
+    fn from(s: String) -> Self {
+        HubErrorCode(s)
+    }
+}
+
+impl From<HubErrorCode> for String {
+    fn from(c: HubErrorCode) -> String {
+        c.0
+    }
+}
+
+impl std::fmt::Display for HubErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A `tier` field: a known tier, else `None` (never a parse failure of the whole frame).
+fn tier<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<RateTier>, D::Error> {
+    let s: String = lenient(d)?;
+    Ok(match s.as_str() {
+        "light" => Some(RateTier::Light),
+        "normal" => Some(RateTier::Normal),
+        "heavy" => Some(RateTier::Heavy),
+        _ => None,
+    })
+}
+
 /// The hub's rate-limit tier of a frame type (PROTOCOL.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateTier {
@@ -337,6 +427,64 @@ impl Outbound {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn codes_the_daemon_branches_on_are_parsed_once_and_unknown_ones_kept() {
+        let f = |t: &str| Inbound::parse(t).unwrap();
+        let Inbound::TaskAck { status, .. } =
+            f(r#"{"type":"task_ack","task_id":"t","status":"dead_letter"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(status, Some(AckStatus::DeadLetter));
+        let Inbound::TaskAck { status, .. } =
+            f(r#"{"type":"task_ack","task_id":"t","status":"archived"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(status, Some(AckStatus::Other("archived".into())));
+        let Inbound::StateReportAck { action, .. } =
+            f(r#"{"type":"state_report_ack","task_id":"t","action":"abort"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(action, ReportAction::Abort);
+        let Inbound::Error { error, .. } =
+            f(r#"{"type":"error","error":"task_complete_failed: stale generation"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(error.kind(), HubErrorKind::ResultRefused);
+        assert_eq!(error.as_str(), "task_complete_failed: stale generation");
+        let Inbound::Error { error, .. } = f(r#"{"type":"error","error":"token_agent_mismatch"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(error.kind(), HubErrorKind::Auth);
+        let Inbound::RateLimited { tier, .. } =
+            f(r#"{"type":"rate_limited","tier":"heavy","retry_after_ms":5}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(tier, Some(RateTier::Heavy));
+        // A tier or status of the wrong JSON type, or one this build does not know, never
+        // fails the frame.
+        let Inbound::RateLimitWarning { tier, .. } =
+            f(r#"{"type":"rate_limit_warning","tier":7,"remaining":3}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(tier, None);
+        // Serialised back, an open value is exactly the string it came from.
+        assert_eq!(
+            serde_json::to_string(&AckStatus::Other("x y".into())).unwrap(),
+            r#""x y""#
+        );
+        assert_eq!(
+            serde_json::to_string(&AckStatus::Complete).unwrap(),
+            r#""complete""#
+        );
+    }
 
     #[test]
     fn unknown_types_and_fields_are_tolerated() {

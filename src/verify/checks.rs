@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::executor::ExecContext;
 use crate::process::{self, CommandSpec, Exit, Limits};
 use crate::progress::{EventKind, ProgressEvent};
-use crate::task::{Task, VerificationStep};
+use crate::task::{CheckType, Task, VerificationStep};
 
 use super::judge;
 use super::report::{CheckResult, CheckStatus, ReportStatus, VerificationReport};
@@ -125,7 +125,7 @@ pub fn emit_result(ctx: &ExecContext, result: &CheckResult, run_number: u32) {
             EventKind::VerificationCheckResult,
             format!("{} {}: {status}{flaky}", result.check_type, result.target),
         )
-        .with("check_type", result.check_type.clone())
+        .with("check_type", result.check_type.as_str())
         .with("check_status", status)
         .with("attempt", run_number),
     );
@@ -154,16 +154,18 @@ pub async fn run_step(
     }
     let fut = async {
         let free = |(s, o)| (s, o, 0.0);
-        match step.check_type.as_str() {
-            "file_exists" => free(file_exists(&ctx.workspace, &step.target).await),
-            "git_clean" => free(git_clean(ctx, &step.target, bound).await),
-            "command_succeeds" => free(command_succeeds(ctx, &step.target, bound).await),
-            "test_passes" => free(test_passes(ctx, &step.target, bound).await),
-            "llm_judge" => {
+        match &step.check_type {
+            CheckType::FileExists => free(file_exists(&ctx.workspace, &step.target).await),
+            CheckType::GitClean => free(git_clean(ctx, &step.target, bound).await),
+            CheckType::CommandSucceeds => free(command_succeeds(ctx, &step.target, bound).await),
+            CheckType::TestPasses => free(test_passes(ctx, &step.target, bound).await),
+            CheckType::LlmJudge => {
                 let j = judge::judge_check(ctx, &step.target, observations, bound).await;
                 (j.status, j.output, j.cost_usd)
             }
-            other => free((CheckStatus::Error, format!("unknown check type: {other}"))),
+            CheckType::Other(other) => {
+                free((CheckStatus::Error, format!("unknown check type: {other}")))
+            }
         }
     };
     // Safety net for the non-process checks (and the kill grace of process ones).

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::task::CheckType;
+
 /// How one check ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -21,7 +23,7 @@ pub enum CheckStatus {
 pub struct CheckResult {
     /// The step's `type`, e.g. `test_passes`.
     #[serde(rename = "type")]
-    pub check_type: String,
+    pub check_type: CheckType,
     /// The step's `target`, as given.
     pub target: String,
     /// The step's description, as given.

@@ -34,6 +34,7 @@ use std::sync::Arc;
 use crate::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus, Executor};
 use crate::progress::{EventKind, ProgressEvent};
 use crate::spend::SpendLedger;
+use crate::task::CheckType;
 
 use super::checks;
 use super::observe;
@@ -470,8 +471,8 @@ async fn flaky_guard(
     let mut changed = false;
     for (i, check) in report.checks.iter_mut().enumerate() {
         let rerunnable = matches!(
-            check.check_type.as_str(),
-            "test_passes" | "command_succeeds"
+            check.check_type,
+            CheckType::TestPasses | CheckType::CommandSucceeds
         );
         if check.status != CheckStatus::Fail || !rerunnable {
             continue;

@@ -78,7 +78,7 @@ pub fn failure_signature(report: &VerificationReport) -> String {
         .filter(|c| c.status != CheckStatus::Pass)
     {
         h.update(b"\x00");
-        h.update(c.check_type.as_bytes());
+        h.update(c.check_type.as_str().as_bytes());
         h.update(b"\x1f");
         h.update(c.target.as_bytes());
         h.update(b"\x1f");
