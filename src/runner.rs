@@ -447,7 +447,7 @@ fn record_loop(record: &TaskRecord, lo: &LoopOutcome) {
     }
     record.final_decision(
         lo.executions,
-        &lo.termination_reason,
+        lo.termination_reason.as_str(),
         json!({
             "verification_status": lo.verification_status,
             "cost_usd": lo.cost_usd,

@@ -10,12 +10,14 @@
 //! - [`shell`]: `metadata.shell_command` via `sh -c`, in a process group.
 //! - [`claude`]: the Claude Code CLI: flags, run, stop, retry.
 //! - [`claude_stream`]: its `stream-json` lines, usage and typed failures.
-//! - [`ollama`]: `/api/chat` streaming, and the agentic tool loop.
+//! - [`ollama`]: `/api/chat` calls, and the agentic tool loop; `ollama_stream`: one
+//!   response's NDJSON lines folded into a reply, and its bounds.
 //! - [`tools`]: the agentic tools and their workspace sandbox.
 
 pub mod claude;
 pub mod claude_stream;
 pub mod ollama;
+mod ollama_stream;
 pub mod shell;
 pub mod tools;
 

@@ -41,6 +41,7 @@ use crate::progress::{EventKind, ProgressEvent};
 use crate::task::{Task, Tier};
 use crate::util::truncate_chars;
 
+use super::ollama_stream::{ChatError, ChatReply, LineParser, MAX_LINE_BYTES, MAX_RESPONSE_BYTES};
 use super::tools::{self, Tools};
 use super::{Attempt, ExecContext, ExecOutcome, ExecStatus, ExecutorError};
 
@@ -77,6 +78,34 @@ pub fn endpoint(task: &Task, cfg: &Config) -> String {
     crate::util::http_base_url(chosen)
 }
 
+/// Why the agentic loop stopped (see the module docs); recorded as `termination_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AgentStop {
+    FinalAnswer,
+    NoToolCalls,
+    Repetition,
+    Stall,
+    MaxIterations,
+    Cancelled,
+    Timeout,
+    Error,
+}
+
+impl AgentStop {
+    fn as_str(self) -> &'static str {
+        match self {
+            AgentStop::FinalAnswer => "final_answer",
+            AgentStop::NoToolCalls => "no_tool_calls",
+            AgentStop::Repetition => "repetition",
+            AgentStop::Stall => "stall",
+            AgentStop::MaxIterations => "max_iterations",
+            AgentStop::Cancelled => "cancelled",
+            AgentStop::Timeout => "timeout",
+            AgentStop::Error => "error",
+        }
+    }
+}
+
 /// Runs a task against one Ollama endpoint and model, keeping the conversation.
 pub struct OllamaExecutor {
     /// Built on first use, off the runtime (it reads the system's root certificates).
@@ -97,50 +126,6 @@ enum CallError {
     Cancelled,
     TimedOut,
 }
-
-/// Why one `/api/chat` call gave no reply (each is retried up to `ollama_retries`).
-#[derive(Debug, thiserror::Error)]
-enum ChatError {
-    #[error("the HTTP client was not built")]
-    NoClient,
-    #[error("request failed: {0}")]
-    Request(reqwest::Error),
-    /// A non-2xx answer, with the start of its body.
-    #[error("HTTP {status}: {body}")]
-    Status {
-        status: reqwest::StatusCode,
-        body: String,
-    },
-    #[error("reading the response failed: {0}")]
-    Read(reqwest::Error),
-    #[error("the response exceeded {} MiB (or a line {} MiB); refusing to read more", MAX_RESPONSE_BYTES >> 20, MAX_LINE_BYTES >> 20)]
-    TooLarge,
-    #[error("unparseable response line ({source}): {line}")]
-    BadLine {
-        source: serde_json::Error,
-        /// The start of the line.
-        line: String,
-    },
-    /// Ollama's own `{"error": ...}`.
-    #[error("ollama error: {0}")]
-    Ollama(String),
-    #[error("the response ended without a `done: true` line")]
-    NoDone,
-}
-
-/// One assistant message and its token counts.
-#[derive(Default)]
-struct ChatReply {
-    content: String,
-    tool_calls: Vec<Value>,
-    tokens_in: u64,
-    tokens_out: u64,
-}
-
-/// Bounds on one `/api/chat` response: a long answer is a few MiB; more is an endpoint that
-/// misbehaves.
-const MAX_RESPONSE_BYTES: usize = 64 << 20;
-const MAX_LINE_BYTES: usize = 8 << 20;
 
 impl OllamaExecutor {
     /// Endpoint: `routing_decision.selected_endpoint` (`host:port`), else `ollama_url`, else
@@ -306,18 +291,18 @@ impl OllamaExecutor {
         let mut error = None;
         let reason = 'run: loop {
             if iterations >= cap {
-                break "max_iterations";
+                break AgentStop::MaxIterations;
             }
             iterations += 1;
             let body = json!({"model": self.model, "messages": self.messages,
                               "tools": schemas, "stream": false, "options": options(ctx)});
             let r = match self.chat(ctx, &body, deadline, tokens_out).await {
                 Ok(r) => r,
-                Err(CallError::Cancelled) => break "cancelled",
-                Err(CallError::TimedOut) => break "timeout",
+                Err(CallError::Cancelled) => break AgentStop::Cancelled,
+                Err(CallError::TimedOut) => break AgentStop::Timeout,
                 Err(CallError::Failed(e)) => {
                     error = Some(e);
-                    break "error";
+                    break AgentStop::Error;
                 }
             };
             tokens_in += r.tokens_in;
@@ -337,10 +322,10 @@ impl OllamaExecutor {
 
             if r.tool_calls.is_empty() {
                 if tool_rounds > 0 {
-                    break "final_answer";
+                    break AgentStop::FinalAnswer;
                 }
                 if nudges >= MAX_NUDGES {
-                    break "no_tool_calls";
+                    break AgentStop::NoToolCalls;
                 }
                 nudges += 1;
                 self.messages
@@ -356,15 +341,15 @@ impl OllamaExecutor {
                     self.messages.push(json!({"role": "tool", "tool_name": name,
                         "content": "not run: identical to your previous call"}));
                 }
-                break "repetition";
+                break AgentStop::Repetition;
             }
             prev_calls = Some(signature);
             tool_rounds += 1;
             for (name, args) in &calls {
                 let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let res = tokio::select! {
-                    _ = ctx.cancel.cancelled() => break 'run "cancelled",
-                    _ = tokio::time::sleep_until(deadline) => break 'run "timeout",
+                    _ = ctx.cancel.cancelled() => break 'run AgentStop::Cancelled,
+                    _ = tokio::time::sleep_until(deadline) => break 'run AgentStop::Timeout,
                     res = tools.call(name, args, &ctx.cancel, remaining) => res,
                 };
                 if res.wrote {
@@ -385,37 +370,40 @@ impl OllamaExecutor {
                     .push(json!({"role": "tool", "tool_name": name, "content": res.output}));
             }
             if ctx.cancel.is_cancelled() {
-                break "cancelled";
+                break AgentStop::Cancelled;
             }
             if tokio::time::Instant::now() >= deadline {
-                break "timeout";
+                break AgentStop::Timeout;
             }
             if last_write.is_some_and(|w| iterations - w >= STALL_ITERATIONS) {
-                break "stall";
+                break AgentStop::Stall;
             }
         };
         let status = match reason {
-            "cancelled" => ExecStatus::Cancelled,
-            "timeout" => ExecStatus::TimedOut,
-            "error" => ExecStatus::Failed,
+            AgentStop::Cancelled => ExecStatus::Cancelled,
+            AgentStop::Timeout => ExecStatus::TimedOut,
+            AgentStop::Error => ExecStatus::Failed,
             _ => ExecStatus::Succeeded,
         };
         let error = match reason {
-            "cancelled" => Some("cancelled".to_string()),
-            "timeout" => Some(format!(
+            AgentStop::Cancelled => Some("cancelled".to_string()),
+            AgentStop::Timeout => Some(format!(
                 "the agentic loop timed out after {} s (executor timeout for this tier)",
                 ctx.llm_timeout().as_secs()
             )),
             _ => error,
         };
         if final_text.is_empty() {
-            final_text = format!("agentic loop ended ({reason}) after {iterations} iterations");
+            final_text = format!(
+                "agentic loop ended ({}) after {iterations} iterations",
+                reason.as_str()
+            );
         }
-        tracing::info!(task_id = %ctx.task.task_id, reason, iterations, tokens_in, tokens_out, "agentic loop done");
+        tracing::info!(task_id = %ctx.task.task_id, reason = reason.as_str(), iterations, tokens_in, tokens_out, "agentic loop done");
         let mut out = ExecOutcome::new(status, final_text, error);
         out.tokens_in = tokens_in;
         out.tokens_out = tokens_out;
-        out.termination_reason = Some(reason.to_string());
+        out.termination_reason = Some(reason.as_str().to_string());
         out.iterations_used = Some(iterations);
         out
     }
@@ -539,54 +527,6 @@ impl OllamaExecutor {
             return Err(ChatError::NoDone);
         }
         Ok(reply)
-    }
-}
-
-/// Folds `/api/chat` NDJSON lines into one reply.
-struct LineParser<F: FnMut(&str, u64)> {
-    reply: ChatReply,
-    done: bool,
-    /// Content chunks so far (≈ tokens, for progress before the final counts arrive).
-    chunks: u64,
-    on_token: F,
-}
-
-impl<F: FnMut(&str, u64)> LineParser<F> {
-    fn line(&mut self, raw: &[u8]) -> Result<(), ChatError> {
-        let line = String::from_utf8_lossy(raw);
-        let line = line.trim();
-        if line.is_empty() {
-            return Ok(());
-        }
-        let v: Value = serde_json::from_str(line).map_err(|source| ChatError::BadLine {
-            source,
-            line: truncate_chars(line, 200),
-        })?;
-        if let Some(err) = v.get("error") {
-            let msg = err
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| err.to_string());
-            return Err(ChatError::Ollama(msg));
-        }
-        let msg = &v["message"];
-        if let Some(t) = msg.get("content").and_then(Value::as_str) {
-            if !t.is_empty() {
-                self.reply.content.push_str(t);
-                self.chunks += 1;
-                (self.on_token)(t, self.chunks);
-            }
-        }
-        if let Some(calls) = msg.get("tool_calls").and_then(Value::as_array) {
-            self.reply.tool_calls.extend(calls.iter().cloned());
-        }
-        if v.get("done").and_then(Value::as_bool) == Some(true) {
-            self.done = true;
-            let count = |k: &str| v.get(k).and_then(Value::as_u64);
-            self.reply.tokens_in = count("prompt_eval_count").unwrap_or(0);
-            self.reply.tokens_out = count("eval_count").unwrap_or(self.chunks);
-        }
-        Ok(())
     }
 }
 

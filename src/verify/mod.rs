@@ -20,6 +20,56 @@ pub mod signature;
 
 use serde::{Deserialize, Serialize};
 
+/// Why the verification loop stopped (`result.termination_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Termination {
+    /// Every check passed.
+    Verified,
+    /// The corrective retries ran out with checks still failing.
+    RetriesExhausted,
+    /// Attempts kept failing the same way: another would not help.
+    NoProgress,
+    /// A cost cap (task or day) stopped the next attempt.
+    BudgetExhausted,
+    /// A check could not run (error or timeout): retrying the work would not fix it.
+    CheckError,
+    /// A failed check passed on re-run: the outcome cannot be trusted either way.
+    Flaky,
+    /// The executor failed.
+    ExecutionFailed,
+    /// The task was cancelled.
+    Cancelled,
+}
+
+impl Termination {
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Termination::Verified => "verified",
+            Termination::RetriesExhausted => "retries_exhausted",
+            Termination::NoProgress => "no_progress",
+            Termination::BudgetExhausted => "budget_exhausted",
+            Termination::CheckError => "check_error",
+            Termination::Flaky => "flaky",
+            Termination::ExecutionFailed => "execution_failed",
+            Termination::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for Termination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Termination {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// `result.verification_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -41,7 +41,7 @@ use super::observe;
 use super::prompt;
 use super::report::{CheckStatus, VerificationReport};
 use super::signature::failure_signature;
-use super::VerificationStatus;
+use super::{Termination, VerificationStatus};
 
 pub use super::report::AttemptRecord;
 
@@ -64,9 +64,8 @@ pub struct LoopOutcome {
     pub equivalent_claude_cost_usd: f64,
     /// Summed over all executions.
     pub execution_ms: u64,
-    /// `verified`, `retries_exhausted`, `no_progress`, `budget_exhausted`, `check_error`,
-    /// `flaky`, `execution_failed` or `cancelled`.
-    pub termination_reason: String,
+    /// Why the loop stopped.
+    pub termination_reason: Termination,
     /// Executions run (≥ `attempts.len()`).
     pub executions: u32,
     /// The failure signatures went A, B, A at some point: the LLM is flip-flopping.
@@ -151,7 +150,7 @@ pub async fn run_with<A: Attempter>(
         .clone()
         .unwrap_or_else(|| Arc::new(SpendLedger::in_memory()));
     let out = run_inner(attempter, is_llm, ctx, &ledger).await;
-    if out.termination_reason != "cancelled" {
+    if out.termination_reason != Termination::Cancelled {
         ledger.finish_task(&ctx.task.task_id).await;
     }
     out
@@ -218,7 +217,7 @@ async fn run_inner<A: Attempter>(
         cost_usd: 0.0,
         equivalent_claude_cost_usd: 0.0,
         execution_ms: 0,
-        termination_reason: String::new(),
+        termination_reason: Termination::ExecutionFailed,
         executions: 0,
         oscillation: false,
         flaky_checks: Vec::new(),
@@ -247,7 +246,7 @@ async fn run_inner<A: Attempter>(
         return finish(
             out,
             VerificationStatus::ExecutionFailed,
-            "retries_exhausted",
+            Termination::RetriesExhausted,
         );
     }
     let mut signatures: Vec<String> = Vec::new();
@@ -259,7 +258,11 @@ async fn run_inner<A: Attempter>(
 
     for k in first..=max_retries + 1 {
         if ctx.cancel.is_cancelled() {
-            return finish(out, VerificationStatus::ExecutionFailed, "cancelled");
+            return finish(
+                out,
+                VerificationStatus::ExecutionFailed,
+                Termination::Cancelled,
+            );
         }
         // Both caps are checked before anything is spent on this attempt.
         let today = ledger.spent_today().await;
@@ -311,10 +314,18 @@ async fn run_inner<A: Attempter>(
         match exec_status {
             ExecStatus::Succeeded => {}
             ExecStatus::Cancelled => {
-                return finish(out, VerificationStatus::ExecutionFailed, "cancelled")
+                return finish(
+                    out,
+                    VerificationStatus::ExecutionFailed,
+                    Termination::Cancelled,
+                )
             }
             ExecStatus::Failed | ExecStatus::TimedOut => {
-                return finish(out, VerificationStatus::ExecutionFailed, "execution_failed")
+                return finish(
+                    out,
+                    VerificationStatus::ExecutionFailed,
+                    Termination::ExecutionFailed,
+                )
             }
         }
 
@@ -382,13 +393,17 @@ async fn run_inner<A: Attempter>(
                 flaky.join(", ")
             )));
             out.flaky_checks = flaky;
-            return finish(out, VerificationStatus::PartialPass, "flaky");
+            return finish(out, VerificationStatus::PartialPass, Termination::Flaky);
         }
         if success {
-            return finish(out, VerificationStatus::Verified, "verified");
+            return finish(out, VerificationStatus::Verified, Termination::Verified);
         }
         if ctx.cancel.is_cancelled() {
-            return finish(out, VerificationStatus::ExecutionFailed, "cancelled");
+            return finish(
+                out,
+                VerificationStatus::ExecutionFailed,
+                Termination::Cancelled,
+            );
         }
         if errored_on_budget {
             let why = cap_reached(task_cap, out.cost_usd, day_cap, today)
@@ -404,13 +419,21 @@ async fn run_inner<A: Attempter>(
                 )
                 .with("attempt", k),
             );
-            return finish(out, VerificationStatus::PartialPass, "check_error");
+            return finish(
+                out,
+                VerificationStatus::PartialPass,
+                Termination::CheckError,
+            );
         }
         if unchanged && signatures.last() == Some(&sig) {
             ctx.progress.emit(ProgressEvent::status(
                 "stopping: the attempt changed nothing and failed the same way as before",
             ));
-            return finish(out, VerificationStatus::PartialPass, "no_progress");
+            return finish(
+                out,
+                VerificationStatus::PartialPass,
+                Termination::NoProgress,
+            );
         }
         let n = signatures.len();
         if n >= 2 && signatures[n - 2] == sig && signatures[n - 1] != sig {
@@ -435,7 +458,11 @@ async fn run_inner<A: Attempter>(
             &out.last_exec.output,
         );
     }
-    finish(out, VerificationStatus::PartialPass, "retries_exhausted")
+    finish(
+        out,
+        VerificationStatus::PartialPass,
+        Termination::RetriesExhausted,
+    )
 }
 
 /// Stop with `budget_exhausted`: `partial_pass` when some attempt was verified this run,
@@ -446,14 +473,22 @@ fn stop_for_budget(ctx: &ExecContext, mut out: LoopOutcome, why: &str) -> LoopOu
     )));
     if out.attempts.is_empty() {
         out.last_exec = ExecOutcome::failed(format!("not run: {why}"));
-        return finish(out, VerificationStatus::ExecutionFailed, "budget_exhausted");
+        return finish(
+            out,
+            VerificationStatus::ExecutionFailed,
+            Termination::BudgetExhausted,
+        );
     }
-    finish(out, VerificationStatus::PartialPass, "budget_exhausted")
+    finish(
+        out,
+        VerificationStatus::PartialPass,
+        Termination::BudgetExhausted,
+    )
 }
 
-fn finish(mut out: LoopOutcome, status: VerificationStatus, reason: &str) -> LoopOutcome {
+fn finish(mut out: LoopOutcome, status: VerificationStatus, reason: Termination) -> LoopOutcome {
     out.verification_status = status;
-    out.termination_reason = reason.to_string();
+    out.termination_reason = reason;
     out
 }
 
