@@ -33,7 +33,7 @@
 
 pub mod story;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -128,6 +128,7 @@ impl Recorder {
             max_tasks: cfg.max_tasks,
             max_total_bytes: cfg.max_total_bytes,
             open: HashSet::new(),
+            index: HashMap::new(),
             warned: false,
         };
         let handle = tokio::task::spawn_blocking(move || writer.run(rx));
@@ -494,11 +495,21 @@ struct Writer {
     max_total_bytes: u64,
     /// Records still being written: never removed by retention.
     open: HashSet<String>,
+    /// Every record on disk: last write and bytes. Read from the disk once at start and kept
+    /// up to date by [`Writer::append`], so retention after each task costs no directory
+    /// walk: with hundreds of records kept, a walk per task was ~2,000 syscalls each time.
+    index: HashMap<String, Record>,
     warned: bool,
 }
 
 impl Writer {
     fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+        match scan(&self.root) {
+            Ok(records) => self.index = records.into_iter().map(|r| (r.name.clone(), r)).collect(),
+            Err(e) => {
+                tracing::warn!(root = %self.root.display(), error = %e, "flight recorder cannot read its records; retention starts from what this run writes")
+            }
+        }
         self.prune();
         while let Some(msg) = rx.blocking_recv() {
             match msg {
@@ -535,6 +546,15 @@ impl Writer {
             }
             Ok(())
         })();
+        if res.is_ok() {
+            let r = self.index.entry(dir.to_string()).or_insert_with(|| Record {
+                name: dir.to_string(),
+                written: std::time::SystemTime::UNIX_EPOCH,
+                bytes: 0,
+            });
+            r.written = std::time::SystemTime::now();
+            r.bytes += line.len() as u64;
+        }
         if let Err(e) = res {
             if !std::mem::replace(&mut self.warned, true) {
                 tracing::warn!(path = %path.display(), error = %e, "flight recorder cannot write; check the state directory's permissions and free space");
@@ -542,43 +562,53 @@ impl Writer {
         }
     }
 
-    fn prune(&self) {
-        match prune(&self.root, self.max_tasks, self.max_total_bytes, &self.open) {
-            Ok(removed) if !removed.is_empty() => {
-                tracing::debug!(
-                    removed = removed.len(),
-                    "flight recorder retention removed old task records"
-                );
+    fn prune(&mut self) {
+        let records: Vec<Record> = self.index.values().cloned().collect();
+        let doomed = over_retention(records, self.max_tasks, self.max_total_bytes, &self.open);
+        let mut removed = 0;
+        for name in doomed {
+            self.index.remove(&name);
+            match std::fs::remove_dir_all(self.root.join(&name)) {
+                Ok(()) => removed += 1,
+                // Removed by someone else: already what retention wanted.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(root = %self.root.display(), record = %name, error = %e, "flight recorder retention failed");
+                    return;
+                }
             }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(root = %self.root.display(), error = %e, "flight recorder retention failed")
-            }
+        }
+        if removed > 0 {
+            tracing::debug!(
+                removed,
+                "flight recorder retention removed old task records"
+            );
         }
     }
 }
 
-/// Remove the oldest task records (by last write) until at most `max_tasks` remain and they
-/// total at most `max_total_bytes`; records in `keep` are never removed. Returns what went.
-pub fn prune(
-    root: &Path,
-    max_tasks: usize,
-    max_total_bytes: u64,
-    keep: &HashSet<String>,
-) -> std::io::Result<Vec<String>> {
+/// One task record on disk, as retention sees it.
+#[derive(Debug, Clone)]
+struct Record {
+    name: String,
+    /// The last write to any of its files.
+    written: std::time::SystemTime,
+    bytes: u64,
+}
+
+/// Every task record under `root`, with its last write and size.
+fn scan(root: &Path) -> std::io::Result<Vec<Record>> {
     let entries = match std::fs::read_dir(root) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    // (last write, name, bytes)
-    let mut tasks: Vec<(std::time::SystemTime, String, u64)> = Vec::new();
+    let mut records = Vec::new();
     for e in entries.flatten() {
         let Ok(meta) = e.metadata() else { continue };
         if !meta.is_dir() {
             continue;
         }
-        let name = e.file_name().to_string_lossy().into_owned();
         // Age is the last write to the record's files (the directory's own time changes
         // when a file is created, not when one is appended to).
         let (mut bytes, mut newest) = (0u64, None);
@@ -588,25 +618,54 @@ pub fn prune(
                 newest = newest.max(m.modified().ok());
             }
         }
-        let newest = newest.unwrap_or_else(|| meta.modified().unwrap_or(std::time::UNIX_EPOCH));
-        tasks.push((newest, name, bytes));
+        records.push(Record {
+            name: e.file_name().to_string_lossy().into_owned(),
+            written: newest.unwrap_or_else(|| meta.modified().unwrap_or(std::time::UNIX_EPOCH)),
+            bytes,
+        });
     }
+    Ok(records)
+}
+
+/// The records to remove, oldest first, so that at most `max_tasks` remain and they total at
+/// most `max_total_bytes`; records in `keep` always stay.
+fn over_retention(
+    mut records: Vec<Record>,
+    max_tasks: usize,
+    max_total_bytes: u64,
+    keep: &HashSet<String>,
+) -> Vec<String> {
     // Newest first; ties broken by name so the order is stable.
-    tasks.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| b.1.cmp(&a.1)));
-    let mut removed = Vec::new();
+    records.sort_by(|a, b| b.written.cmp(&a.written).then_with(|| b.name.cmp(&a.name)));
+    let mut doomed = Vec::new();
     let (mut count, mut total, mut full) = (0usize, 0u64, false);
-    for (_, name, bytes) in tasks {
+    for r in records {
         // Once one record does not fit, every older one goes too: oldest first, no gaps.
-        full = full || count >= max_tasks || total + bytes > max_total_bytes;
-        if keep.contains(&name) || !full {
+        full = full || count >= max_tasks || total + r.bytes > max_total_bytes;
+        if keep.contains(&r.name) || !full {
             count += 1;
-            total += bytes;
+            total += r.bytes;
             continue;
         }
-        std::fs::remove_dir_all(root.join(&name))?;
-        removed.push(name);
+        doomed.push(r.name);
     }
-    Ok(removed)
+    doomed
+}
+
+/// Remove the oldest task records (by last write) until at most `max_tasks` remain and they
+/// total at most `max_total_bytes`; records in `keep` are never removed. Returns what went.
+/// Reads the disk; the running recorder applies the same rule to its in-memory index.
+pub fn prune(
+    root: &Path,
+    max_tasks: usize,
+    max_total_bytes: u64,
+    keep: &HashSet<String>,
+) -> std::io::Result<Vec<String>> {
+    let doomed = over_retention(scan(root)?, max_tasks, max_total_bytes, keep);
+    for name in &doomed {
+        std::fs::remove_dir_all(root.join(name))?;
+    }
+    Ok(doomed)
 }
 
 #[cfg(test)]

@@ -256,3 +256,46 @@ async fn a_secret_cut_by_a_chunk_boundary_is_held_back_then_redacted_whole() {
     // It really was written in two pieces.
     assert_eq!(text.matches("\"kind\":\"output\"").count(), 2, "{text}");
 }
+
+/// Retention while the daemon runs works from the writer's index (no walk of the records per
+/// task): the count and the bytes it tracks for what it appended must match what is on disk.
+#[tokio::test]
+async fn retention_across_tasks_of_one_run_keeps_the_newest_by_count_and_bytes() {
+    async fn run(root: &Path, cfg: RecorderConfig, n: usize) {
+        let (rec, writer) = Recorder::start(root.to_path_buf(), cfg);
+        let redactor = Arc::new(Redactor::new(vec![SECRET.to_string()]));
+        for i in 0..n {
+            let t = rec.open(
+                &task(&format!("t{i}"), "same size"),
+                Some("claude"),
+                redactor.clone(),
+            );
+            t.cancelled("test");
+            // Closing sends `Done`: the one writer applies retention before it sees the next
+            // task's first line.
+            drop(t);
+        }
+        drop(rec);
+        writer.await.unwrap();
+    }
+    let by_count = tempfile::tempdir().unwrap();
+    let c = RecorderConfig {
+        max_tasks: 3,
+        ..RecorderConfig::default()
+    };
+    run(by_count.path(), c, 5).await;
+    assert_eq!(names(by_count.path()), ["t2", "t3", "t4"]);
+
+    let one = tempfile::tempdir().unwrap();
+    run(one.path(), RecorderConfig::default(), 1).await;
+    let size = std::fs::metadata(one.path().join("t0").join(RECORD_FILE))
+        .unwrap()
+        .len();
+    let by_bytes = tempfile::tempdir().unwrap();
+    let c = RecorderConfig {
+        max_total_bytes: size * 5 / 2,
+        ..RecorderConfig::default()
+    };
+    run(by_bytes.path(), c, 5).await;
+    assert_eq!(names(by_bytes.path()), ["t3", "t4"]);
+}
