@@ -10,9 +10,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::CheckArgs;
 use crate::config::Config;
+use crate::process::{self, ChildEnv, CommandSpec, Exit, Limits, RunOutput};
 use crate::redact::Redactor;
 
 /// How long any one probe may take.
@@ -242,26 +244,32 @@ async fn probe_claude(cfg: &Config) -> Item {
 /// does not validate the credential (the first run's `authentication_failed` does), but it
 /// tells "not logged in" from "logged in".
 async fn probe_claude_auth(cfg: &Config, program: &Path) -> anyhow::Result<String> {
-    let env = crate::process::ChildEnv::from_config(cfg);
-    let mut cmd = tokio::process::Command::new(program);
     // JSON is the default output (2.1.x also knows `--json`; older versions may not).
-    cmd.args(["auth", "status"])
-        .env_clear()
-        .envs(env.vars().iter().map(|(k, v)| (k, v)))
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    match tokio::time::timeout(Duration::from_secs(10), cmd.output()).await {
-        Err(_) => Err(anyhow!(
-            "`{} auth status` did not answer in 10 s",
-            program.display()
-        )),
-        Ok(Err(e)) => Err(anyhow!(
-            "cannot run `{} auth status`: {e}",
-            program.display()
-        )),
-        // Exit 1 when logged out, with the JSON on stdout all the same.
-        Ok(Ok(out)) => claude_auth_verdict(&String::from_utf8_lossy(&out.stdout)),
+    let spec = CommandSpec::new(program, "/", ChildEnv::from_config(cfg)).args(["auth", "status"]);
+    let who = format!("`{} auth status`", program.display());
+    let out = run_probe(&spec, "auth status", &who).await?;
+    // Exit 1 when logged out, with the JSON on stdout all the same.
+    claude_auth_verdict(&out.stdout)
+}
+
+/// Run a probe through the daemon's one spawn path (process group, capped output, killed at
+/// 10 s). Not a task's child, so not confined: `check` looks at the host as the daemon does.
+/// `what` completes the command in messages (`--version`); `who` names it when it cannot
+/// start at all.
+async fn run_probe(spec: &CommandSpec, what: &str, who: &str) -> anyhow::Result<RunOutput> {
+    let limits = Limits {
+        timeout: Some(Duration::from_secs(10)),
+        grace: Duration::from_secs(1),
+        output_cap: 64 * 1024,
+    };
+    let program = Path::new(&spec.program).display();
+    let out = process::run(spec, &limits, &CancellationToken::new(), None)
+        .await
+        .map_err(|e| anyhow!("cannot run {who}: {e}"))?;
+    if out.exit == Exit::TimedOut {
+        bail!("`{program} {what}` did not answer in 10 s");
     }
+    Ok(out)
 }
 
 /// Read `claude auth status` JSON: `loggedIn`, `authMethod`, `apiKeySource`.
@@ -290,31 +298,22 @@ pub fn claude_auth_verdict(stdout: &str) -> anyhow::Result<String> {
 
 /// `PROGRAM --version`, first line, with a timeout; the child dies with the probe.
 async fn probe_version(name: &str, program: &Path) -> anyhow::Result<String> {
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.arg("--version")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    match tokio::time::timeout(Duration::from_secs(10), cmd.output()).await {
-        Err(_) => Err(anyhow!(
-            "`{} --version` did not answer in 10 s",
-            program.display()
-        )),
-        Ok(Err(e)) => Err(anyhow!("cannot run {name} ({}): {e}", program.display())),
-        Ok(Ok(out)) if !out.status.success() => Err(anyhow!(
+    let spec = CommandSpec::new(program, "/", ChildEnv::inherit()).arg("--version");
+    let who = format!("{name} ({})", program.display());
+    let out = run_probe(&spec, "--version", &who).await?;
+    if !out.exit.success() {
+        bail!(
             "`{} --version` failed ({}): {}",
             program.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Ok(Ok(out)) => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            Ok(format!(
-                "{} ({})",
-                text.lines().next().unwrap_or("").trim(),
-                program.display()
-            ))
-        }
+            out.exit.describe(),
+            out.stderr.trim()
+        );
     }
+    Ok(format!(
+        "{} ({})",
+        out.stdout.lines().next().unwrap_or("").trim(),
+        program.display()
+    ))
 }
 
 async fn probe_ollama(cfg: &Config) -> Item {
