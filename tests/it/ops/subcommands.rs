@@ -228,28 +228,8 @@ async fn run_task_with_a_relative_workspace_observes_the_git_repository() {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
     std::fs::create_dir(&ws).unwrap();
-    for args in [
-        &["init", "-q"][..],
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-q",
-            "--allow-empty",
-            "-m",
-            "i",
-        ],
-    ] {
-        let ok = std::process::Command::new("git")
-            .args(args)
-            .current_dir(&ws)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    }
+    crate::git::git(&ws, &["init", "-q"]);
+    crate::git::git(&ws, &["commit", "-q", "--allow-empty", "-m", "i"]);
     let task = dir.path().join("t.json");
     let mut t = sample_shell_task("relative-ws", "echo hi > made.txt");
     t["verification_steps"] = json!([{"type": "file_exists", "target": "made.txt"}]);

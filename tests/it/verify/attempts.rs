@@ -357,27 +357,8 @@ async fn an_executor_failure_on_attempt_two_keeps_the_record_in_task_failed() {
 async fn task_complete_size_under_100k_created_files() {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path();
-    for args in [
-        &["init", "-q"][..],
-        &[
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-q",
-            "--allow-empty",
-            "-m",
-            "i",
-        ],
-    ] {
-        assert!(std::process::Command::new("git")
-            .args(args)
-            .current_dir(ws)
-            .status()
-            .unwrap()
-            .success());
-    }
+    crate::git::git(ws, &["init", "-q"]);
+    crate::git::git(ws, &["commit", "-q", "--allow-empty", "-m", "i"]);
     let (ctx, _) = ctx_for(
         ws,
         json!({"description": "x", "verification_steps": [
