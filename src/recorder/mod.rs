@@ -652,21 +652,5 @@ fn over_retention(
     doomed
 }
 
-/// Remove the oldest task records (by last write) until at most `max_tasks` remain and they
-/// total at most `max_total_bytes`; records in `keep` are never removed. Returns what went.
-/// Reads the disk; the running recorder applies the same rule to its in-memory index.
-pub fn prune(
-    root: &Path,
-    max_tasks: usize,
-    max_total_bytes: u64,
-    keep: &HashSet<String>,
-) -> std::io::Result<Vec<String>> {
-    let doomed = over_retention(scan(root)?, max_tasks, max_total_bytes, keep);
-    for name in &doomed {
-        std::fs::remove_dir_all(root.join(name))?;
-    }
-    Ok(doomed)
-}
-
 #[cfg(test)]
 mod tests;

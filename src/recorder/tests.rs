@@ -41,6 +41,21 @@ async fn record(root: &Path, cfg: RecorderConfig, id: &str, f: impl FnOnce(&Task
     std::fs::read_to_string(root.join(dir_name(id)).join(RECORD_FILE)).unwrap()
 }
 
+/// The retention rule applied to what is on disk (the running writer applies it to its
+/// index): scan, pick, remove. Returns what went.
+fn prune(
+    root: &Path,
+    max_tasks: usize,
+    max_total_bytes: u64,
+    keep: &HashSet<String>,
+) -> std::io::Result<Vec<String>> {
+    let doomed = over_retention(scan(root)?, max_tasks, max_total_bytes, keep);
+    for name in &doomed {
+        std::fs::remove_dir_all(root.join(name))?;
+    }
+    Ok(doomed)
+}
+
 #[tokio::test]
 async fn secrets_never_reach_the_disk_even_split_across_stream_chunks() {
     let dir = tempfile::tempdir().unwrap();
