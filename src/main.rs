@@ -13,8 +13,11 @@ fn main() -> ExitCode {
     // the daemon's own logging never formats the token in the first place.
     let secrets = std::env::var("HUB_SIDECAR_TOKEN").into_iter().collect();
     let logs = logging::init_tracing(cli.log_format, cli.log_level(), secrets);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread runs the daemon: it runs one task at a time and waits on sockets and
+    // children; blocking work goes to tokio's blocking pool. A multi-threaded scheduler
+    // bought nothing measurable (BENCHMARKS.md, figures 2 and 3) and its load statistics
+    // alone pull libm (0.6 MB resident) into every daemon.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
