@@ -106,7 +106,8 @@ impl Inner {
                             break false;
                         }
                         Some(Ok(Message::Text(t))) => {
-                            let (o, e) = self.handle_text(&mut conn, t.as_str());
+                            let arrived = Instant::now();
+                            let (o, e) = self.handle_text(&mut conn, t.as_str(), arrived);
                             out = o;
                             end = e;
                         }
@@ -196,16 +197,16 @@ impl Inner {
     /// The frame is recorded (and waiters woken) only *after* it was handled, so a test that
     /// saw `identify` arrive can push to the now-identified socket, and one that saw
     /// `task_complete` arrive sees the task table already updated.
-    fn handle_text(&self, conn: &mut Conn, text: &str) -> (Vec<Outbound>, End) {
+    fn handle_text(&self, conn: &mut Conn, text: &str, arrived: Instant) -> (Vec<Outbound>, End) {
         let id = conn.id;
         let Ok(frame) = serde_json::from_str::<Value>(text) else {
             let raw = Value::String(text.to_string());
             self.violation(id, raw.clone(), vec!["invalid_json".into()]);
-            self.record(id, true, raw);
+            self.record_at(id, true, raw, arrived);
             return (vec![error("invalid_json")], End::Keep);
         };
         let handled = self.handle_json(conn, frame.clone());
-        self.record(id, true, frame);
+        self.record_at(id, true, frame, arrived);
         handled
     }
 

@@ -24,6 +24,12 @@ impl Inner {
     }
 
     pub(super) fn record(&self, conn: u64, inbound: bool, frame: Value) {
+        self.record_at(conn, inbound, frame, Instant::now());
+    }
+
+    /// [`Self::record`] with the instant the frame arrived: an inbound frame is stamped before
+    /// the mock parses and validates it, so its own work is not in the daemon's latency.
+    pub(super) fn record_at(&self, conn: u64, inbound: bool, frame: Value, at: Instant) {
         let mut st = self.lock();
         if !inbound {
             // Counters for the observing API are derived from what was really sent.
@@ -44,7 +50,7 @@ impl Inner {
         }
         st.frames.push(Recorded {
             conn,
-            at: Instant::now(),
+            at,
             inbound,
             frame,
         });
