@@ -58,6 +58,8 @@ const STREAM_CHUNK: usize = 8 * 1024;
 const MAX_STRING: usize = 32 * 1024;
 /// Cap on one event's text.
 const MAX_EVENT_TEXT: usize = 2 * 1024;
+/// What a record line adds to its body: `ts`, `kind` and a newline.
+const LINE_OVERHEAD: u64 = 48;
 
 /// The directory name for a task id: safe characters only, bounded.
 pub fn dir_name(task_id: &str) -> String {
@@ -402,14 +404,31 @@ impl TaskRecord {
         };
         let stream = kind.map(EventKind::as_str);
         if !text.is_empty() {
-            let body =
-                json!({"attempt": attempt, "stream": stream, "text": text, "elided_before": 0});
-            if self.take_bulk(&body) {
-                self.write("output", body);
-            } else {
+            // Over the bound already (the line holds the text at least once): skip building
+            // and measuring a line that cannot be kept. A long output's every chunk comes here.
+            let kept = !self.bulk_exhausted(text.len()) && {
+                let body =
+                    json!({"attempt": attempt, "stream": stream, "text": text, "elided_before": 0});
+                self.take_bulk(&body) && {
+                    self.write("output", body);
+                    true
+                }
+            };
+            if !kept {
                 // Over the bound: keep only the newest chunk, to show how the output ended.
                 let mut st = s.state.lock().expect("record lock");
-                st.tail.push_str(&text);
+                if text.len() >= STREAM_CHUNK {
+                    // The chunk alone fills the tail: no need to append it and move it back.
+                    let mut cut = text.len() - STREAM_CHUNK;
+                    while !text.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    st.elided_bytes += (st.tail.len() + cut) as u64;
+                    st.tail.clear();
+                    st.tail.push_str(&text[cut..]);
+                } else {
+                    st.tail.push_str(&text);
+                }
                 if st.tail.len() > STREAM_CHUNK {
                     let mut cut = st.tail.len() - STREAM_CHUNK;
                     while !st.tail.is_char_boundary(cut) {
@@ -443,18 +462,42 @@ impl TaskRecord {
         }
     }
 
+    /// True (and the one-time note) when a line of at least `at_least` bytes can no longer
+    /// fit under the per-task bound: [`Self::take_bulk`] would refuse it.
+    fn bulk_exhausted(&self, at_least: usize) -> bool {
+        let Some(s) = &self.inner else { return true };
+        let full = {
+            let st = s.state.lock().expect("record lock");
+            st.bulk_bytes + at_least as u64 + LINE_OVERHEAD > s.recorder.cfg.max_task_bytes
+        };
+        if full {
+            self.note_truncated();
+        }
+        full
+    }
+
     /// Account `body` against the per-task bound; false (and a one-time note) when over.
     fn take_bulk(&self, body: &Value) -> bool {
         let Some(s) = &self.inner else { return false };
-        // The line adds `ts`, `kind` and a newline to the body.
-        let size = body.to_string().len() as u64 + 48;
-        let mut st = s.state.lock().expect("record lock");
-        if st.bulk_bytes + size <= s.recorder.cfg.max_task_bytes {
-            st.bulk_bytes += size;
-            return true;
+        let size = body.to_string().len() as u64 + LINE_OVERHEAD;
+        {
+            let mut st = s.state.lock().expect("record lock");
+            if st.bulk_bytes + size <= s.recorder.cfg.max_task_bytes {
+                st.bulk_bytes += size;
+                return true;
+            }
         }
-        let note = !std::mem::replace(&mut st.truncation_noted, true);
-        drop(st);
+        self.note_truncated();
+        false
+    }
+
+    /// Write, once per task, that the bound was reached.
+    fn note_truncated(&self) {
+        let Some(s) = &self.inner else { return };
+        let note = !std::mem::replace(
+            &mut s.state.lock().expect("record lock").truncation_noted,
+            true,
+        );
         if note {
             self.write(
                 "truncated",
@@ -462,7 +505,6 @@ impl TaskRecord {
                        "max_task_bytes": s.recorder.cfg.max_task_bytes}),
             );
         }
-        false
     }
 }
 

@@ -314,3 +314,38 @@ async fn retention_across_tasks_of_one_run_keeps_the_newest_by_count_and_bytes()
     run(by_bytes.path(), c, 5).await;
     assert_eq!(names(by_bytes.path()), ["t3", "t4"]);
 }
+
+/// Output chunks larger than the kept tail, past the bound: the tail is the last 8 KiB of the
+/// output and the count of what was left out is exact (the path a 150 MB flood takes).
+#[tokio::test]
+async fn big_chunks_past_the_bound_keep_the_exact_tail_and_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = record(dir.path(), cfg(1024), "flood", |r| {
+        r.attempt_start(1, "p");
+        for c in ['a', 'b', 'c'] {
+            r.on_event(&ProgressEvent::new(
+                EventKind::Stdout,
+                c.to_string().repeat(20_000),
+            ));
+        }
+        r.attempt_end(
+            1,
+            &ExecOutcome::new(ExecStatus::Succeeded, String::new(), None),
+        );
+    })
+    .await;
+    let s = TaskStory::parse(&text);
+    assert!(s.truncated);
+    let out = &s.attempts[0].output;
+    assert!(
+        out.ends_with(&"c".repeat(STREAM_CHUNK)),
+        "{}",
+        &out[..200.min(out.len())]
+    );
+    assert!(!out.contains(&"c".repeat(STREAM_CHUNK + 1)));
+    assert!(
+        out.contains(&(60_000 - STREAM_CHUNK).to_string()),
+        "{}",
+        &out[..200.min(out.len())]
+    );
+}
