@@ -401,3 +401,29 @@ pub(crate) fn table(rows: &[Row]) -> String {
     }
     s
 }
+
+/// How many of the functions `scripts/link-order.txt` names the binary at `bin` has (`nm`),
+/// and how many it names: a profile goes stale as the code and dependencies change.
+pub(crate) fn link_order_coverage(bin: &Path) -> Option<(usize, usize)> {
+    let order = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/link-order.txt"
+    ))
+    .ok()?;
+    let out = std::process::Command::new("nm")
+        .arg("--defined-only")
+        .arg(bin)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let symbols: std::collections::HashSet<&str> = std::str::from_utf8(&out.stdout)
+        .ok()?
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    let listed: Vec<&str> = order.lines().filter(|l| !l.is_empty()).collect();
+    let found = listed.iter().filter(|s| symbols.contains(*s)).count();
+    Some((found, listed.len()))
+}

@@ -228,3 +228,47 @@ pub(crate) async fn backlog(o: &Opts, n: usize) -> Vec<Row> {
         Some(sent.len() == n && drain <= 2000.0 && hwm <= 20 * 1024),
     )]
 }
+
+/// Row 3f, the physical floor of 3a: a loopback WebSocket round trip through the same mock
+/// hub (a bare client's `ping` → the mock's `pong`, `n` times after identify), timed by the
+/// client. 3a minus this is what the daemon itself adds to an accept.
+pub(crate) async fn ws_floor(n: usize) -> Vec<Row> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let hub = hub_unlimited().await;
+    // `TCP_NODELAY` on, as the daemon's socket has it.
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(hub.url(), None, true)
+        .await
+        .expect("connect to the mock hub");
+    let identify = json!({"type": "identify", "agent_id": "sidecar-test", "token": "test-token"});
+    ws.send(Message::text(identify.to_string()))
+        .await
+        .expect("identify");
+    let mut rtt = Vec::with_capacity(n);
+    for i in 0..n + 5 {
+        let t = Instant::now();
+        ws.send(Message::text(r#"{"type":"ping"}"#))
+            .await
+            .expect("ping");
+        loop {
+            let m = ws.next().await.expect("socket open").expect("frame");
+            if m.to_text().is_ok_and(|t| t.contains("\"pong\"")) {
+                break;
+            }
+        }
+        // The first five warm up (allocations, the identify's answer).
+        if i >= 5 {
+            rtt.push(ms(t.elapsed()));
+        }
+    }
+    let s = Stats::new(rtt);
+    vec![Row::new(
+        &format!(
+            "3f. floor: loopback WebSocket round trip through the mock hub (ping → pong), {n} ×"
+        ),
+        "—",
+        "—",
+        format!("{:.2} ms p50, p99 {:.2} ms", s.median(), s.p(0.99)),
+        None,
+    )]
+}

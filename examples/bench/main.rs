@@ -125,6 +125,7 @@ async fn main() {
                     latency::latency(&o, tasks, Path::new("/dev/shm"), "state on tmpfs").await,
                 );
             }
+            rows.extend(latency::ws_floor(200).await);
         }
         if run(4) {
             eprintln!("bench: 4 progress flood");
@@ -167,8 +168,15 @@ async fn main() {
         n.parse::<u32>().unwrap_or(99)
     });
 
+    let layout = match harness::link_order_coverage(&o.bin) {
+        Some((found, listed)) => format!(
+            "\nLink order: {found} of the {listed} functions in scripts/link-order.txt are in \
+             the binary (when this falls, rerun scripts/link-order.sh).\n"
+        ),
+        None => String::new(),
+    };
     let text = format!(
-        "{}\nDriver wall time: {:.0} s{}.\n",
+        "{}\nDriver wall time: {:.0} s{}.\n{layout}",
         table(&rows),
         started.elapsed().as_secs_f64(),
         if o.quick { " (--quick)" } else { "" }
