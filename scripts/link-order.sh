@@ -8,7 +8,8 @@
 #
 # Needs valgrind (callgrind lists every function executed) and perf (the page faults of a
 # run outside valgrind: code paths valgrind does not take, e.g. Landlock, which it cannot
-# emulate, and CPU-specific SHA code). About 5 minutes once built.
+# emulate, and CPU-specific SHA code). About 15–20 minutes on 2 cores: a
+# profile, then up to three relinks (fat LTO, ~3 minutes each) with a page-fault pass each.
 #
 # When to run it: after a dependency update or a large change. A stale file costs only
 # memory, never correctness: symbols it names that no longer exist are skipped (the link
