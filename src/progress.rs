@@ -270,10 +270,7 @@ impl ProgressSink {
                     r.scrub_in_place(&mut p.stream);
                 }
                 if p.stream.len() > 2 * max {
-                    let mut cut = p.stream.len() - max;
-                    while !p.stream.is_char_boundary(cut) {
-                        cut += 1;
-                    }
+                    let cut = crate::util::tail_start(&p.stream, max);
                     p.stream.drain(..cut);
                     p.stream_cut += cut;
                 }

@@ -33,15 +33,22 @@ pub fn elision(n: u64) -> String {
 /// How every [`elision`] marker ends.
 pub const ELISION_END: &str = " bytes elided …]";
 
+/// Where the last `max` bytes of `s` start, moved forward to a char boundary: 0 when `s`
+/// fits, and never more than `max` bytes from the end.
+pub fn tail_start(s: &str, max: usize) -> usize {
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    start
+}
+
 /// The last `max` bytes of `s` (on a char boundary), prefixed with an elision marker when cut.
 pub fn tail_bytes(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
-    let mut start = s.len() - max;
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
+    let start = tail_start(s, max);
     format!("{}\n{}", elision(start as u64), &s[start..])
 }
 

@@ -406,37 +406,30 @@ impl TaskRecord {
         if !text.is_empty() {
             // Over the bound already (the line holds the text at least once): skip building
             // and measuring a line that cannot be kept. A long output's every chunk comes here.
-            let kept = !self.bulk_exhausted(text.len()) && {
+            let kept = if self.bulk_exhausted(text.len()) {
+                false
+            } else {
                 let body =
                     json!({"attempt": attempt, "stream": stream, "text": text, "elided_before": 0});
-                self.take_bulk(&body) && {
+                let fits = self.take_bulk(&body);
+                if fits {
                     self.write("output", body);
-                    true
                 }
+                fits
             };
             if !kept {
                 // Over the bound: keep only the newest chunk, to show how the output ended.
+                // What of `text` cannot survive is not appended only to be moved back out.
                 let mut st = s.state.lock().expect("record lock");
-                if text.len() >= STREAM_CHUNK {
-                    // The chunk alone fills the tail: no need to append it and move it back.
-                    let mut cut = text.len() - STREAM_CHUNK;
-                    while !text.is_char_boundary(cut) {
-                        cut += 1;
-                    }
-                    st.elided_bytes += (st.tail.len() + cut) as u64;
+                let skip = crate::util::tail_start(&text, STREAM_CHUNK);
+                if skip > 0 {
+                    st.elided_bytes += (st.tail.len() + skip) as u64;
                     st.tail.clear();
-                    st.tail.push_str(&text[cut..]);
-                } else {
-                    st.tail.push_str(&text);
                 }
-                if st.tail.len() > STREAM_CHUNK {
-                    let mut cut = st.tail.len() - STREAM_CHUNK;
-                    while !st.tail.is_char_boundary(cut) {
-                        cut += 1;
-                    }
-                    st.tail.drain(..cut);
-                    st.elided_bytes += cut as u64;
-                }
+                st.tail.push_str(&text[skip..]);
+                let cut = crate::util::tail_start(&st.tail, STREAM_CHUNK);
+                st.tail.drain(..cut);
+                st.elided_bytes += cut as u64;
             }
         }
     }
