@@ -52,15 +52,7 @@ fn rustc_links_with_lld() -> bool {
         return false;
     };
     // "rustc 1.95.0 (59807616e 2026-04-14)"
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut parts = text
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("")
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (1, 90)
+    second_word_version(&out.stdout) >= (1, 90)
 }
 
 /// The building machine's glibc (`getconf GNU_LIBC_VERSION` prints "glibc 2.36").
@@ -68,10 +60,18 @@ fn glibc_at_least(major: u32, minor: u32) -> bool {
     let Ok(out) = Command::new("getconf").arg("GNU_LIBC_VERSION").output() else {
         return false;
     };
-    let text = String::from_utf8_lossy(&out.stdout);
-    let Some(version) = text.split_whitespace().nth(1) else {
-        return false;
-    };
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+    second_word_version(&out.stdout) >= (major, minor)
+}
+
+/// Major and minor of the version that is a command's second word ("rustc 1.95.0 (…)",
+/// "glibc 2.36"); (0, 0) when there is none.
+fn second_word_version(output: &[u8]) -> (u32, u32) {
+    let text = String::from_utf8_lossy(output);
+    let mut parts = text
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
