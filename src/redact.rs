@@ -45,7 +45,8 @@ pub struct Redactor {
     /// "is there anything to scrub?" is asked of every output chunk, often three times (the
     /// progress event, its stream, the recorder), and one SIMD pass over all patterns costs
     /// less than one `str::contains` per needle did for a single needle (figure 10).
-    finder: std::sync::OnceLock<Option<regex::Regex>>,
+    /// Shared by clones (a task's redactor is a clone of the daemon's): compiled once.
+    finder: std::sync::Arc<std::sync::OnceLock<Option<regex::Regex>>>,
 }
 
 impl Redactor {
@@ -76,7 +77,7 @@ impl Redactor {
         needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
         Redactor {
             needles,
-            finder: std::sync::OnceLock::new(),
+            finder: Default::default(),
         }
     }
 
@@ -105,6 +106,9 @@ impl Redactor {
     /// This redactor plus more secrets (e.g. the password of one task's repository URL).
     pub fn with_extra(&self, extra: impl IntoIterator<Item = String>) -> Redactor {
         let mut needles = Redactor::new(extra).needles;
+        if needles.iter().all(|n| self.needles.contains(n)) {
+            return self.clone();
+        }
         for n in &self.needles {
             if !needles.contains(n) {
                 needles.push(n.clone());
@@ -302,6 +306,21 @@ mod tests {
                 proptest::prop_assert_eq!(r.scrub(&s), s);
             }
         }
+    }
+
+    #[test]
+    fn a_task_redactor_reuses_the_daemon_finder_unless_it_adds_a_secret() {
+        let daemon = Redactor::new(vec!["tok-UNIQUE-1".to_string()]);
+        let same = daemon.with_extra(Vec::new());
+        let also_same = daemon.with_extra(vec!["tok-UNIQUE-1".to_string(), "pw".to_string()]);
+        assert!(same.needs_scrub("x tok-UNIQUE-1"));
+        assert!(std::sync::Arc::ptr_eq(&daemon.finder, &same.finder));
+        assert!(std::sync::Arc::ptr_eq(&daemon.finder, &also_same.finder));
+        assert!(daemon.finder.get().is_some(), "compiled once, for all clones");
+        let more = daemon.with_extra(vec!["repo-password-9".to_string()]);
+        assert!(!std::sync::Arc::ptr_eq(&daemon.finder, &more.finder));
+        assert!(more.needs_scrub("x repo-password-9") && more.needs_scrub("x tok-UNIQUE-1"));
+        assert!(!daemon.needs_scrub("x repo-password-9"));
     }
 
     #[test]
