@@ -316,7 +316,10 @@ mod tests {
         assert!(same.needs_scrub("x tok-UNIQUE-1"));
         assert!(std::sync::Arc::ptr_eq(&daemon.finder, &same.finder));
         assert!(std::sync::Arc::ptr_eq(&daemon.finder, &also_same.finder));
-        assert!(daemon.finder.get().is_some(), "compiled once, for all clones");
+        assert!(
+            daemon.finder.get().is_some(),
+            "compiled once, for all clones"
+        );
         let more = daemon.with_extra(vec!["repo-password-9".to_string()]);
         assert!(!std::sync::Arc::ptr_eq(&daemon.finder, &more.finder));
         assert!(more.needs_scrub("x repo-password-9") && more.needs_scrub("x tok-UNIQUE-1"));

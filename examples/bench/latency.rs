@@ -121,6 +121,8 @@ pub(crate) async fn fsync_cost(n: usize, base: &Path) -> (Stats, Stats) {
             phase: Phase::Running,
             accepted_at: 0,
         });
+        // From idle, as an accept's write is (see `ws_floor`).
+        settle().await;
         let t = Instant::now();
         store.set_active(active).await.expect("journal append");
         v.push(ms(t.elapsed()));
@@ -133,6 +135,7 @@ pub(crate) async fn fsync_cost(n: usize, base: &Path) -> (Stats, Stats) {
     let line = [b'x'; 1024];
     let mut floor = Vec::with_capacity(n);
     for _ in 0..n {
+        settle().await;
         let t = Instant::now();
         std::io::Write::write_all(&mut f, &line).expect("write");
         f.sync_data().expect("fdatasync");
@@ -231,7 +234,8 @@ pub(crate) async fn backlog(o: &Opts, n: usize) -> Vec<Row> {
 
 /// Row 3f, the physical floor of 3a: a loopback WebSocket round trip through the same mock
 /// hub (a bare client's `ping` → the mock's `pong`, `n` times after identify), timed by the
-/// client. 3a minus this is what the daemon itself adds to an accept.
+/// client, each after the same 10 ms pause 3a leaves between tasks. 3a minus this (and minus
+/// 3e on disk) is what the daemon itself adds to an accept.
 pub(crate) async fn ws_floor(n: usize) -> Vec<Row> {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
@@ -246,6 +250,9 @@ pub(crate) async fn ws_floor(n: usize) -> Vec<Row> {
         .expect("identify");
     let mut rtt = Vec::with_capacity(n);
     for i in 0..n + 5 {
+        // The same pause as between 3a's tasks: a round trip that starts from idle (cold
+        // CPU, sleeping threads on both ends) costs ~2× one in a tight loop on this VM.
+        settle().await;
         let t = Instant::now();
         ws.send(Message::text(r#"{"type":"ping"}"#))
             .await
