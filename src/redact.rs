@@ -41,11 +41,12 @@ fn base64_cores(secret: &[u8]) -> Vec<String> {
 #[derive(Debug, Clone, Default)]
 pub struct Redactor {
     needles: Vec<String>,
-    /// Every needle, [`ELISION`] and [`URL_SCHEME_END`] as one search, built on first use ([`Redactor::finder`]):
-    /// "is there anything to scrub?" is asked of every output chunk, often three times (the
-    /// progress event, its stream, the recorder), and one SIMD pass over all patterns costs
-    /// less than one `str::contains` per needle did for a single needle (figure 10).
-    /// Shared by clones (a task's redactor is a clone of the daemon's): compiled once.
+    /// Every needle, [`ELISION`] and [`URL_SCHEME_END`] as one search, built on first use
+    /// ([`Redactor::finder`]): "is there anything to scrub?" is asked of every output chunk,
+    /// often three times (the progress event, its stream, the recorder), and one SIMD pass
+    /// over all patterns costs less than one `str::contains` per needle did for a single
+    /// needle (figure 10). Shared by clones (a task's redactor is a clone of the daemon's):
+    /// compiled once.
     finder: std::sync::Arc<std::sync::OnceLock<Option<regex::Regex>>>,
 }
 
