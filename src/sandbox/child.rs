@@ -95,9 +95,20 @@ unsafe fn enter_namespaces(maps: &IdMaps) -> io::Result<()> {
     if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) != 0 {
         return Err(io::Error::last_os_error());
     }
-    write_proc(c"/proc/self/setgroups", b"deny")?;
-    write_proc(c"/proc/self/gid_map", &maps.gid_map)?;
-    write_proc(c"/proc/self/uid_map", &maps.uid_map)?;
+    // The daemon is non-dumpable (`protect_daemon`), and so is this fork of it: the kernel
+    // then makes `/proc/self/*` belong to root, and a service user cannot open its own id
+    // maps (EACCES; root can, which is why only a deployment saw it). Dumpable just for the
+    // three writes, as container runtimes do, then closed again before anything else runs:
+    // nothing of the task exists yet, and confined processes of earlier tasks cannot trace
+    // us (Landlock forbids tracing a less-restricted process; they are in other namespaces).
+    if libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mapped = write_maps(maps);
+    if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    mapped?;
     // A pipe whose write end only the supervisor keeps: when it reads as hung up, the
     // supervisor is gone (pids are useless for this: the supervisor is outside the new
     // namespace and its pid means nothing inside).
@@ -128,6 +139,13 @@ unsafe fn enter_namespaces(maps: &IdMaps) -> io::Result<()> {
     }
     // alive[0] is close-on-exec: the command never sees it.
     Ok(())
+}
+
+/// Map the caller's own ids into its new user namespace.
+unsafe fn write_maps(maps: &IdMaps) -> io::Result<()> {
+    write_proc(c"/proc/self/setgroups", b"deny")?;
+    write_proc(c"/proc/self/gid_map", &maps.gid_map)?;
+    write_proc(c"/proc/self/uid_map", &maps.uid_map)
 }
 
 /// The supervisor: hold nothing, wait for the namespace's init, exit as it did.
