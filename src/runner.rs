@@ -189,6 +189,12 @@ async fn run_recorded(
             return failed(&task, &redactor, &reason.to_string(), &cancel);
         }
     };
+    // From here the task's children run: what confines them is counted and recorded.
+    let containment = deps.containment.ran_under();
+    deps.ops
+        .metrics()
+        .task_started(deps.containment.level_name());
+    record.containment(containment.clone());
     let workspace = ws.path.clone();
     let ctx = ExecContext {
         task: task.clone(),
@@ -257,6 +263,7 @@ async fn run_recorded(
             if let Some(ev) = last_progress {
                 attach_last_progress(&mut frame, ev);
             }
+            attach_containment(&mut frame, &containment);
             redact_frame(&redactor, &mut frame);
             TaskOutcome::Terminal(frame)
         }
@@ -536,6 +543,23 @@ fn attach_last_progress(frame: &mut Outbound, ev: Value) {
                 .map(|obj| obj.insert("last_progress".into(), ev));
         }
         _ => {}
+    }
+}
+
+/// The containment the task's children ran under, in its result (`containment`: `strict`,
+/// `best-effort` or `off`; `containment_not_enforced`: the layers missing below strict), so
+/// a reader of any result can tell how confined its work was. Fields the hub ignores.
+fn attach_containment(frame: &mut Outbound, ran_under: &Value) {
+    let result = match frame {
+        Outbound::TaskComplete { result, .. } => Some(result),
+        Outbound::TaskFailed { result, .. } => Some(result.get_or_insert_with(|| json!({}))),
+        _ => None,
+    };
+    if let Some(obj) = result.and_then(Value::as_object_mut) {
+        obj.insert("containment".into(), ran_under["level"].clone());
+        if let Some(missing) = ran_under.get("not_enforced") {
+            obj.insert("containment_not_enforced".into(), missing.clone());
+        }
     }
 }
 

@@ -162,33 +162,63 @@ pub async fn probe_all(cfg: &Config) -> Vec<Item> {
     ]
 }
 
-/// What containment this machine allows against what the config asks; required when the
-/// config asks for `strict` (every task would be refused otherwise).
+/// What containment tasks would run under, decided by the daemon's own probe in the
+/// daemon's process state ([`Policy::probe_blocking`](crate::sandbox::Policy::probe_blocking)):
+/// run as the service user, this is the daemon's answer. Required at the strict level
+/// (the default), where "unavailable" means the daemon takes no work. When a daemon is
+/// running with this state directory its own answer is shown too, and it is the one that
+/// counts.
 async fn containment_item(cfg: &Config) -> Item {
-    use crate::sandbox::{Containment, Support};
-    let support = tokio::task::spawn_blocking(Support::probe)
+    use crate::sandbox::{Containment, Policy};
+    let configured = cfg.containment;
+    let policy = tokio::task::spawn_blocking(move || Policy::probe_blocking(configured))
         .await
-        .unwrap_or_else(|_| Support::none());
-    let missing = support.missing();
-    let res = match (cfg.containment, missing.is_empty()) {
-        (Some(Containment::Off), _) => Err(anyhow!(
+        .unwrap_or_else(|_| Policy::decide(configured, crate::sandbox::Support::none()));
+    let mut res = match (policy.level, policy.refusal()) {
+        (Containment::Off, _) => Err(anyhow!(
             "off: tasks run with the daemon's full privileges (set containment = \"strict\")"
         )),
-        (_, true) => Ok(format!("strict available: {}", support.describe())),
-        (Some(Containment::BestEffort), false) | (None, false) => Err(anyhow!(
-            "best-effort only, NOT enforced: {}",
-            missing.join("; ")
-        )),
-        (Some(Containment::Strict), false) => Err(anyhow!(
-            "strict is configured but unavailable, every task will be refused: {}",
-            missing.join("; ")
-        )),
+        (_, Some(why)) => Err(anyhow!("NOT accepting tasks: {why}")),
+        (Containment::Strict, None) => Ok(format!("strict: {}", policy.support.describe())),
+        (Containment::BestEffort, None) => {
+            let missing = policy.support.missing();
+            if missing.is_empty() {
+                Ok(format!(
+                    "best-effort (configured; strict is available here: {})",
+                    policy.support.describe()
+                ))
+            } else {
+                Err(anyhow!(
+                    "best-effort (configured), NOT enforced: {}",
+                    missing.join("; ")
+                ))
+            }
+        }
     };
-    Item::new(
-        "containment",
-        cfg.containment == Some(Containment::Strict),
-        res,
-    )
+    if let Some(running) = running_daemon_containment(cfg).await {
+        res = match res {
+            Ok(s) => Ok(format!("{s}; {running}")),
+            Err(e) => Err(anyhow!("{e}; {running}")),
+        };
+    }
+    Item::new("containment", policy.level == Containment::Strict, res)
+}
+
+/// The running daemon's own containment answer, when one answers on this state
+/// directory's socket: it decides what its tasks run under, so it wins over this probe.
+async fn running_daemon_containment(cfg: &Config) -> Option<String> {
+    let target = super::status::Target::Socket(crate::ops::socket::path(&cfg.state_dir));
+    let snap = tokio::time::timeout(Duration::from_secs(2), super::status::fetch(&target))
+        .await
+        .ok()?
+        .ok()?;
+    let level = snap.containment.as_deref().unwrap_or("unknown");
+    Some(match snap.not_accepting {
+        Some(why) => {
+            format!("the running daemon (its answer counts) is NOT accepting tasks: {why}")
+        }
+        None => format!("the running daemon (its answer counts) runs tasks {level}"),
+    })
 }
 
 async fn probe_hub(cfg: &Config) -> anyhow::Result<String> {

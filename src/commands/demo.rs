@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::daemon::{self, Shutdown};
 use crate::mock_hub::{MockHub, MockHubOptions};
 use crate::ops::Ops;
+use crate::sandbox::Policy;
 
 /// The stand-in CLI, embedded so the demo works from any directory.
 const STAND_IN_CLAUDE: &str = include_str!("../../examples/stand-in-claude/claude");
@@ -70,18 +71,26 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         "workspace {}\n(the `claude` here is a labelled stand-in: examples/stand-in-claude/claude)",
         workspace.display()
     );
-    // What every child of the task will run under (the daemon decides the same way).
-    let support = tokio::task::spawn_blocking(crate::sandbox::Support::probe)
+    // What every child of the task will run under: the daemon's own probe, in the daemon's
+    // process state (the daemon below probes again and its answer is in the result).
+    let configured = cfg.containment;
+    let policy = tokio::task::spawn_blocking(move || Policy::probe_blocking(configured))
         .await
         .context("probing what containment this kernel allows")?;
-    let missing = support.missing();
-    if missing.is_empty() {
-        println!("containment: strict ({})\n", support.describe());
-    } else {
-        println!(
-            "containment: best-effort; NOT enforced: {}\n",
-            missing.join("; ")
-        );
+    match policy.refusal() {
+        None => println!(
+            "containment: {} ({})\n",
+            policy.level_name(),
+            policy.support.describe()
+        ),
+        Some(why) => {
+            // The demo shows the loop; it chooses the weaker level out loud, as an operator
+            // would have to in the config, rather than fail on such a machine.
+            cfg.containment = Some(crate::sandbox::Containment::BestEffort);
+            println!(
+                "containment: best-effort, chosen by the demo because this machine cannot confine: {why}\nA daemon with the default config (strict) takes no task here.\n"
+            );
+        }
     }
 
     let shutdown = Shutdown::new();

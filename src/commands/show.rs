@@ -131,6 +131,25 @@ pub fn render(s: &TaskStory, verbose: bool) -> String {
         s.tokens
     );
     let _ = writeln!(o, "  status: {}", s.status);
+    if let Some(c) = &s.containment {
+        let level = c["level"].as_str().unwrap_or("?");
+        match c["not_enforced"].as_array() {
+            Some(missing) if !missing.is_empty() => {
+                let missing: Vec<&str> = missing
+                    .iter()
+                    .filter_map(serde_json::Value::as_str)
+                    .collect();
+                let _ = writeln!(
+                    o,
+                    "  containment: {level}, NOT enforced: {}",
+                    missing.join("; ")
+                );
+            }
+            _ => {
+                let _ = writeln!(o, "  containment: {level}");
+            }
+        }
+    }
     for a in &s.attempts {
         o.push('\n');
         render_attempt(&mut o, a, verbose);

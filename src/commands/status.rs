@@ -129,6 +129,12 @@ pub fn render(s: &StatusSnapshot) -> String {
     } else {
         "hub:    not connected (reconnecting)\n".to_string()
     });
+    if let Some(why) = &s.not_accepting {
+        o.push_str(&format!("tasks:  NOT accepting: {why}\n"));
+    }
+    if let Some(level) = &s.containment {
+        o.push_str(&format!("containment: {level}\n"));
+    }
     o.push_str(&match &s.active_task {
         Some(t) => format!(
             "task:   {t}, running for {}{}\n",

@@ -165,7 +165,7 @@ pub struct Config {
     pub env: EnvConfig,
     /// `[git]`: managed clones and branch → commit → push → pull request.
     pub git: GitConfig,
-    /// How hard tasks are confined; unset: strict where the kernel supports it.
+    /// How hard tasks are confined; unset: strict (see [`crate::sandbox::Policy`]).
     pub containment: Option<Containment>,
     /// Paths and limits of containment.
     pub sandbox: SandboxConfig,

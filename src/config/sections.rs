@@ -221,6 +221,17 @@ pub enum Containment {
     Off,
 }
 
+impl Containment {
+    /// The config's word for the level (also the `containment` label in metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Containment::Strict => "strict",
+            Containment::BestEffort => "best-effort",
+            Containment::Off => "off",
+        }
+    }
+}
+
 /// `[sandbox]`: the paths and limits of containment.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,6 +54,12 @@ use slot::{join_running, Running};
 /// assignment as `sidecar_busy`.
 const RECOVERY_ANSWER: Duration = Duration::from_secs(60);
 
+/// First and longest wait before the containment probe is run again while a strict daemon
+/// cannot confine: an operator's fix (a sysctl, a drop-in relaxed) takes effect within
+/// this without a restart, and a broken machine is not probed in a tight loop.
+const REPROBE_FIRST: Duration = Duration::from_secs(2);
+const REPROBE_MAX: Duration = Duration::from_secs(300);
+
 /// Run the daemon until shutdown. `ops` receives metrics and health.
 pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
     let cfg = Arc::new(cfg);
@@ -61,6 +67,8 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     let budget = Arc::new(RateBudget::from_config(&cfg.progress));
     let (handle, out_rx) = link::channel();
     let (ev_tx, ev_rx) = mpsc::channel(1024);
+    // What `identify` announces: published once the containment probe has answered.
+    let (announce, announced) = watch::channel(None);
     let link_cancel = CancellationToken::new();
     // The link connects while the rest starts (the containment probe takes a moment).
     let link_task = tokio::spawn(link::run(
@@ -69,10 +77,16 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         ev_tx,
         out_rx,
         ops.clone(),
+        announced,
         link_cancel.clone(),
     ));
+    let link = Link {
+        handle,
+        events: ev_rx,
+        announce,
+    };
     let (mut d, recorder_writer) =
-        Daemon::new(cfg, shutdown.clone(), ops, budget, handle, ev_rx, state).await;
+        Daemon::new(cfg, shutdown.clone(), ops, budget, link, state).await;
     let reason = d.run().await;
     d.ops.stopping();
     link_cancel.cancel();
@@ -137,6 +151,13 @@ async fn load_state(cfg: &Config) -> anyhow::Result<LoadedState> {
     })
 }
 
+/// The daemon's side of the hub link: frames out, events in, and what `identify` announces.
+struct Link {
+    handle: LinkHandle,
+    events: mpsc::Receiver<LinkEvent>,
+    announce: watch::Sender<Option<String>>,
+}
+
 struct Daemon {
     cfg: Arc<Config>,
     /// The caller's stop requests; the select loop and the forced stop observe them.
@@ -166,6 +187,12 @@ struct Daemon {
     /// Accepted while a dropped task's runner was still winding down; starts when it ends,
     /// so two tasks never share the workspace.
     queued: Option<Task>,
+    /// The agent status `identify` announces (`idle`, or why no task is taken).
+    announce: watch::Sender<Option<String>>,
+    /// When to probe containment again (only while strict containment is unavailable).
+    reprobe_at: Option<Instant>,
+    /// The wait before the probe after that one.
+    reprobe_delay: Duration,
 }
 
 async fn sleep_until_opt(t: Option<Instant>) {
@@ -184,10 +211,14 @@ impl Daemon {
         shutdown: Shutdown,
         ops: Ops,
         budget: Arc<RateBudget>,
-        link: LinkHandle,
-        events: mpsc::Receiver<LinkEvent>,
+        link: Link,
         state: LoadedState,
     ) -> (Daemon, JoinHandle<()>) {
+        let Link {
+            handle: link,
+            events,
+            announce,
+        } = link;
         let outbox = Outbox::new(
             cfg.outbox_max_entries,
             Duration::from_secs(cfg.outbox_expiry_secs),
@@ -230,7 +261,11 @@ impl Daemon {
             restart_requested: false,
             recovery_deadline: None,
             queued: None,
+            announce,
+            reprobe_at: None,
+            reprobe_delay: REPROBE_FIRST,
         };
+        d.containment_decided();
         for meta in state.outbox {
             d.add_to_outbox(meta).await;
         }
@@ -288,6 +323,10 @@ impl Daemon {
                         tracing::warn!(task_id = %task_id, "no answer to task_recovering in time; dropping the task (the hub re-queues it)");
                         self.drop_task(&task_id).await;
                     }
+                }
+                _ = sleep_until_opt(self.reprobe_at) => {
+                    self.reprobe_at = None;
+                    self.reprobe().await;
                 }
                 _ = sleep_until_opt(self.flush_deadline) => {
                     tracing::warn!(pending = self.outbox.len(), "outbox not flushed in time; results stay on disk and are re-sent on the next start");
@@ -374,11 +413,55 @@ impl Daemon {
     }
 
     fn status_line(&self) {
-        match &self.active {
-            Some(a) => self
+        match (&self.active, self.deps.containment.refusal()) {
+            (Some(a), _) => self
                 .ops
                 .status(&format!("connected, running task {}", a.task.task_id)),
-            None => self.ops.status("connected, idle"),
+            (None, Some(why)) => self
+                .ops
+                .status(&format!("connected, NOT accepting tasks: {why}")),
+            (None, None) => self.ops.status("connected, idle"),
+        }
+    }
+
+    /// Tell everyone what the containment decision means for taking work: the status and
+    /// metrics, the next `identify`, and when to look again while tasks cannot be confined.
+    fn containment_decided(&mut self) {
+        let policy = &self.deps.containment;
+        let refusal = policy.refusal();
+        self.ops
+            .set_containment(policy.level_name(), refusal.clone());
+        let announce = match &refusal {
+            Some(why) => format!("not accepting tasks: {why}"),
+            None => "idle".to_string(),
+        };
+        self.announce.send_replace(Some(announce));
+        self.reprobe_at = refusal
+            .is_some()
+            .then(|| Instant::now() + self.reprobe_delay);
+    }
+
+    /// Probe containment again (strict and unavailable until now); on success, take work.
+    async fn reprobe(&mut self) {
+        let configured = self.cfg.containment;
+        let Ok(policy) =
+            tokio::task::spawn_blocking(move || crate::sandbox::Policy::probe_blocking(configured))
+                .await
+        else {
+            self.reprobe_at = Some(Instant::now() + self.reprobe_delay);
+            return;
+        };
+        if policy.refusal().is_none() {
+            tracing::info!(layers = %policy.support.describe(), "containment is available now: accepting tasks");
+            self.reprobe_delay = REPROBE_FIRST;
+        } else {
+            tracing::debug!(next_in = ?self.reprobe_delay, "containment still unavailable");
+            self.reprobe_delay = (self.reprobe_delay * 2).min(REPROBE_MAX);
+        }
+        self.deps.containment = Arc::new(policy);
+        self.containment_decided();
+        if self.identified {
+            self.status_line();
         }
     }
 

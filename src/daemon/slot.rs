@@ -46,6 +46,8 @@ pub(super) struct SlotView<'a> {
     pub(super) active: Option<(&'a str, Phase)>,
     /// Draining, or the hub asked for a restart.
     pub(super) stopping: bool,
+    /// Tasks can be confined as the containment level demands.
+    pub(super) can_confine: bool,
 }
 
 /// Why an assignment is refused; [`Refusal::reason`] is the `task_failed` reason the hub sees.
@@ -57,6 +59,9 @@ pub(super) enum Refusal {
     Busy,
     /// The slot could not be written to disk, so the task would be lost on a crash.
     StateNotPersistable,
+    /// Containment is strict and this machine cannot enforce it now: the task is handed
+    /// back before anything runs or is spent, so the hub can give it to an agent that can.
+    ContainmentUnavailable,
 }
 
 impl Refusal {
@@ -67,6 +72,7 @@ impl Refusal {
             Refusal::StateNotPersistable => {
                 "state_not_persistable: the sidecar cannot write its state file"
             }
+            Refusal::ContainmentUnavailable => "containment_unavailable",
         }
     }
 }
@@ -92,7 +98,8 @@ pub(super) enum Assign {
 
 /// The assignment rule. In order: the task already running here is re-adopted (even while
 /// stopping: the hub merely reconnected); stopping refuses everything else (it wins over
-/// busy); the recovering task handed back is taken; any other owned slot is busy.
+/// busy); a daemon that cannot confine takes nothing; the recovering task handed back is
+/// taken; any other owned slot is busy.
 pub(super) fn decide_assign(task_id: &str, slot: SlotView<'_>) -> Assign {
     let running_live = slot
         .running
@@ -104,6 +111,9 @@ pub(super) fn decide_assign(task_id: &str, slot: SlotView<'_>) -> Assign {
     }
     if slot.stopping {
         return Assign::Refuse(Refusal::ShuttingDown);
+    }
+    if !slot.can_confine {
+        return Assign::Refuse(Refusal::ContainmentUnavailable);
     }
     let replaces_recovering =
         slot.running.is_none() && slot.active == Some((task_id, Phase::Recovering));
@@ -128,6 +138,7 @@ impl Daemon {
                 .as_ref()
                 .map(|a| (a.task.task_id.as_str(), a.phase)),
             stopping: self.draining || self.restart_requested,
+            can_confine: self.deps.containment.refusal().is_none(),
         }
     }
 
@@ -146,6 +157,9 @@ impl Daemon {
             Assign::Refuse(refusal) => {
                 if refusal == Refusal::Busy {
                     tracing::warn!(task_id = %task_id, "busy with another task: refusing");
+                }
+                if refusal == Refusal::ContainmentUnavailable {
+                    tracing::warn!(task_id = %task_id, "cannot confine tasks here: handing the task back");
                 }
                 return self.refuse(&task, refusal).await;
             }
@@ -186,9 +200,14 @@ impl Daemon {
 
     /// Answer an assignment we will not run with `task_failed` (via the outbox).
     async fn refuse(&mut self, task: &Task, refusal: Refusal) {
+        // The containment refusal carries the layers missing and the fix.
+        let reason = match (refusal, self.deps.containment.refusal()) {
+            (Refusal::ContainmentUnavailable, Some(why)) => why,
+            _ => refusal.reason().to_string(),
+        };
         let entry = OutboxEntry {
             task_id: task.task_id.clone(),
-            frame: Outbound::task_failed(&task.task_id, task.generation, refusal.reason()),
+            frame: Outbound::task_failed(&task.task_id, task.generation, &reason),
             created_at: now_ms(),
         };
         let (meta, res) = self.store.push(entry, None).await;
@@ -345,6 +364,7 @@ mod tests {
             running: None,
             active: None,
             stopping: false,
+            can_confine: true,
         }
     }
 
@@ -390,11 +410,31 @@ mod tests {
             running: Some(("t1", false)),
             active: Some(("t1", Phase::Running)),
             stopping: true,
+            can_confine: true,
         };
         assert_eq!(
             decide_assign("t2", busy_and_stopping),
             Assign::Refuse(Refusal::ShuttingDown)
         );
+    }
+
+    #[test]
+    fn a_daemon_that_cannot_confine_takes_nothing_but_keeps_what_runs() {
+        let cannot = SlotView {
+            can_confine: false,
+            ..idle()
+        };
+        assert_eq!(
+            decide_assign("t1", cannot),
+            Assign::Refuse(Refusal::ContainmentUnavailable)
+        );
+        // The task already running here (re-sent after a reconnect) is not given up.
+        let running = SlotView {
+            running: Some(("t1", false)),
+            active: Some(("t1", Phase::Running)),
+            ..cannot
+        };
+        assert_eq!(decide_assign("t1", running), Assign::Readopt);
     }
 
     #[test]

@@ -82,16 +82,12 @@ async fn daemon(seed: Seed, tweak: impl FnOnce(&mut Config)) -> (Daemon, Rig) {
     let (events, ev_rx) = mpsc::channel(16);
     let shutdown = Shutdown::new();
     let state_file = cfg.state_file();
-    let (d, _writer) = Daemon::new(
-        cfg,
-        shutdown.clone(),
-        Ops::new(),
-        budget,
-        link,
-        ev_rx,
-        state,
-    )
-    .await;
+    let link = super::Link {
+        handle: link,
+        events: ev_rx,
+        announce: tokio::sync::watch::channel(None).0,
+    };
+    let (d, _writer) = Daemon::new(cfg, shutdown.clone(), Ops::new(), budget, link, state).await;
     let rig = Rig {
         events,
         out,

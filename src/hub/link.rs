@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
@@ -146,12 +146,17 @@ enum End {
 }
 
 /// Run the link until `cancel`. On cancel the socket is closed with code 1000.
+///
+/// `status` is the agent status `identify` announces: `None` until the daemon knows whether
+/// it can take work (the containment probe, run while this connects), then `idle` or "not
+/// accepting tasks: …". Each connection announces the value current at its identify.
 pub async fn run(
     cfg: Arc<Config>,
     budget: Arc<RateBudget>,
     events: mpsc::Sender<LinkEvent>,
     mut out: mpsc::Receiver<OutFrame>,
     ops: Ops,
+    mut status: watch::Receiver<Option<String>>,
     cancel: CancellationToken,
 ) {
     let mut backoff = Backoff::new(
@@ -177,35 +182,37 @@ pub async fn run(
         ops.link_state(false);
         let end = match connect(&cfg, connector.clone()).await {
             Err(e) => End::Lost(e.to_string()),
-            Ok(ws) => match identify(&cfg, ws, &cancel).await {
-                Err(end) => end,
-                Ok(ws) => {
-                    epoch += 1;
-                    backoff.reset();
-                    tracing::info!(epoch, hub = %cfg.hub_url, "identified with the hub");
-                    ops.link_state(true);
-                    ops.pong();
-                    if events.send(LinkEvent::Identified { epoch }).await.is_err() {
-                        return;
+            Ok(ws) => {
+                match identify(&cfg, ws, &announced(&mut status, &cancel).await, &cancel).await {
+                    Err(end) => end,
+                    Ok(ws) => {
+                        epoch += 1;
+                        backoff.reset();
+                        tracing::info!(epoch, hub = %cfg.hub_url, "identified with the hub");
+                        ops.link_state(true);
+                        ops.pong();
+                        if events.send(LinkEvent::Identified { epoch }).await.is_err() {
+                            return;
+                        }
+                        let mut conn = Connection {
+                            cfg: &cfg,
+                            budget: &budget,
+                            events: &events,
+                            ops: &ops,
+                            epoch,
+                            held: VecDeque::new(),
+                            barriers: VecDeque::new(),
+                            pings_sent: 0,
+                            pongs: 0,
+                        };
+                        let end = conn.serve(ws, &mut out, &mut sampler, &cancel).await;
+                        ops.link_state(false);
+                        let reason = format!("{end:?}");
+                        let _ = events.send(LinkEvent::Disconnected { reason }).await;
+                        end
                     }
-                    let mut conn = Connection {
-                        cfg: &cfg,
-                        budget: &budget,
-                        events: &events,
-                        ops: &ops,
-                        epoch,
-                        held: VecDeque::new(),
-                        barriers: VecDeque::new(),
-                        pings_sent: 0,
-                        pongs: 0,
-                    };
-                    let end = conn.serve(ws, &mut out, &mut sampler, &cancel).await;
-                    ops.link_state(false);
-                    let reason = format!("{end:?}");
-                    let _ = events.send(LinkEvent::Disconnected { reason }).await;
-                    end
                 }
-            },
+            }
         };
         let delay = match end {
             End::Shutdown => return,
@@ -244,7 +251,7 @@ pub async fn run(
 pub async fn probe(cfg: &Config) -> Result<(), ProbeError> {
     let connector = tls_connector(cfg).map_err(ProbeError::Tls)?;
     let ws = connect(cfg, connector).await?;
-    match identify(cfg, ws, &CancellationToken::new()).await {
+    match identify(cfg, ws, "idle", &CancellationToken::new()).await {
         Ok(mut ws) => {
             let close = CloseFrame {
                 code: CloseCode::Normal,
@@ -365,13 +372,30 @@ async fn connect(cfg: &Config, connector: Option<Connector>) -> Result<Ws, Conne
     }
 }
 
-/// Send `identify` and wait for the verdict.
-async fn identify(cfg: &Config, mut ws: Ws, cancel: &CancellationToken) -> Result<Ws, End> {
+/// The status to announce: waits (cancellably) until the daemon has published one.
+async fn announced(
+    status: &mut watch::Receiver<Option<String>>,
+    cancel: &CancellationToken,
+) -> String {
+    let known = tokio::select! {
+        s = status.wait_for(Option::is_some) => s.ok().and_then(|s| s.clone()),
+        _ = cancel.cancelled() => None,
+    };
+    known.unwrap_or_else(|| "idle".into())
+}
+
+/// Send `identify` announcing `status`, and wait for the verdict.
+async fn identify(
+    cfg: &Config,
+    mut ws: Ws,
+    status: &str,
+    cancel: &CancellationToken,
+) -> Result<Ws, End> {
     let frame = Outbound::Identify {
         agent_id: cfg.agent_id.clone(),
         token: Secret(cfg.token.clone()),
         name: cfg.name.clone().unwrap_or_else(|| cfg.agent_id.clone()),
-        status: "idle".into(),
+        status: crate::util::truncate_chars(status, 256),
         capabilities: cfg.capabilities.clone(),
         client_type: "sidecar".into(),
         ollama_url: cfg.ollama_url.clone(),

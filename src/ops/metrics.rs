@@ -22,6 +22,13 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+/// The `containment` label of `hub_sidecar_tasks_started`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ContainmentLabel {
+    /// The level the task's children ran under: `strict`, `best-effort` or `off`.
+    pub containment: String,
+}
+
 /// Every metric `/metrics` serves, each named `hub_sidecar_<field>`.
 pub struct Metrics {
     registry: Registry,
@@ -37,6 +44,10 @@ pub struct Metrics {
     pub rate_limited: Counter,
     /// Tasks finished, by outcome.
     pub tasks: Family<OutcomeLabel, Counter>,
+    /// 1 while the daemon takes tasks; 0 while it refuses them (containment unavailable).
+    pub accepting_tasks: Gauge,
+    /// Tasks whose children started, by the containment level they ran under.
+    pub tasks_started: Family<ContainmentLabel, Counter>,
     /// Verification attempts per task.
     pub verification_attempts: Histogram,
     /// Executor run time per attempt.
@@ -59,6 +70,8 @@ impl Default for Metrics {
             frames_out: Family::default(),
             rate_limited: Counter::default(),
             tasks: Family::default(),
+            accepting_tasks: Gauge::default(),
+            tasks_started: Family::default(),
             verification_attempts: Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
             execution_seconds: Histogram::new([0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 1800.0]),
             check_seconds: Histogram::new([0.01, 0.1, 1.0, 10.0, 60.0, 120.0]),
@@ -88,6 +101,16 @@ impl Default for Metrics {
             m.rate_limited.clone(),
         );
         registry.register("tasks", "Tasks finished, by outcome", m.tasks.clone());
+        registry.register(
+            "accepting_tasks",
+            "1 while tasks are taken, 0 while they are refused (containment unavailable)",
+            m.accepting_tasks.clone(),
+        );
+        registry.register(
+            "tasks_started",
+            "Tasks whose children started, by containment level",
+            m.tasks_started.clone(),
+        );
         registry.register(
             "verification_attempts",
             "Verification attempts per task",
@@ -124,6 +147,15 @@ impl Metrics {
         self.tasks
             .get_or_create(&OutcomeLabel {
                 outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Count one task started under containment `level`.
+    pub fn task_started(&self, level: &str) {
+        self.tasks_started
+            .get_or_create(&ContainmentLabel {
+                containment: level.to_string(),
             })
             .inc();
     }

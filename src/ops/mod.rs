@@ -36,6 +36,10 @@ struct Health {
     /// Today's spend across tasks and the daily cap, for `/status`.
     daily_spend: Option<Arc<SpendLedger>>,
     daily_budget_usd: Option<f64>,
+    /// The containment level tasks run under (`strict`, `best-effort`, `off`).
+    containment: Option<&'static str>,
+    /// Why no task is taken now, with the fix; `None` while tasks are taken.
+    not_accepting: Option<String>,
 }
 
 /// The handle. Clone freely.
@@ -78,6 +82,13 @@ pub struct StatusSnapshot {
     pub spent_today_usd: f64,
     /// `verification.max_cost_usd_per_day`, when set.
     pub daily_budget_usd: Option<f64>,
+    /// The containment level tasks run under (`strict`, `best-effort`, `off`); absent from
+    /// an older daemon.
+    #[serde(default)]
+    pub containment: Option<String>,
+    /// Why the daemon takes no task now, and what to do; `None` while it takes tasks.
+    #[serde(default)]
+    pub not_accepting: Option<String>,
 }
 
 impl Ops {
@@ -146,6 +157,18 @@ impl Ops {
         h.daily_budget_usd = budget_usd;
     }
 
+    /// The containment level tasks run under, and why no task is taken (`None`: tasks are
+    /// taken). Shown by `/status`, `/metrics` (`hub_sidecar_accepting_tasks`) and, through
+    /// the daemon's status line, systemd.
+    pub fn set_containment(&self, level: &'static str, not_accepting: Option<String>) {
+        self.metrics
+            .accepting_tasks
+            .set(i64::from(not_accepting.is_none()));
+        let mut h = self.health();
+        h.containment = Some(level);
+        h.not_accepting = not_accepting;
+    }
+
     /// What `/status` and `hub-sidecar status` show, as of now.
     pub fn status_snapshot(&self) -> StatusSnapshot {
         let h = self.health();
@@ -159,6 +182,8 @@ impl Ops {
             attempt_elapsed_ms: h.attempt.map(|a| ms(a.1)),
             spent_today_usd: h.daily_spend.as_ref().map_or(0.0, |d| d.spent_today_now()),
             daily_budget_usd: h.daily_budget_usd,
+            containment: h.containment.map(str::to_string),
+            not_accepting: h.not_accepting.clone(),
         }
     }
 

@@ -301,6 +301,11 @@ impl TaskRecord {
         );
     }
 
+    /// The containment the task's children run under ([`crate::sandbox::Policy::ran_under`]).
+    pub fn containment(&self, ran_under: Value) {
+        self.write("containment", ran_under);
+    }
+
     /// The full verification report and workspace observations of attempt `n`.
     pub fn verification(&self, n: u32, report: Value, observations: &[String]) {
         self.write(

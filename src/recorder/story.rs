@@ -58,6 +58,9 @@ pub struct TaskStory {
     pub status: String,
     /// Why the loop stopped (its last decision).
     pub stop: Option<Value>,
+    /// The containment the task's children ran under: `level` and, below strict, what was
+    /// `not_enforced`. `None` when the task never got that far.
+    pub containment: Option<Value>,
     /// Each attempt, in order.
     pub attempts: Vec<AttemptStory>,
     /// The terminal frame handed to the outbox (`task_complete` / `task_failed`).
@@ -199,6 +202,14 @@ impl TaskStory {
                     .map(|x| x as u32)
                     .unwrap_or_else(|| self.current_attempt());
                 self.attempt_mut(a).events.push(v);
+            }
+            "containment" => {
+                let mut c = v;
+                if let Some(o) = c.as_object_mut() {
+                    o.remove("ts");
+                    o.remove("kind");
+                }
+                self.containment = Some(c);
             }
             "verification" => {
                 let a = n(&v, "attempt");

@@ -21,8 +21,10 @@
 //!
 //! Levels (`containment` in the config): `strict` refuses a task it cannot confine fully,
 //! `best-effort` confines what it can and says once, at start, what is missing, `off` runs
-//! children unconfined (process groups and environment scrubbing only). Unset means strict
-//! where the kernel supports it, best-effort (with a loud warning) where it does not.
+//! children unconfined (process groups and environment scrubbing only). Unset means strict,
+//! everywhere: a weaker level is the operator's explicit choice, never a silent fallback. A
+//! strict daemon on a machine that cannot confine takes no work and says why (see
+//! `daemon`), and every task's result records the level it ran under ([`Policy::ran_under`]).
 //!
 //! # Layout
 //!
@@ -132,40 +134,89 @@ impl Support {
     }
 }
 
-/// The containment level in force, decided once from the config and the probe.
+/// The containment level in force, decided from the config and the probe.
+///
+/// Unset means strict: a weaker level is only ever the operator's explicit choice. Where
+/// the machine cannot enforce strict, a strict daemon takes no work ([`Policy::refusal`])
+/// rather than quietly running tasks with less confinement than it says.
 #[derive(Debug, Clone)]
 pub struct Policy {
-    /// The level in force: the configured one, or the default for this machine.
+    /// The level in force: the configured one, or strict.
     pub level: Containment,
     /// What the kernel can enforce.
     pub support: Support,
 }
 
 impl Policy {
-    /// `configured` (None: strict where supported), against what the kernel allows.
+    /// `configured` (None: strict), against what the kernel allows.
     pub fn decide(configured: Option<Containment>, support: Support) -> Policy {
-        let level = match configured {
-            Some(l) => l,
-            None if support.missing().is_empty() => Containment::Strict,
-            None => Containment::BestEffort,
-        };
-        Policy { level, support }
+        Policy {
+            level: configured.unwrap_or(Containment::Strict),
+            support,
+        }
     }
 
-    /// Probe the kernel (off the runtime), decide the level for `cfg`, protect the daemon
-    /// and log the outcome once: what every entry point that runs tasks does first.
-    pub async fn probe_and_decide(cfg: &Config) -> Policy {
+    /// Protect the daemon, then probe the kernel and decide the level for `cfg`: blocking
+    /// (it forks a short-lived child), so off the runtime.
+    ///
+    /// The one probe every entry point uses — the daemon, `run-task`, `verify`, `check`,
+    /// `demo` — so all of them answer "can tasks be confined?" in the same process state
+    /// as a real task's spawn: after [`protect_daemon`], which changes what a child may
+    /// do with its own `/proc/self` (the service-user failure this order once hid).
+    pub fn probe_blocking(configured: Option<Containment>) -> Policy {
         protect_daemon();
-        let support = if cfg.containment == Some(Containment::Off) {
+        let support = if configured == Some(Containment::Off) {
             Support::none()
         } else {
-            tokio::task::spawn_blocking(Support::probe)
-                .await
-                .unwrap_or_else(|_| Support::none())
+            Support::probe()
         };
-        let policy = Policy::decide(cfg.containment, support);
+        Policy::decide(configured, support)
+    }
+
+    /// [`Policy::probe_blocking`] on the blocking pool, and the outcome logged once: what
+    /// every entry point that runs tasks does first.
+    pub async fn probe_and_decide(cfg: &Config) -> Policy {
+        let configured = cfg.containment;
+        let policy = tokio::task::spawn_blocking(move || Policy::probe_blocking(configured))
+            .await
+            .unwrap_or_else(|_| Policy::decide(configured, Support::none()));
         policy.log();
         policy
+    }
+
+    /// Why no task may run now, with what to do about it; `None` when tasks may run.
+    /// Only strict refuses: best-effort and off run with what there is, by the operator's
+    /// explicit choice.
+    pub fn refusal(&self) -> Option<String> {
+        let missing = self.support.missing();
+        (self.level == Containment::Strict && !missing.is_empty()).then(|| {
+            format!(
+                "containment_unavailable: containment is strict (the default) but {}; fix the machine (the daemon re-checks by itself), or set containment = \"best-effort\" to run tasks with weaker confinement",
+                missing.join("; ")
+            )
+        })
+    }
+
+    /// The level tasks run under now, as one word: `strict`, `best-effort` or `off`. A
+    /// best-effort daemon on a machine that enforces everything still says `best-effort`:
+    /// it is the operator's promise, not the kernel's, that a reader should see.
+    pub fn level_name(&self) -> &'static str {
+        self.level.as_str()
+    }
+
+    /// What a task ran under, for its result and flight record: the level and, below
+    /// strict, the layers that were not enforced.
+    pub fn ran_under(&self) -> serde_json::Value {
+        let missing = match self.level {
+            Containment::Strict => Vec::new(),
+            Containment::BestEffort => self.support.missing(),
+            Containment::Off => vec!["everything: containment is off".to_string()],
+        };
+        if missing.is_empty() {
+            serde_json::json!({"level": self.level_name()})
+        } else {
+            serde_json::json!({"level": self.level_name(), "not_enforced": missing})
+        }
     }
 
     /// Log once what is enforced and what is not.
@@ -176,17 +227,17 @@ impl Policy {
                 "containment is off: tasks run with the daemon's full privileges (set containment = \"strict\")"
             ),
             _ if missing.is_empty() => tracing::info!(
-                level = ?self.level,
+                level = self.level_name(),
                 layers = %self.support.describe(),
                 "containment ready"
             ),
             Containment::Strict => tracing::error!(
                 missing = %missing.join("; "),
-                "containment = \"strict\" but this machine cannot enforce it: every task will be refused until fixed (or set containment = \"best-effort\")"
+                "NOT accepting tasks: containment is strict but this machine cannot enforce it; fix it (re-checked with backoff, no restart needed) or set containment = \"best-effort\""
             ),
             Containment::BestEffort => tracing::warn!(
                 missing = %missing.join("; "),
-                "containment is best-effort: these layers are NOT enforced"
+                "containment is best-effort (configured): these layers are NOT enforced"
             ),
         }
     }
@@ -195,8 +246,8 @@ impl Policy {
 /// Why a task's children cannot be confined as the level demands.
 #[derive(Debug, thiserror::Error)]
 pub enum ContainmentError {
-    /// Strict containment, and the machine lacks these layers (joined with `; `).
-    #[error("containment_unavailable: containment = \"strict\" but {0}; fix the machine or set containment = \"best-effort\"")]
+    /// Strict containment, and the machine lacks layers: [`Policy::refusal`]'s text.
+    #[error("{0}")]
     Unavailable(String),
     /// The task's private TMPDIR could not be created.
     #[error("containment_failed: cannot set up the task's sandbox: cannot create TMPDIR {}: {source}", path.display())]
@@ -281,9 +332,8 @@ pub fn plan(
             sandbox: None,
         });
     }
-    let missing = policy.support.missing();
-    if policy.level == Containment::Strict && !missing.is_empty() {
-        return Err(ContainmentError::Unavailable(missing.join("; ")));
+    if let Some(why) = policy.refusal() {
+        return Err(ContainmentError::Unavailable(why));
     }
     std::fs::create_dir_all(tmp).map_err(|source| ContainmentError::Tmpdir {
         path: tmp.to_path_buf(),
@@ -531,23 +581,37 @@ mod tests {
     }
 
     #[test]
-    fn unset_means_strict_where_supported_and_best_effort_elsewhere() {
+    fn unset_means_strict_everywhere_and_a_machine_that_cannot_confine_refuses_work() {
         let full = Support {
             landlock_abi: 6,
             namespaces: Ok(()),
         };
-        assert_eq!(Policy::decide(None, full).level, Containment::Strict);
+        let strict = Policy::decide(None, full);
+        assert_eq!(strict.level, Containment::Strict);
+        assert!(strict.refusal().is_none());
+        assert_eq!(strict.ran_under(), serde_json::json!({"level": "strict"}));
+        // No silent downgrade: unset on a machine without the layers refuses work and says
+        // why and what to do.
         let none = without_kernel_support();
+        let unset = Policy::decide(None, none.clone());
+        assert_eq!(unset.level, Containment::Strict);
+        let why = unset.refusal().expect("refuses");
+        assert!(why.starts_with("containment_unavailable:"), "{why}");
+        assert!(why.contains("best-effort"), "{why}");
+        // best-effort, chosen explicitly, runs with what there is (here: limits only), and
+        // says what was not enforced.
+        let chosen = Policy::decide(Some(Containment::BestEffort), none);
+        assert!(chosen.refusal().is_none());
+        assert_eq!(chosen.ran_under()["level"], "best-effort");
         assert_eq!(
-            Policy::decide(None, none.clone()).level,
-            Containment::BestEffort
+            chosen.ran_under()["not_enforced"].as_array().map(Vec::len),
+            Some(2)
         );
-        // best-effort still runs the task, with what there is (here: limits only).
         let cfg = Config::default();
         let dir = tempfile::tempdir().unwrap();
         let c = plan(
             &cfg,
-            &Policy::decide(None, none),
+            &chosen,
             &[],
             &dir.path().join("tmp"),
             &Grants::default(),

@@ -542,3 +542,50 @@ async fn cargo_python_and_sh_checks_work_under_containment() {
     assert!(ws.join("target").is_dir(), "cargo built in the workspace");
     h.finish().await;
 }
+
+/// Python run by a task: every process whose command line is the daemon's (the daemon and
+/// the supervisors forked from it), its environ and mem opened and a ptrace attach tried.
+const PROBE_DAEMONS: &str = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for p in os.listdir("/proc"):
+    if not p.isdigit():
+        continue
+    try:
+        argv = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if not (argv[0].endswith(b"hub-sidecar") and b"run" in argv):
+        continue
+    print("daemon-found", p)
+    for f in ("environ", "mem"):
+        try:
+            open("/proc/%s/%s" % (p, f), "rb").close()
+            print("OPEN-%s %s" % (f, p))
+        except OSError:
+            pass
+    if libc.ptrace(16, int(p), 0, 0) == 0:
+        print("PTRACE-OK", p)
+"#;
+
+#[tokio::test]
+async fn a_task_cannot_open_or_ptrace_the_daemon_or_its_supervisors() {
+    if !supported() {
+        return;
+    }
+    if which::which("python3").is_err() {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cmd = format!("python3 -c '{PROBE_DAEMONS}'");
+    let (out, mut bin) = run_on_binary(dir.path(), "", &[], &cmd).await;
+    assert!(
+        out.contains("daemon-found"),
+        "the daemon was not found: {out}"
+    );
+    for bad in ["OPEN-environ", "OPEN-mem", "PTRACE-OK"] {
+        assert!(!out.contains(bad), "{bad}: {out}");
+    }
+    bin.kill9().await;
+}

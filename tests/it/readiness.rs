@@ -1,0 +1,160 @@
+//! A strict daemon on a machine that cannot confine: it takes no work, says so to the hub,
+//! in `status` and in its log, and starts taking work once the machine is fixed — without
+//! a restart.
+//!
+//! The machine is made unable to confine for the daemon alone: the real binary runs in a
+//! user namespace whose `user.max_user_namespaces` is 0, so the daemon's probe (and any
+//! task's spawn) cannot create the namespaces strict containment needs. Raising the limit
+//! from outside is the operator's fix. Works as root and as an unprivileged user.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use hub_sidecar::commands::status::{fetch, Target};
+use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
+use hub_sidecar::sandbox::Support;
+
+use crate::util::*;
+
+const TOKEN: &str = "tok-ready-3b7e1f0c";
+
+/// Why this machine cannot run the test, if it cannot.
+fn unsupported() -> Option<String> {
+    let missing = Support::probe().missing();
+    if !missing.is_empty() {
+        return Some(format!(
+            "this kernel cannot confine tasks: {}",
+            missing.join("; ")
+        ));
+    }
+    for tool in ["unshare", "nsenter"] {
+        if which::which(tool).is_err() {
+            return Some(format!("`{tool}` is not installed"));
+        }
+    }
+    None
+}
+
+/// Set `user.max_user_namespaces` in the user namespace of `pid`.
+fn set_userns_limit(pid: u32, limit: u32) {
+    let st = std::process::Command::new("nsenter")
+        .args([
+            "--user",
+            "--preserve-credentials",
+            "--target",
+            &pid.to_string(),
+        ])
+        .args([
+            "sh",
+            "-c",
+            &format!("echo {limit} > /proc/sys/user/max_user_namespaces"),
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success(), "nsenter could not set the limit");
+}
+
+async fn status(dir: &Path) -> hub_sidecar::ops::StatusSnapshot {
+    fetch(&Target::Socket(dir.join("status.sock")))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_strict_daemon_that_cannot_confine_takes_no_work_and_recovers_without_restart() {
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let hub = MockHub::start(MockHubOptions {
+        agents: vec![("sidecar-test".into(), TOKEN.into())],
+        ..MockHubOptions::default()
+    })
+    .await
+    .unwrap();
+    // No containment line: the default, strict.
+    let config = write_config(&hub, dir, TOKEN, "");
+    let log = dir.join("daemon.log");
+    // `unshare` (without --fork) and `sh` exec in place: the child's pid is the daemon's.
+    let mut daemon = tokio::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "sh", "-c"])
+        .arg("echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" run --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_hub-sidecar"))
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // The hub is told at identify, before any assignment.
+    let identify = hub
+        .wait_for_type("identify", T)
+        .await
+        .unwrap_or_else(|| panic!("no identify; log:\n{}", logs()));
+    let announced = identify["status"].as_str().unwrap_or_default();
+    assert!(
+        announced.starts_with("not accepting tasks: containment_unavailable"),
+        "identify status: {announced}"
+    );
+
+    // An assignment is handed back before anything runs or is spent: no task_accepted.
+    hub.assign(sample_shell_task("refused", "echo ran > ran.txt"));
+    let failed = hub
+        .wait_for(
+            |f| f["type"] == "task_failed" && f["task_id"] == "refused",
+            T,
+        )
+        .await
+        .unwrap_or_else(|| panic!("no task_failed; log:\n{}", logs()));
+    let reason = failed["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("containment_unavailable"), "{reason}");
+    assert!(reason.contains("best-effort"), "says what to do: {reason}");
+    assert!(
+        hub.received_of("task_accepted")
+            .iter()
+            .all(|f| f["task_id"] != "refused"),
+        "a refused task was accepted"
+    );
+    let snap = status(dir).await;
+    assert_eq!(snap.containment.as_deref(), Some("strict"));
+    let why = snap.not_accepting.expect("status says it takes no work");
+    assert!(why.contains("namespaces"), "{why}");
+    assert!(logs().contains("NOT accepting tasks"), "log:\n{}", logs());
+
+    // The operator's fix; the daemon notices by itself.
+    set_userns_limit(daemon.id().unwrap(), 1000);
+    let mut recovered = false;
+    for _ in 0..60 {
+        if status(dir).await.not_accepting.is_none() {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert!(
+        recovered,
+        "still not accepting after the fix; log:\n{}",
+        logs()
+    );
+    hub.assign(sample_shell_task("accepted", "echo ran"));
+    let done = hub
+        .wait_for(
+            |f| {
+                (f["type"] == "task_complete" || f["type"] == "task_failed")
+                    && f["task_id"] == "accepted"
+            },
+            T,
+        )
+        .await
+        .unwrap_or_else(|| panic!("no result; log:\n{}", logs()));
+    assert_eq!(done["type"], "task_complete", "{done:#}");
+    assert_eq!(done["result"]["containment"], "strict", "{done:#}");
+    assert_no_violations(&hub);
+    daemon.kill().await.unwrap();
+}
