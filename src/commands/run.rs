@@ -15,6 +15,7 @@ use crate::redact::{RedactingWriter, Redactor};
 
 /// Run the daemon until it is stopped; the exit code says how it stopped.
 pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
+    crate::sandbox::refuse_powerless_root().map_err(anyhow::Error::msg)?;
     let cfg = args.config.load()?;
     logs.set(Redactor::from_config(&cfg));
     config::warn_about(&cfg);

@@ -83,6 +83,8 @@ struct Booted {
     /// systemd's pid as the host sees it.
     pid: u32,
     dir: PathBuf,
+    /// The service user's uid (and gid) in the namespace.
+    uid: u32,
 }
 
 impl Booted {
@@ -120,6 +122,7 @@ impl Booted {
             unshare,
             pid: pid.expect("systemd's pid"),
             dir: dir.to_path_buf(),
+            uid,
         }
     }
 
@@ -210,27 +213,34 @@ fn write_units(dir: &Path, bin: &str) {
     .unwrap();
 }
 
-#[tokio::test]
-async fn the_shipped_unit_runs_a_confined_task_as_the_service_user_and_stops_cleanly() {
+/// The unit booted and identified with a mock hub.
+struct Rig {
+    sd: Booted,
+    hub: MockHub,
+    /// The service user's uid (and gid).
+    uid: u32,
+    _tmp: tempfile::TempDir,
+}
+
+/// Boot systemd with the shipped unit plus `dropin` (more `[Service]` lines, e.g. another
+/// `User=`) and a config for `hub`, in `dir`; the unit is not started. `None` (and a
+/// message) where this machine cannot.
+fn boot_unit(dir: &Path, hub: &MockHub, dropin: &str) -> Option<Booted> {
     if let Some(why) = unsupported() {
         eprintln!("skipped: {why}");
-        return;
+        return None;
     }
     use std::os::unix::fs::PermissionsExt;
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
     // The service user walks into the test directory for its binary: 0755, owned by root.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = dir.join("hub-sidecar");
     std::fs::copy(env!("CARGO_BIN_EXE_hub-sidecar"), &bin).unwrap();
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     write_units(dir, "/run/hub-sidecar-test/hub-sidecar");
-
-    let hub = MockHub::start(MockHubOptions {
-        agents: vec![("worker-unit".into(), TOKEN.into())],
-        ..MockHubOptions::default()
-    })
-    .await
+    std::fs::write(
+        dir.join("units/hub-sidecar.service.d/test.conf"),
+        format!("[Service]\n{dropin}\n"),
+    )
     .unwrap();
     // The example config's shape, without a containment line: the built-in default must
     // confine.
@@ -242,9 +252,11 @@ async fn the_shipped_unit_runs_a_confined_task_as_the_service_user_and_stops_cle
         ),
     )
     .unwrap();
+    Some(Booted::boot(dir, free_id()))
+}
 
-    let uid = free_id();
-    let sd = Booted::boot(dir, uid);
+/// Wait until the booted systemd is up.
+async fn wait_booted(sd: &Booted) {
     let booted = wait_until(
         || {
             matches!(
@@ -258,8 +270,22 @@ async fn the_shipped_unit_runs_a_confined_task_as_the_service_user_and_stops_cle
     assert!(
         booted,
         "systemd did not boot: {}",
-        read(&dir.join("boot.log"))
+        read(&sd.dir.join("boot.log"))
     );
+}
+
+/// [`boot_unit`], then start the unit and wait until it has identified and is active.
+async fn start_unit(dropin: &str) -> Option<Rig> {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = MockHub::start(MockHubOptions {
+        agents: vec![("worker-unit".into(), TOKEN.into())],
+        ..MockHubOptions::default()
+    })
+    .await
+    .unwrap();
+    let sd = boot_unit(tmp.path(), &hub, dropin)?;
+    wait_booted(&sd).await;
+    let uid = sd.uid;
     let (ok, out) = sd.systemctl(&["start", "--no-block", "hub-sidecar.service"]);
     assert!(ok, "systemctl start: {out}");
     hub.wait_for_type("identify", T)
@@ -274,7 +300,19 @@ async fn the_shipped_unit_runs_a_confined_task_as_the_service_user_and_stops_cle
         "the unit did not become active (READY=1); log:\n{}",
         sd.daemon_log()
     );
+    Some(Rig {
+        sd,
+        hub,
+        uid,
+        _tmp: tmp,
+    })
+}
 
+#[tokio::test]
+async fn the_shipped_unit_runs_a_confined_task_as_the_service_user_and_stops_cleanly() {
+    let Some(Rig { sd, hub, uid, _tmp }) = start_unit("").await else {
+        return;
+    };
     // `$$` is 1 when the command is the init of a PID namespace of its own. Then the
     // daemon's own memory: its environ and mem closed, ptrace refused (the daemon's pid is
     // named, so the check cannot pass by not finding it).
@@ -354,4 +392,28 @@ async fn the_shipped_unit_runs_a_confined_task_as_the_service_user_and_stops_cle
         "log:\n{}",
         sd.daemon_log()
     );
+}
+
+#[tokio::test]
+async fn the_unit_run_as_root_is_refused_at_start_with_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let hub = MockHub::start(MockHubOptions::default()).await.unwrap();
+    let Some(sd) = boot_unit(dir, &hub, "User=root\nGroup=root") else {
+        return;
+    };
+    wait_booted(&sd).await;
+    let (ok, out) = sd.systemctl(&["start", "--no-block", "hub-sidecar.service"]);
+    assert!(ok, "systemctl start: {out}");
+    let refused = wait_until(
+        || {
+            sd.daemon_log()
+                .contains("refusing to run as root without root's capabilities")
+        },
+        T,
+    )
+    .await;
+    assert!(refused, "log:\n{}", sd.daemon_log());
+    assert!(sd.daemon_log().contains("User=hub-sidecar"));
+    assert!(hub.received_of("identify").is_empty());
 }
