@@ -344,6 +344,7 @@ pub fn plan(
     for k in ["TMPDIR", "TMP", "TEMP"] {
         set.push((k.to_string(), tmp_s.clone()));
     }
+    set.extend(safe_directory(grants.write.first(), vars));
     let get = |k: &str| var_in(&[vars], k).map(str::to_string);
     // `claude` keeps its login, settings and state in one directory under HOME: pin it
     // there (CLAUDE_CONFIG_DIR), so the sandbox can open that one directory and not HOME.
@@ -378,6 +379,31 @@ pub fn plan(
             tmp: tmp.to_path_buf(),
         })),
     })
+}
+
+/// The workspace named a safe directory for the children's own git.
+///
+/// Inside the task's user namespace only the service user's id is mapped: a workspace it
+/// may write but does not own (a `repo_dir` shared through a group) shows the overflow
+/// owner, and git refuses it as "dubious ownership" — never as root, who owns what it
+/// works in. `safe.directory` is honoured only from protected scopes; the
+/// `GIT_CONFIG_COUNT` variables are the command-line scope. Appended after any the
+/// children already inherit.
+fn safe_directory(workspace: Option<&PathBuf>, vars: &[(String, String)]) -> Vec<(String, String)> {
+    let Some(ws) = workspace else {
+        return Vec::new();
+    };
+    let n: usize = var_in(&[vars], "GIT_CONFIG_COUNT")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    vec![
+        ("GIT_CONFIG_COUNT".into(), (n + 1).to_string()),
+        (format!("GIT_CONFIG_KEY_{n}"), "safe.directory".into()),
+        (
+            format!("GIT_CONFIG_VALUE_{n}"),
+            ws.to_string_lossy().into_owned(),
+        ),
+    ]
 }
 
 fn rlimits(c: &SandboxConfig) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> {

@@ -23,6 +23,7 @@ mod procfs;
 mod readiness;
 mod real_claude;
 mod recorder;
+mod service_user;
 mod systemd_unit;
 mod util;
 mod verify;
