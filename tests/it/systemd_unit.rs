@@ -63,39 +63,23 @@ fn unsupported() -> Option<String> {
     None
 }
 
-/// A uid (and gid) that no user or group of this machine has.
-fn free_id() -> u32 {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
-    let taken = |text: &str, id: u32| {
-        text.lines()
-            .any(|l| l.split(':').nth(2) == Some(id.to_string().as_str()))
-    };
-    (900..999)
-        .rev()
-        .find(|&id| !taken(&passwd, id) && !taken(&group, id))
-        .expect("a free system uid")
-}
-
 /// The booted systemd; killing it (on drop) ends everything in its namespace.
 struct Booted {
     unshare: std::process::Child,
     /// systemd's pid as the host sees it.
     pid: u32,
     dir: PathBuf,
-    /// The service user's uid (and gid) in the namespace.
-    uid: u32,
 }
 
 impl Booted {
-    fn boot(dir: &Path, uid: u32) -> Booted {
+    fn boot(dir: &Path) -> Booted {
         let script =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures/systemd-boot.sh");
         let mut unshare = Command::new("unshare")
             .args(["--pid", "--mount", "--fork", "--mount-proc", "sh"])
             .arg(&script)
             .arg(dir)
-            .arg(uid.to_string())
+            .arg(env!("CARGO_MANIFEST_DIR"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("boot.log")).unwrap())
@@ -122,7 +106,6 @@ impl Booted {
             unshare,
             pid: pid.expect("systemd's pid"),
             dir: dir.to_path_buf(),
-            uid,
         }
     }
 
@@ -149,6 +132,19 @@ impl Booted {
     fn daemon_log(&self) -> String {
         read(&self.dir.join("daemon.log"))
     }
+
+    /// The uid install.sh gave the service user (in the namespace's /etc only).
+    fn service_uid(&self) -> u32 {
+        read(&self.dir.join("uid"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| {
+                panic!(
+                    "install.sh did not create the user: {}",
+                    read(&self.dir.join("install.log"))
+                )
+            })
+    }
 }
 
 impl Drop for Booted {
@@ -167,23 +163,20 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
-/// The shipped unit, pointed at `bin`, plus the stand-in targets it orders against.
-fn write_units(dir: &Path, bin: &str) {
+/// The stand-in targets the unit orders against, and the test's drop-ins: the log to a
+/// file (no journal here) and `dropin`'s lines. The units themselves are the ones
+/// install.sh installs (see `fixtures/systemd-boot.sh`).
+fn write_units(dir: &Path, dropin: &str) {
     let units = dir.join("units");
     std::fs::create_dir_all(units.join("hub-sidecar.service.d")).unwrap();
-    let shipped = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/hub-sidecar.service"));
-    assert!(shipped.contains("ExecStart=/usr/local/bin/hub-sidecar "));
-    std::fs::write(
-        units.join("hub-sidecar.service"),
-        shipped.replace(
-            "ExecStart=/usr/local/bin/hub-sidecar ",
-            &format!("ExecStart={bin} "),
-        ),
-    )
-    .unwrap();
     std::fs::write(
         units.join("hub-sidecar.service.d/log.conf"),
         "[Service]\nStandardOutput=append:/run/hub-sidecar-test/daemon.log\nStandardError=inherit\n",
+    )
+    .unwrap();
+    std::fs::write(
+        units.join("hub-sidecar.service.d/test.conf"),
+        format!("[Service]\n{dropin}\n"),
     )
     .unwrap();
     for t in [
@@ -233,26 +226,19 @@ fn boot_unit(dir: &Path, hub: &MockHub, dropin: &str) -> Option<Booted> {
     use std::os::unix::fs::PermissionsExt;
     // The service user walks into the test directory for its binary: 0755, owned by root.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = dir.join("hub-sidecar");
-    std::fs::copy(env!("CARGO_BIN_EXE_hub-sidecar"), &bin).unwrap();
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-    write_units(dir, "/run/hub-sidecar-test/hub-sidecar");
+    std::fs::copy(env!("CARGO_BIN_EXE_hub-sidecar"), dir.join("hub-sidecar")).unwrap();
+    write_units(dir, dropin);
+    // The operator's edit of the example config install.sh copies: the three lines its
+    // "next steps" name, nothing else.
     std::fs::write(
-        dir.join("units/hub-sidecar.service.d/test.conf"),
-        format!("[Service]\n{dropin}\n"),
-    )
-    .unwrap();
-    // The example config's shape, without a containment line: the built-in default must
-    // confine.
-    std::fs::write(
-        dir.join("hub-sidecar.toml"),
+        dir.join("edit.sed"),
         format!(
-            "agent_id = \"worker-unit\"\ntoken = \"{TOKEN}\"\nhub_url = \"{}\"\nstate_dir = \"/var/lib/hub-sidecar\"\nping_interval_secs = 1\npong_timeout_secs = 3\nreconnect_min_ms = 50\nreconnect_max_ms = 400\n",
+            "s|^agent_id = .*|agent_id = \"worker-unit\"|\ns|^token = .*|token = \"{TOKEN}\"|\ns|^hub_url = .*|hub_url = \"{}\"|\n",
             hub.url()
         ),
     )
     .unwrap();
-    Some(Booted::boot(dir, free_id()))
+    Some(Booted::boot(dir))
 }
 
 /// Wait until the booted systemd is up.
@@ -285,7 +271,7 @@ async fn start_unit(dropin: &str) -> Option<Rig> {
     .unwrap();
     let sd = boot_unit(tmp.path(), &hub, dropin)?;
     wait_booted(&sd).await;
-    let uid = sd.uid;
+    let uid = sd.service_uid();
     let (ok, out) = sd.systemctl(&["start", "--no-block", "hub-sidecar.service"]);
     assert!(ok, "systemctl start: {out}");
     hub.wait_for_type("identify", T)
@@ -313,6 +299,17 @@ async fn the_shipped_unit_runs_a_confined_task_as_the_service_user_and_stops_cle
     let Some(Rig { sd, hub, uid, _tmp }) = start_unit("").await else {
         return;
     };
+    // What install.sh left, as the service user needs it: the config readable by it alone,
+    // its directory closed to others, the state directory its own, the binary not its own.
+    let installed = read(&sd.dir.join("installed"));
+    for want in [
+        "root hub-sidecar 750 /etc/hub-sidecar",
+        "hub-sidecar hub-sidecar 600 /etc/hub-sidecar/hub-sidecar.toml",
+        "hub-sidecar hub-sidecar 750 /var/lib/hub-sidecar",
+        "root root 755 /run/hsc/bin/hub-sidecar",
+    ] {
+        assert!(installed.lines().any(|l| l == want), "{want}: {installed}");
+    }
     // `$$` is 1 when the command is the init of a PID namespace of its own. Then the
     // daemon's own memory: its environ and mem closed, ptrace refused (the daemon's pid is
     // named, so the check cannot pass by not finding it).
