@@ -269,6 +269,10 @@ fn print_report(done: &Value) {
     );
     println!("  attempts             {}", r["verification_attempts"]);
     println!(
+        "  containment          {}",
+        r["containment"].as_str().unwrap_or("-")
+    );
+    println!(
         "  model                {}",
         r["model_used"].as_str().unwrap_or("-")
     );
