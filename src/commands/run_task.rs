@@ -83,11 +83,10 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     };
     eprintln!("task {} in workspace {}", task.task_id, workspace.display());
     cfg.repo_dir = Some(workspace);
-    let max_attempts = u64::from(if task.max_verification_retries > 0 {
-        task.retry_budget().min(cfg.verification.retry_ceiling)
-    } else {
-        cfg.verification.default_max_retries
-    }) + 1;
+    // The loop's own rule, so the progress line counts what the loop will do.
+    let is_llm = task.executor_kind().ok() != Some(crate::task::ExecutorKind::Shell);
+    let budget = crate::verify::retry_loop::RetryBudget::decide(&task, &cfg.verification, is_llm);
+    let max_attempts = u64::from(budget.max_retries) + 1;
     let cfg = Arc::new(cfg);
     let redactor = Arc::new(Redactor::from_config(&cfg));
     let deps = RunnerDeps {

@@ -193,6 +193,7 @@ impl ClaudeExecutor {
             termination_reason: None,
             iterations_used: totals.turns,
             permission_denials: totals.denials,
+            narrative: totals.narrative,
         }
     }
 }
@@ -401,6 +402,8 @@ struct Totals {
     subscription: bool,
     /// Some run had no result line: its cost is estimated from the usage seen.
     estimated: bool,
+    /// The first run's opening words (its plan), kept when a crashed run is retried.
+    narrative: String,
 }
 
 impl Totals {
@@ -411,6 +414,9 @@ impl Totals {
         self.cost_usd += usd;
         self.estimated |= s.result.is_none() && usd > 0.0;
         self.subscription |= s.api_key_source.as_deref() == Some("none");
+        if self.narrative.is_empty() {
+            self.narrative = s.head_text.clone();
+        }
         // Per message id (one message arrives as one event per content block); the result's
         // `num_turns` only when no message was seen.
         let turns = match s.turns() {

@@ -69,10 +69,7 @@ fn context(claude: &Path, api: &FakeAnthropic, workspace: &Path, home: &Path) ->
 /// Run the executor once on the real CLI in `workspace`, talking to `api`, with a private HOME.
 async fn run(claude: &Path, api: &FakeAnthropic, workspace: &Path, home: &Path) -> ExecOutcome {
     let ctx = context(claude, api, workspace, home);
-    let attempt = Attempt {
-        number: 1,
-        prompt: "Write hello.txt containing hi.".into(),
-    };
+    let attempt = Attempt::new(1, "Write hello.txt containing hi.");
     ClaudeExecutor::new(&ctx)
         .unwrap()
         .execute(&ctx, &attempt)
@@ -141,13 +138,13 @@ async fn real_cli_works_inside_the_task_sandbox() {
     )
     .unwrap();
     ctx.config = Arc::new(cfg);
-    let attempt = Attempt {
-        number: 1,
-        prompt: format!(
+    let attempt = Attempt::new(
+        1,
+        format!(
             "Write hello.txt containing hi. Then write {}.",
             outside.display()
         ),
-    };
+    );
     let out = ClaudeExecutor::new(&ctx)
         .unwrap()
         .execute(&ctx, &attempt)

@@ -130,7 +130,8 @@ async fn plain_streaming_counts_tokens_and_keeps_history() {
 
     let second = Attempt {
         number: 2,
-        prompt: "now fix it".into(),
+        prompt: "THE FULL CORRECTIVE PROMPT, restating the task".into(),
+        followup: Some("now fix it".into()),
     };
     let out = ex.execute(&ctx, &second).await;
     assert_eq!(out.output, "Fixed");
@@ -141,11 +142,13 @@ async fn plain_streaming_counts_tokens_and_keeps_history() {
         reqs[0]["messages"],
         json!([{"role": "user", "content": "say hello"}])
     );
-    // A follow-up is short: the corrective prompt alone (it restates the task and sums
-    // up the earlier attempts), never the transcript plus another copy of the task.
+    // The retry continues the kept chat: the first prompt, the model's own answer, and a
+    // short corrective turn — never another copy of the task in a fresh conversation.
     assert_eq!(
         reqs[1]["messages"],
-        json!([{"role": "user", "content": "now fix it"}])
+        json!([{"role": "user", "content": "say hello"},
+               {"role": "assistant", "content": "Hello, world"},
+               {"role": "user", "content": "now fix it"}])
     );
     assert_eq!(reqs[0]["options"]["num_ctx"], 16_384);
     assert_eq!(reqs[1]["options"]["num_ctx"], 16_384);
