@@ -3,7 +3,8 @@
 //! The same path as the daemon ([`crate::runner::run_task`]: executor, verification loop,
 //! result frame, redaction) with progress shown in the terminal instead of sent to a hub.
 //! The result — the `task_complete` / `task_failed` frame the hub would get — goes to stdout
-//! or `--out`. Exit 0 iff the task was verified.
+//! or `--out`. Exit 0 iff the task was verified. The task's flight record is written under the
+//! configured state directory, so `tasks` and `show` tell its story like a daemon task's.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -33,12 +34,20 @@ impl FrameSender for Discard {
 /// A config for offline work: file (when given), `HUB_SIDECAR_*` environment and defaults;
 /// the hub keys are optional. State goes to `state_dir` (a temporary directory), never the daemon's.
 pub fn offline_config(file: Option<&Path>, state_dir: &Path) -> anyhow::Result<Config> {
+    let mut cfg = load_offline(file)?;
+    cfg.state_dir = state_dir.to_path_buf();
+    cfg.state_file = None;
+    Ok(cfg)
+}
+
+/// The config as the file and environment give it, hub keys optional.
+fn load_offline(file: Option<&Path>) -> anyhow::Result<Config> {
     let mut layers = Layers {
         file: file.map(Path::to_path_buf),
         env: std::env::vars().collect(),
         flags: Vec::new(),
     };
-    let mut cfg = match Config::load(&layers) {
+    let cfg = match Config::load(&layers) {
         Ok(c) => c,
         Err(first) => {
             // The hub is not used offline: fill in the hub keys the file or environment lack
@@ -51,8 +60,6 @@ pub fn offline_config(file: Option<&Path>, state_dir: &Path) -> anyhow::Result<C
             Config::load(&layers).map_err(|_| first)?
         }
     };
-    cfg.state_dir = state_dir.to_path_buf();
-    cfg.state_file = None;
     Ok(cfg)
 }
 
@@ -66,6 +73,9 @@ pub async fn temp_dir(prefix: &'static str) -> anyhow::Result<tempfile::TempDir>
 /// Run the task and print its result frame.
 pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let task = super::read_task(&args.task).await?;
+    // The flight record goes where `tasks` and `show` look: the configured state directory
+    // (the run's own state below is temporary).
+    let records = crate::recorder::root(&load_offline(args.config.as_deref())?.state_dir);
     let state = temp_dir("hub-sidecar-state-").await?;
     let mut cfg = offline_config(args.config.as_deref(), state.path())?;
     let workspace = match &args.workspace {
@@ -89,6 +99,8 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let max_attempts = u64::from(budget.max_retries) + 1;
     let cfg = Arc::new(cfg);
     let redactor = Arc::new(Redactor::from_config(&cfg));
+    let (recorder, record_writer) =
+        crate::recorder::Recorder::start(records.clone(), cfg.recorder.clone());
     let deps = RunnerDeps {
         env: ChildEnv::from_config(&cfg),
         redactor: redactor.clone(),
@@ -96,24 +108,33 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         out: Arc::new(Discard),
         ops: Ops::new(),
         containment: Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await),
-        recorder: crate::recorder::Recorder::disabled(),
+        recorder: recorder.clone(),
         ledger: Arc::new(SpendLedger::in_memory()),
         config: cfg.clone(),
     };
     let line = crate::term::ProgressLine::start(max_attempts);
     let sink = line.sink(cfg.progress.max_text_bytes);
     let cancel = CancellationToken::new();
-    let run = runner::run_task(Arc::new(task), deps, sink, cancel.clone());
-    tokio::pin!(run);
+    let task_id = task.task_id.clone();
+    let mut run = Box::pin(runner::run_task(Arc::new(task), deps, sink, cancel.clone()));
     let outcome = tokio::select! {
         o = &mut run => o,
         _ = tokio::signal::ctrl_c() => {
             eprintln!("\ninterrupted: cancelling the task (its processes are killed)");
             cancel.cancel();
-            run.await
+            (&mut run).await
         }
     };
     line.finish().await;
+    // Every handle to the recorder gone, its writer ends once the last line is on disk.
+    drop((run, recorder));
+    if record_writer.await.is_ok() && cfg.recorder.enabled {
+        eprintln!(
+            "flight record under {} (`hub-sidecar tasks` / `show {}` with this config)",
+            records.display(),
+            task_id
+        );
+    }
     tokio::task::spawn_blocking(move || drop(state)).await?;
     let frame = match outcome {
         TaskOutcome::Cancelled => {

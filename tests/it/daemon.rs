@@ -635,3 +635,29 @@ async fn an_immediate_stop_kills_a_task_in_its_kill_grace_and_keeps_it_for_recov
     assert!(h.received_of("task_complete").is_empty());
     h.finish().await;
 }
+
+#[tokio::test]
+async fn the_hub_s_acknowledgement_is_logged_in_the_protocol_s_word() {
+    let mut h = Harness::setup()
+        .await
+        .start_bin("test-token", "", &[])
+        .await;
+    // A failed task: the hub acknowledges it with `retried`.
+    h.assign(sample_shell_task("acked", "exit 3"));
+    h.wait_for_type("task_failed", T).await.unwrap();
+    assert!(
+        wait_until(|| h.bin().logs().contains("result acknowledged"), T).await,
+        "no acknowledgement logged:\n{}",
+        h.bin().logs()
+    );
+    h.bin().signal("TERM");
+    h.bin_mut().wait(T).await;
+    let logs = h.bin().logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("result acknowledged"))
+        .unwrap();
+    assert!(line.contains("status=retried"), "{line}");
+    assert!(!line.contains("Some("), "{line}");
+    h.finish().await;
+}

@@ -8,6 +8,9 @@ async fn run_bin(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String, 
     cmd.args(args)
         .env_remove("RUST_LOG")
         .env_remove("HUB_SIDECAR_CONFIG")
+        // `run-task` records into the configured state directory; a test that looks at the
+        // record turns this back on with its own state directory.
+        .env("HUB_SIDECAR_RECORDER__ENABLED", "false")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
     for (k, v) in envs {
@@ -305,4 +308,53 @@ async fn run_task_fixes_the_failing_test_with_the_stand_in_claude() {
         "fixed on the corrective attempt"
     );
     assert_eq!(v["verification_history"][0]["status"], "fail");
+}
+
+#[tokio::test]
+async fn run_task_leaves_a_flight_record_that_tasks_and_show_read_from_a_config_without_agent_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let state = dir.path().join("state");
+    // What an operator writes to try a task by hand: no hub keys at all.
+    let config = dir.path().join("offline.toml");
+    std::fs::write(&config, format!("state_dir = \"{}\"\n", state.display())).unwrap();
+    let task = repo().join("examples/tasks/shell-with-checks.json");
+    let on = [("HUB_SIDECAR_RECORDER__ENABLED", "true")];
+    let cfg = config.to_str().unwrap();
+    let (code, out, err) = run_bin(
+        &[
+            "run-task",
+            task.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--config",
+            cfg,
+        ],
+        &on,
+    )
+    .await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(err.contains("flight record under"), "{err}");
+
+    let (code, out, err) = run_bin(&["tasks", "--config", cfg, "--json"], &on).await;
+    assert_eq!(code, Some(0), "tasks refused the config:\n{err}");
+    let list: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list[0]["task_id"], "example-shell-with-checks", "{list}");
+
+    let (code, out, err) = run_bin(
+        &[
+            "show",
+            "example-shell-with-checks",
+            "--config",
+            cfg,
+            "--json",
+        ],
+        &on,
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let story: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(story["attempts"].as_array().unwrap().len(), 1, "{story}");
+    assert_eq!(story["terminal"]["frame_type"], "task_complete", "{story}");
+    assert_eq!(story["stop"]["decision"], "verified", "{story}");
 }
