@@ -151,6 +151,12 @@ pub struct VerifyArgs {
     /// Optional config for [verification] and [env] settings (defaults otherwise).
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
+    /// What `llm_judge` sees as "changed" in a git work tree: the work since this revision
+    /// (its commits and what is uncommitted). Default: the merge base of HEAD with the
+    /// default branch (origin's HEAD, else main or master), so a task branch's committed
+    /// work is judged. The base used is printed on stderr.
+    #[arg(long, value_name = "REV")]
+    pub base: Option<String>,
 }
 
 /// `tasks` flags.

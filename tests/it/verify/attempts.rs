@@ -388,3 +388,41 @@ async fn task_complete_size_under_100k_created_files() {
     );
     assert!(frame.len() < 100_000, "{}", frame.len());
 }
+
+/// A check killed by a signal the daemon did not send — a shutdown's SIGTERM reaching the
+/// check before the task's cancellation does — fails differently ("Terminated") from the
+/// runs around it. That says nothing about the work: it is not read as oscillation.
+#[tokio::test]
+async fn a_check_terminated_from_outside_is_not_read_as_oscillation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, events) = ctx_for(
+        dir.path(),
+        json!({"description": "x", "max_verification_retries": 2,
+            "verification_steps": [{"type": "command_succeeds",
+                "target": "if [ -f term ]; then kill -TERM $$; fi; echo still wrong; exit 1"}]}),
+    );
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, k| {
+        std::fs::write(ws.join(format!("try{k}.txt")), "x\n").unwrap();
+        if k == 2 {
+            std::fs::write(ws.join("term"), "").unwrap();
+        } else {
+            let _ = std::fs::remove_file(ws.join("term"));
+        }
+    })
+    .await;
+    assert_eq!(out.termination_reason, "retries_exhausted");
+    assert_eq!(out.attempts.len(), 3);
+    assert!(
+        out.attempts[1].report.checks[0]
+            .output
+            .ends_with("[killed by signal 15]"),
+        "{}",
+        out.attempts[1].report.checks[0].output
+    );
+    assert!(!out.oscillation, "a racy Terminated read as oscillation");
+    let said = kinds(&events, EventKind::Status);
+    assert!(!said.iter().any(|e| e.text.starts_with("oscillation")));
+    assert!(said
+        .iter()
+        .any(|e| e.text.contains("killed by a signal from outside")));
+}
