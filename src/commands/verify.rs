@@ -3,7 +3,7 @@
 //! `skip` or `auto_pass`.
 //!
 //! With no attempt to observe, an `llm_judge` check judges the workspace against a base. In a
-//! git work tree that is a revision ([`judge_base`]): `--base REV`, else the merge base of
+//! git work tree that is a revision (`judge_base`): `--base REV`, else the merge base of
 //! HEAD with the default branch — committed work is what a task branch holds, so "nothing
 //! uncommitted" must not read as "nothing changed". The observations are then the commits
 //! since the base and what is uncommitted, and stderr says which base was used. Outside git

@@ -13,7 +13,10 @@
 //!   them the CLI runs the workspace's `.claude/settings.json` hooks and honours its `env`
 //!   (including `ANTHROPIC_BASE_URL`, which would send the API key where the repo chose) and
 //!   its `.mcp.json`.
-//! - `--no-session-persistence`: no transcript of task data left under HOME.
+//! - `--no-session-persistence`: no transcript of task data left under HOME. So every attempt
+//!   is a fresh run: the loop carries the work forward itself (a self-contained corrective
+//!   prompt with the plan the first run made, [`crate::verify::plan`]); the first assistant
+//!   text of a run is returned as [`ExecOutcome::narrative`] for the loop to find that plan.
 //! - `--max-turns` (`executor.claude_max_turns`), `--max-budget-usd` (the task's remaining
 //!   budget, [`ExecContext::remaining_budget_usd`]).
 //! - `CLAUDE_CODE_MAX_RETRIES` (`executor.claude_api_max_retries`) in the child env: the CLI

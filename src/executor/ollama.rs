@@ -7,7 +7,7 @@
 //! transcript, its plan and its own answer. Only a chat that is gone (a new executor after a
 //! restart) starts from the self-contained corrective prompt ([`Attempt::prompt`]).
 //!
-//! The chat is kept within the model's window by [`fit_context`] before every call: the
+//! The chat is kept within the model's window by `fit_context` before every call: the
 //! system prompt and the task (the first user message) stay, the newest turns stay whole,
 //! and older tool results and answers are summarised (then, if that is not enough, folded
 //! into one line each), so 20 iterations of 16 KiB tool results never push the task out.

@@ -10,17 +10,17 @@
 //!
 //! # Phases
 //!
-//! - **plan** ([`LoopRun::start`]): the retry budget and where it came from, a resumed
+//! - **plan** (`LoopRun::start`): the retry budget and where it came from, a resumed
 //!   task's carried state, the first prompt (which asks for the plan in the specification's
 //!   shape, [`super::plan`]).
-//! - **execute** ([`LoopRun::execute`]): the caps, the retry announcement, one attempt, its
+//! - **execute** (`LoopRun::execute`): the caps, the retry announcement, one attempt, its
 //!   cost counted whatever its status; the plan is looked for in what the attempt said.
-//! - **verify** ([`LoopRun::verify`]): observe what changed, run every check, the flaky
+//! - **verify** (`LoopRun::verify`): observe what changed, run every check, the flaky
 //!   guard, the judge's cost and tokens, `verification_retry_complete`.
-//! - **decide** ([`LoopRun::decide`]): stop (and why) or retry.
-//! - **correct** ([`LoopRun::correct`]): the next prompt — a self-contained corrective prompt
+//! - **decide** (`LoopRun::decide`): stop (and why) or retry.
+//! - **correct** (`LoopRun::correct`): the next prompt — a self-contained corrective prompt
 //!   carrying the plan, and the short corrective turn for an executor that kept its chat.
-//! - **report** ([`LoopRun::finish`]): the [`LoopOutcome`] the runner turns into a frame.
+//! - **report** (`LoopRun::finish`): the [`LoopOutcome`] the runner turns into a frame.
 //!
 //! # The retry budget (one rule, said in the result)
 //!
