@@ -292,3 +292,21 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// The plan the loop carries forward is found in what the real CLI prints: its first
+/// assistant text, in the shape the first prompt asks for.
+#[tokio::test]
+async fn real_cli_the_plan_in_its_first_text_reaches_the_loop() {
+    let Some(claude) = real_claude() else { return };
+    let api = FakeAnthropic::start(Script::Text(
+        "PLAN\nGoal: hello.txt says hi\nSteps:\n1. Write hello.txt -> verify: cat hello.txt prints hi\n\nDone.",
+    ))
+    .await;
+    let (ws, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = run(&claude, &api, ws.path(), home.path()).await;
+    assert_eq!(out.status, ExecStatus::Succeeded, "{:?}", out.error);
+    let plan = hub_sidecar::verify::plan::Plan::find(&out.narrative, 1)
+        .unwrap_or_else(|| panic!("no plan in {:?}", out.narrative));
+    assert_eq!(plan.goal, "hello.txt says hi");
+    assert_eq!(plan.steps[0].verify, "cat hello.txt prints hi");
+}
