@@ -155,7 +155,7 @@ impl RetryBudget {
         };
         if !is_llm {
             b.max_retries = 0;
-            b.limited_by = Some("shell_executor");
+            b.limited_by = (requested > 0).then_some("shell_executor");
             b.note = format!(
                 "{asked}; a shell executor is never retried (it would run the same command again)"
             );
@@ -311,6 +311,56 @@ async fn run_phases<A: Attempter>(
             Decision::Retry => run.correct(k),
         }
         k += 1;
+    }
+}
+
+/// What one verification run says, as the decide phase's rules read it.
+struct Facts {
+    /// Every check passed (or there was nothing to check).
+    success: bool,
+    /// The failing checks that passed when run again (`type target`).
+    flaky: Vec<String>,
+    /// Every failing check is flaky.
+    only_flaky: bool,
+    /// A check was not run because a cost cap is reached.
+    errored_on_budget: bool,
+    /// A check could not run at all.
+    check_errors: bool,
+    /// The failure signature.
+    sig: String,
+    /// A check was killed by a signal we did not send (a shutdown racing our own cancel):
+    /// the run says nothing about the work, so it must not read as no progress or oscillation.
+    outside_kill: bool,
+    /// The attempt changed nothing ("could not observe" is not "unchanged").
+    unchanged: bool,
+}
+
+impl Facts {
+    fn of(record: &AttemptRecord) -> Facts {
+        let report = &record.report;
+        let not_passing: Vec<_> = report
+            .checks
+            .iter()
+            .filter(|c| c.status != CheckStatus::Pass)
+            .collect();
+        let flaky: Vec<String> = not_passing
+            .iter()
+            .filter(|c| c.flaky)
+            .map(|c| format!("{} {}", c.check_type, c.target))
+            .collect();
+        Facts {
+            success: report.status.is_success(),
+            only_flaky: !not_passing.is_empty() && flaky.len() == not_passing.len(),
+            flaky,
+            errored_on_budget: report.checks.iter().any(|c| {
+                c.status == CheckStatus::Error
+                    && c.output.starts_with(super::judge::BUDGET_EXHAUSTED)
+            }),
+            check_errors: report.summary.errors > 0,
+            sig: failure_signature(report),
+            outside_kill: interrupted(report),
+            unchanged: observe::is_unchanged(&record.observations),
+        }
     }
 }
 
@@ -712,29 +762,16 @@ impl<'a> LoopRun<'a> {
     /// budget used up) or retry. The record is kept and the verdict persisted either way.
     async fn decide(&mut self, k: u32, record: AttemptRecord) -> Decision {
         let ctx = self.ctx;
-        let report = &record.report;
-        let success = report.status.is_success();
-        let not_passing: Vec<_> = report
-            .checks
-            .iter()
-            .filter(|c| c.status != CheckStatus::Pass)
-            .collect();
-        let flaky: Vec<String> = not_passing
-            .iter()
-            .filter(|c| c.flaky)
-            .map(|c| format!("{} {}", c.check_type, c.target))
-            .collect();
-        let only_flaky = !not_passing.is_empty() && flaky.len() == not_passing.len();
-        let errored_on_budget = report.checks.iter().any(|c| {
-            c.status == CheckStatus::Error && c.output.starts_with(super::judge::BUDGET_EXHAUSTED)
-        });
-        let check_errors = report.summary.errors > 0;
-        let sig = failure_signature(report);
-        // A check killed by a signal we did not send (a shutdown racing our own cancel) says
-        // nothing about the work: it must not read as no progress or as oscillation.
-        let outside_kill = interrupted(report);
-        // "Could not observe" is not "unchanged": the no-progress rule needs to know.
-        let unchanged = observe::is_unchanged(&record.observations);
+        let Facts {
+            success,
+            flaky,
+            only_flaky,
+            errored_on_budget,
+            check_errors,
+            sig,
+            outside_kill,
+            unchanged,
+        } = Facts::of(&record);
         self.out.attempts.push(record);
 
         let stop = if success {
