@@ -453,7 +453,9 @@ struct RecordingAttempter<'a> {
 impl Attempter for RecordingAttempter<'_> {
     async fn attempt(&mut self, ctx: &ExecContext, attempt: Attempt) -> ExecOutcome {
         let n = attempt.number;
-        self.record.attempt_start(n, &attempt.prompt);
+        // What the model is sent: a kept chat gets the short corrective turn.
+        self.record
+            .attempt_start(n, self.executor.prompt_for(&attempt));
         self.ops.attempt_started(n);
         let out = self.executor.execute(ctx, &attempt).await;
         self.record.attempt_end(n, &out);

@@ -224,6 +224,15 @@ impl Executor {
         !matches!(self, Executor::Shell(_))
     }
 
+    /// What `attempt` will be sent as: its short corrective turn when this executor still
+    /// holds the conversation of the earlier attempts (Ollama), else its full prompt.
+    pub fn prompt_for<'a>(&self, attempt: &'a Attempt) -> &'a str {
+        match (self, &attempt.followup) {
+            (Executor::Ollama(o), Some(turn)) if o.continues_chat() => turn,
+            _ => &attempt.prompt,
+        }
+    }
+
     /// Run one attempt.
     pub async fn execute(&mut self, ctx: &ExecContext, attempt: &Attempt) -> ExecOutcome {
         match self {

@@ -215,12 +215,17 @@ impl OllamaExecutor {
         out
     }
 
+    /// Whether the chat of earlier attempts is here to continue (a new executor, after a
+    /// restart, has none).
+    pub fn continues_chat(&self) -> bool {
+        self.messages.iter().any(|m| m["role"] == "user")
+    }
+
     /// The user message that opens an attempt: the short corrective turn when the chat of
     /// the earlier attempts is still here, else the full prompt.
     fn open_attempt(&mut self, ctx: &ExecContext, attempt: &Attempt) {
-        let has_user_turn = self.messages.iter().any(|m| m["role"] == "user");
         let text = match &attempt.followup {
-            Some(turn) if has_user_turn => {
+            Some(turn) if self.continues_chat() => {
                 ctx.progress.emit(ProgressEvent::status(format!(
                     "attempt {}: continuing the chat ({} messages) with a corrective turn",
                     attempt.number,

@@ -322,6 +322,20 @@ async fn an_ollama_retry_continues_the_kept_chat_with_a_short_corrective_turn() 
         "{turn}"
     );
     assert!(turn.contains("Keep to the plan you made"), "{turn}");
+    // The flight record shows what the model was sent: the turn, not the full prompt.
+    let record = hub_sidecar::recorder::root(h.dir())
+        .join(hub_sidecar::recorder::dir_name("kept-chat"))
+        .join("record.jsonl");
+    let second_prompt = || {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["kind"] == "attempt_start" && v["attempt"] == 2)
+            .map(|v| v["prompt"].as_str().unwrap_or_default().to_string())
+    };
+    assert!(wait_until(|| second_prompt().is_some(), T).await);
+    assert_eq!(second_prompt().unwrap(), turn);
     h.finish().await;
 }
 
