@@ -655,7 +655,9 @@ impl<'a> LoopRun<'a> {
 
     /// The plan is made once: looked for until found, then kept for every later prompt.
     fn look_for_plan(&mut self, k: u32, exec: &ExecOutcome) {
-        if self.out.plan.is_some() || exec.status != ExecStatus::Succeeded {
+        // Only where a plan was asked for (never in a shell command's output).
+        let asked = self.prompt.contains(super::plan::REQUEST);
+        if !asked || self.out.plan.is_some() || exec.status != ExecStatus::Succeeded {
             return;
         }
         let text = if exec.narrative.is_empty() {
@@ -678,7 +680,7 @@ impl<'a> LoopRun<'a> {
                 );
                 self.out.plan = Some(plan);
             }
-            None if self.prompt.contains(super::plan::REQUEST) => {
+            None => {
                 self.ctx.progress.emit(
                     ProgressEvent::status(
                         "no plan in the requested form (Goal, numbered steps with how each is verified): the next prompt asks for it again",
@@ -687,7 +689,6 @@ impl<'a> LoopRun<'a> {
                     .with("run_number", k),
                 );
             }
-            None => {}
         }
     }
 
