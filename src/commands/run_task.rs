@@ -74,8 +74,13 @@ pub async fn temp_dir(prefix: &'static str) -> anyhow::Result<tempfile::TempDir>
 pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let task = super::read_task(&args.task).await?;
     // The flight record goes where `tasks` and `show` look: the configured state directory
-    // (the run's own state below is temporary).
-    let records = crate::recorder::root(&load_offline(args.config.as_deref())?.state_dir);
+    // (the run's own state below is temporary). Only one that exists: a hand run must not
+    // create the daemon's state directory (as root, it would then belong to root).
+    let configured = load_offline(args.config.as_deref())?.state_dir;
+    let records = tokio::fs::metadata(&configured)
+        .await
+        .is_ok_and(|m| m.is_dir())
+        .then(|| crate::recorder::root(&configured));
     let state = temp_dir("hub-sidecar-state-").await?;
     let mut cfg = offline_config(args.config.as_deref(), state.path())?;
     let workspace = match &args.workspace {
@@ -99,8 +104,13 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let max_attempts = u64::from(budget.max_retries) + 1;
     let cfg = Arc::new(cfg);
     let redactor = Arc::new(Redactor::from_config(&cfg));
-    let (recorder, record_writer) =
-        crate::recorder::Recorder::start(records.clone(), cfg.recorder.clone());
+    let (recorder, record_writer) = match &records {
+        Some(root) => crate::recorder::Recorder::start(root.clone(), cfg.recorder.clone()),
+        None => (
+            crate::recorder::Recorder::disabled(),
+            tokio::spawn(async {}),
+        ),
+    };
     let deps = RunnerDeps {
         env: ChildEnv::from_config(&cfg),
         redactor: redactor.clone(),
@@ -128,12 +138,16 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     line.finish().await;
     // Every handle to the recorder gone, its writer ends once the last line is on disk.
     drop((run, recorder));
-    if record_writer.await.is_ok() && cfg.recorder.enabled {
-        eprintln!(
-            "flight record under {} (`hub-sidecar tasks` / `show {}` with this config)",
-            records.display(),
-            task_id
-        );
+    match (record_writer.await, &records) {
+        (Ok(()), Some(root)) if cfg.recorder.enabled => eprintln!(
+            "flight record under {} (`hub-sidecar tasks` / `show {task_id}` with this config)",
+            root.display()
+        ),
+        (_, None) if cfg.recorder.enabled => eprintln!(
+            "no flight record: the state directory {} does not exist (set state_dir in --config)",
+            configured.display()
+        ),
+        _ => {}
     }
     tokio::task::spawn_blocking(move || drop(state)).await?;
     let frame = match outcome {

@@ -242,6 +242,7 @@ async fn run_task_with_a_relative_workspace_observes_the_git_repository() {
         .current_dir(dir.path())
         .env_remove("RUST_LOG")
         .env_remove("HUB_SIDECAR_CONFIG")
+        .env("HUB_SIDECAR_RECORDER__ENABLED", "false")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output()
@@ -315,6 +316,7 @@ async fn run_task_leaves_a_flight_record_that_tasks_and_show_read_from_a_config_
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
     let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
     // What an operator writes to try a task by hand: no hub keys at all.
     let config = dir.path().join("offline.toml");
     std::fs::write(&config, format!("state_dir = \"{}\"\n", state.display())).unwrap();
