@@ -151,6 +151,12 @@ pub struct VerifyArgs {
     /// Optional config for [verification] and [env] settings (defaults otherwise).
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
+    /// What `llm_judge` sees as "changed" in a git work tree: the work since this revision
+    /// (its commits and what is uncommitted). Default: the merge base of HEAD with the
+    /// default branch (origin's HEAD, else main or master), so a task branch's committed
+    /// work is judged. The base used is printed on stderr.
+    #[arg(long, value_name = "REV")]
+    pub base: Option<String>,
 }
 
 /// `tasks` flags.
@@ -263,6 +269,23 @@ impl ConfigArgs {
         );
         put("metrics_addr", self.metrics_addr.clone());
         Config::load(&Layers::from_process(self.config.clone(), flags))
+    }
+
+    /// [`ConfigArgs::load`] for commands that only read local state (`tasks`, `show`): they
+    /// never talk to the hub, so a file without `agent_id`, `token` or `hub_url` still
+    /// loads (placeholders fill what is missing); any other error is the file's own.
+    pub fn load_for_reading(&self) -> Result<Config, config::ConfigError> {
+        let first = match self.load() {
+            Ok(cfg) => return Ok(cfg),
+            Err(e) => e,
+        };
+        let mut filled = self.clone();
+        filled.agent_id.get_or_insert_with(|| "reading-only".into());
+        filled.token.get_or_insert_with(|| "reading-only".into());
+        filled
+            .hub_url
+            .get_or_insert_with(|| "ws://127.0.0.1:9/ws".into());
+        filled.load().map_err(|_| first)
     }
 }
 

@@ -6,9 +6,12 @@
 //! turns the pending state into at most one `task_progress` frame per budget token, and a
 //! heartbeat frame when the task is quiet so the hub's stale-task sweep leaves it alone.
 //!
-//! Hub facts this relies on (PROTOCOL.md § 8): `merged_events` are shown as they happened, so
-//! each keeps its own `timestamp`; the hub deletes a cancelled task, so progress still pending
-//! when the task is taken away is discarded, not flushed ([`Pump::dropped`]).
+//! What the hub does with the merged frame: it reads the §6 fields of `execution_event` (the
+//! last merged event's) and ignores fields it does not know (PROTOCOL.md, first section), so
+//! `merged_events` and `folded_events` — every merged event with its own `timestamp` and fields —
+//! are for readers of the raw frames and records; the README's "Protocol notes" list them. A
+//! cancelled task is gone at the hub, so progress still pending when the task is taken away is
+//! discarded, not flushed ([`Pump::dropped`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

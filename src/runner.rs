@@ -195,62 +195,19 @@ async fn run_recorded(
         .metrics()
         .task_started(deps.containment.level_name());
     record.containment(containment.clone());
-    let workspace = ws.path.clone();
     let ctx = ExecContext {
         task: task.clone(),
-        workspace,
+        workspace: ws.path.clone(),
         config: cfg.clone(),
         env,
         progress: progress.clone(),
         cancel: cancel.clone(),
         remaining_budget_usd: None,
     };
-    let outcome = match Executor::for_task(&ctx) {
-        Err(reason) => {
-            deps.ops.metrics().task_finished("execution_failed");
-            Some(Outbound::task_failed(
-                &task.task_id,
-                task.generation,
-                &reason.to_string(),
-            ))
-        }
-        Ok(mut executor) => {
-            progress.emit(ProgressEvent::status(format!(
-                "executor {:?} started",
-                executor.kind()
-            )));
-            let opts = LoopOptions {
-                ledger: Some(deps.ledger.clone()),
-            };
-            let is_llm = executor.is_llm();
-            let mut attempter = RecordingAttempter {
-                executor: &mut executor,
-                record,
-                ops: &deps.ops,
-            };
-            let lo = retry_loop::run_with(&mut attempter, is_llm, &ctx, &opts).await;
-            record_loop(record, &lo);
-            record_metrics(&deps.ops, &lo);
-            if cancel.is_cancelled() || lo.last_exec.status == ExecStatus::Cancelled {
-                None
-            } else {
-                let mut frame = frame_for(&task, &lo);
-                if let (Some(tb), Outbound::TaskComplete { result, .. }) = (&branch, &mut frame) {
-                    let p = Publish {
-                        cfg: &cfg,
-                        task: &task,
-                        path: &ws.path,
-                        branch: tb,
-                        git: &git,
-                    };
-                    let extra = publish_verified_work(p, &lo).await;
-                    if let Some(obj) = result.as_object_mut() {
-                        obj.extend(extra);
-                    }
-                }
-                Some(frame)
-            }
-        }
+    let outcome = match run_loop(&ctx, deps, record).await {
+        Err(frame) => Some(frame),
+        Ok(lo) if cancel.is_cancelled() || lo.last_exec.status == ExecStatus::Cancelled => None,
+        Ok(lo) => Some(report(&ctx, &lo, &ws, branch.as_ref(), &git).await),
     };
     pump_cancel.cancel();
     let last_progress = pump.await.ok().flatten();
@@ -268,6 +225,71 @@ async fn run_recorded(
             TaskOutcome::Terminal(frame)
         }
     }
+}
+
+/// Plan, execute, verify, decide, correct: the task's executor under the verification loop
+/// ([`retry_loop`], whose phases carry those names), each attempt and the loop's end written
+/// to the flight record. `Err` is the `task_failed` of a task no executor can run.
+async fn run_loop(
+    ctx: &ExecContext,
+    deps: &RunnerDeps,
+    record: &TaskRecord,
+) -> Result<LoopOutcome, Outbound> {
+    let task = &ctx.task;
+    let mut executor = match Executor::for_task(ctx) {
+        Ok(e) => e,
+        Err(reason) => {
+            deps.ops.metrics().task_finished("execution_failed");
+            return Err(Outbound::task_failed(
+                &task.task_id,
+                task.generation,
+                &reason.to_string(),
+            ));
+        }
+    };
+    ctx.progress.emit(ProgressEvent::status(format!(
+        "executor {:?} started",
+        executor.kind()
+    )));
+    let opts = LoopOptions {
+        ledger: Some(deps.ledger.clone()),
+    };
+    let is_llm = executor.is_llm();
+    let mut attempter = RecordingAttempter {
+        executor: &mut executor,
+        record,
+        ops: &deps.ops,
+    };
+    let lo = retry_loop::run_with(&mut attempter, is_llm, ctx, &opts).await;
+    record_loop(record, &lo);
+    record_metrics(&deps.ops, &lo);
+    Ok(lo)
+}
+
+/// Report: the terminal frame for the loop's verdict, with what publishing the work (when
+/// the git workflow applies) added to the result.
+async fn report(
+    ctx: &ExecContext,
+    lo: &LoopOutcome,
+    ws: &Workspace,
+    branch: Option<&TaskBranch>,
+    git: &GitRunner,
+) -> Outbound {
+    let mut frame = frame_for(&ctx.task, lo);
+    if let (Some(tb), Outbound::TaskComplete { result, .. }) = (branch, &mut frame) {
+        let p = Publish {
+            cfg: &ctx.config,
+            task: &ctx.task,
+            path: &ws.path,
+            branch: tb,
+            git,
+        };
+        let extra = publish_verified_work(p, lo).await;
+        if let Some(obj) = result.as_object_mut() {
+            obj.extend(extra);
+        }
+    }
+    frame
 }
 
 /// Why a task never reached its executor; the message is the `task_failed` reason.
@@ -438,7 +460,9 @@ struct RecordingAttempter<'a> {
 impl Attempter for RecordingAttempter<'_> {
     async fn attempt(&mut self, ctx: &ExecContext, attempt: Attempt) -> ExecOutcome {
         let n = attempt.number;
-        self.record.attempt_start(n, &attempt.prompt);
+        // What the model is sent: a kept chat gets the short corrective turn.
+        self.record
+            .attempt_start(n, self.executor.prompt_for(&attempt));
         self.ops.attempt_started(n);
         let out = self.executor.execute(ctx, &attempt).await;
         self.record.attempt_end(n, &out);
@@ -461,6 +485,8 @@ fn record_loop(record: &TaskRecord, lo: &LoopOutcome) {
             "tokens": lo.tokens_in + lo.tokens_out,
             "executions": lo.executions,
             "oscillation": lo.oscillation,
+            "retry_budget": lo.budget,
+            "plan": lo.plan,
         }),
     );
 }
@@ -571,8 +597,10 @@ fn history_json(lo: &LoopOutcome) -> Vec<Value> {
         .collect()
 }
 
-/// `task_complete.result` (PROTOCOL.md §7), plus `flaky_checks` when the loop stopped for
-/// a flaky check.
+/// `task_complete.result` (PROTOCOL.md §7), plus the fields the README's protocol notes list
+/// (the hub ignores fields it does not know and stores the result whole): `retry_budget` and
+/// `max_verification_retries` (the effective budget and why), `plan`, `resumed_at`, and
+/// `flaky_checks` when the loop stopped for a flaky check.
 pub fn result_json(lo: &LoopOutcome) -> Value {
     let status = match lo.verification_status {
         VerificationStatus::Verified => "success",
@@ -595,7 +623,14 @@ pub fn result_json(lo: &LoopOutcome) -> Value {
         // A subscription login's cost (claude) is an API-equivalent estimate, not spend.
         "cost_is_estimate": lo.last_exec.cost_is_estimate,
         "permission_denials": lo.last_exec.permission_denials,
+        // The specification's field: the retries this task was allowed, and why.
+        "max_verification_retries": lo.budget.max_retries,
+        "retry_budget": lo.budget,
+        "plan": lo.plan,
     });
+    if let Some(k) = lo.resumed_at {
+        v["resumed_at"] = json!(k);
+    }
     if !lo.flaky_checks.is_empty() {
         v["flaky_checks"] = json!(lo.flaky_checks);
     }

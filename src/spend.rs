@@ -33,6 +33,11 @@ pub struct TaskSpend {
     pub attempt: u32,
     /// When the entry last changed (ms since the epoch), for expiry.
     pub updated_ms: i64,
+    /// What the verification loop needs to go on after a restart (its earlier reports,
+    /// tokens, plan and last output), in the loop's own shape
+    /// (`verify::retry_loop::Carry`); the ledger only keeps it with the attempt it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carry: Option<serde_json::Value>,
 }
 
 /// The file's content.
@@ -112,13 +117,21 @@ impl SpendLedger {
         self.inner.lock().await.tasks.get(task_id).cloned()
     }
 
-    /// Record that attempt `attempt` of `task_id` ran to its verdict.
-    pub async fn complete_attempt(&self, task_id: &str, attempt: u32) {
+    /// Record that attempt `attempt` of `task_id` ran to its verdict, with what the loop
+    /// carries into the next one (written in the same atomic update, so a restart never sees
+    /// an attempt count without its reports).
+    pub async fn complete_attempt(
+        &self,
+        task_id: &str,
+        attempt: u32,
+        carry: Option<serde_json::Value>,
+    ) {
         let mut g = self.inner.lock().await;
         let now = crate::util::now_ms();
         let t = g.tasks.entry(task_id.to_string()).or_default();
         t.attempt = attempt;
         t.updated_ms = now;
+        t.carry = carry;
         self.persist(&g).await;
     }
 
@@ -223,7 +236,7 @@ mod tests {
         let path = dir.path().join("spend.json");
         let l = SpendLedger::open(path.clone()).await;
         assert_eq!(l.spent_today().await, 0.0);
-        l.complete_attempt("t1", 2).await;
+        l.complete_attempt("t1", 2, None).await;
         assert_eq!(l.add("t1", 0.5).await, 0.5);
         assert_eq!(l.add("t2", 0.25).await, 0.75);
         assert_eq!(l.add("t2", -3.0).await, 0.75);

@@ -64,9 +64,15 @@ pub struct Task {
     /// Deadline of one verification run; none or 0: `verification.timeout_ms`.
     #[serde(default, deserialize_with = "lenient")]
     pub verification_timeout_ms: Option<u64>,
-    /// 0 = one attempt. Capped at [`MAX_VERIFICATION_RETRIES`] by [`Task::retry_budget`].
-    #[serde(default, deserialize_with = "lenient")]
-    pub max_verification_retries: u32,
+    /// Corrective retries asked for; 0 = one attempt, absent (or not a number) = the
+    /// config's `verification.default_max_retries`. The loop's effective budget, and why, is
+    /// `crate::verify::retry_loop::RetryBudget`.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_verification_retries: Option<u32>,
 }
 
 /// The hub's own cap on corrective retries.
@@ -382,9 +388,12 @@ impl Task {
         }
     }
 
-    /// Corrective retries allowed: the hub's value, capped at 5.
+    /// Corrective retries the task itself asks for, capped at the hub's 5 (0 when it asks
+    /// for none: the config's default then applies, see the retry loop).
     pub fn retry_budget(&self) -> u32 {
-        self.max_verification_retries.min(MAX_VERIFICATION_RETRIES)
+        self.max_verification_retries
+            .unwrap_or(0)
+            .min(MAX_VERIFICATION_RETRIES)
     }
 }
 

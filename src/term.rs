@@ -104,15 +104,10 @@ impl ProgressLine {
 
 /// Apply one event; the plain line to print for it, if it is worth a line of its own.
 fn update(s: &mut LineState, ev: &ProgressEvent) -> Option<String> {
-    let attempt = ev.fields.get("attempt").and_then(|v| v.as_u64());
-    if let Some(k) = attempt {
-        // `verification_retry_start` numbers the retry (1 = the first corrective attempt,
-        // which is execution 2); every other event numbers the execution.
-        s.attempt = if ev.kind == EventKind::VerificationRetryStart {
-            k + 1
-        } else {
-            k
-        };
+    // `run_number` is the execution (the loop's events carry it next to the retry's
+    // `attempt`, which is 0 for the first execution).
+    if let Some(k) = ev.fields.get("run_number").and_then(|v| v.as_u64()) {
+        s.attempt = k;
     }
     if let Some(max) = ev.fields.get("max_retries").and_then(|v| v.as_u64()) {
         s.attempts_max = max + 1;
@@ -200,6 +195,7 @@ mod tests {
             &mut s,
             &ProgressEvent::new(EventKind::VerificationRetryStart, "verification retry 1/2")
                 .with("attempt", 1)
+                .with("run_number", 2)
                 .with("max_retries", 2),
         )
         .unwrap();

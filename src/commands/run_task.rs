@@ -3,7 +3,8 @@
 //! The same path as the daemon ([`crate::runner::run_task`]: executor, verification loop,
 //! result frame, redaction) with progress shown in the terminal instead of sent to a hub.
 //! The result — the `task_complete` / `task_failed` frame the hub would get — goes to stdout
-//! or `--out`. Exit 0 iff the task was verified.
+//! or `--out`. Exit 0 iff the task was verified. The task's flight record is written under the
+//! configured state directory, so `tasks` and `show` tell its story like a daemon task's.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -33,12 +34,20 @@ impl FrameSender for Discard {
 /// A config for offline work: file (when given), `HUB_SIDECAR_*` environment and defaults;
 /// the hub keys are optional. State goes to `state_dir` (a temporary directory), never the daemon's.
 pub fn offline_config(file: Option<&Path>, state_dir: &Path) -> anyhow::Result<Config> {
+    let mut cfg = load_offline(file)?;
+    cfg.state_dir = state_dir.to_path_buf();
+    cfg.state_file = None;
+    Ok(cfg)
+}
+
+/// The config as the file and environment give it, hub keys optional.
+fn load_offline(file: Option<&Path>) -> anyhow::Result<Config> {
     let mut layers = Layers {
         file: file.map(Path::to_path_buf),
         env: std::env::vars().collect(),
         flags: Vec::new(),
     };
-    let mut cfg = match Config::load(&layers) {
+    let cfg = match Config::load(&layers) {
         Ok(c) => c,
         Err(first) => {
             // The hub is not used offline: fill in the hub keys the file or environment lack
@@ -51,8 +60,6 @@ pub fn offline_config(file: Option<&Path>, state_dir: &Path) -> anyhow::Result<C
             Config::load(&layers).map_err(|_| first)?
         }
     };
-    cfg.state_dir = state_dir.to_path_buf();
-    cfg.state_file = None;
     Ok(cfg)
 }
 
@@ -66,6 +73,14 @@ pub async fn temp_dir(prefix: &'static str) -> anyhow::Result<tempfile::TempDir>
 /// Run the task and print its result frame.
 pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let task = super::read_task(&args.task).await?;
+    // The flight record goes where `tasks` and `show` look: the configured state directory
+    // (the run's own state below is temporary). Only one that exists: a hand run must not
+    // create the daemon's state directory (as root, it would then belong to root).
+    let configured = load_offline(args.config.as_deref())?.state_dir;
+    let records = tokio::fs::metadata(&configured)
+        .await
+        .is_ok_and(|m| m.is_dir())
+        .then(|| crate::recorder::root(&configured));
     let state = temp_dir("hub-sidecar-state-").await?;
     let mut cfg = offline_config(args.config.as_deref(), state.path())?;
     let workspace = match &args.workspace {
@@ -83,13 +98,19 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     };
     eprintln!("task {} in workspace {}", task.task_id, workspace.display());
     cfg.repo_dir = Some(workspace);
-    let max_attempts = u64::from(if task.max_verification_retries > 0 {
-        task.retry_budget().min(cfg.verification.retry_ceiling)
-    } else {
-        cfg.verification.default_max_retries
-    }) + 1;
+    // The loop's own rule, so the progress line counts what the loop will do.
+    let is_llm = task.executor_kind().ok() != Some(crate::task::ExecutorKind::Shell);
+    let budget = crate::verify::retry_loop::RetryBudget::decide(&task, &cfg.verification, is_llm);
+    let max_attempts = u64::from(budget.max_retries) + 1;
     let cfg = Arc::new(cfg);
     let redactor = Arc::new(Redactor::from_config(&cfg));
+    let (recorder, record_writer) = match &records {
+        Some(root) => crate::recorder::Recorder::start(root.clone(), cfg.recorder.clone()),
+        None => (
+            crate::recorder::Recorder::disabled(),
+            tokio::spawn(async {}),
+        ),
+    };
     let deps = RunnerDeps {
         env: ChildEnv::from_config(&cfg),
         redactor: redactor.clone(),
@@ -97,24 +118,37 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         out: Arc::new(Discard),
         ops: Ops::new(),
         containment: Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await),
-        recorder: crate::recorder::Recorder::disabled(),
+        recorder: recorder.clone(),
         ledger: Arc::new(SpendLedger::in_memory()),
         config: cfg.clone(),
     };
     let line = crate::term::ProgressLine::start(max_attempts);
     let sink = line.sink(cfg.progress.max_text_bytes);
     let cancel = CancellationToken::new();
-    let run = runner::run_task(Arc::new(task), deps, sink, cancel.clone());
-    tokio::pin!(run);
+    let task_id = task.task_id.clone();
+    let mut run = Box::pin(runner::run_task(Arc::new(task), deps, sink, cancel.clone()));
     let outcome = tokio::select! {
         o = &mut run => o,
         _ = tokio::signal::ctrl_c() => {
             eprintln!("\ninterrupted: cancelling the task (its processes are killed)");
             cancel.cancel();
-            run.await
+            (&mut run).await
         }
     };
     line.finish().await;
+    // Every handle to the recorder gone, its writer ends once the last line is on disk.
+    drop((run, recorder));
+    match (record_writer.await, &records) {
+        (Ok(()), Some(root)) if cfg.recorder.enabled => eprintln!(
+            "flight record under {} (`hub-sidecar tasks` / `show {task_id}` with this config)",
+            root.display()
+        ),
+        (_, None) if cfg.recorder.enabled => eprintln!(
+            "no flight record: the state directory {} does not exist (set state_dir in --config)",
+            configured.display()
+        ),
+        _ => {}
+    }
     tokio::task::spawn_blocking(move || drop(state)).await?;
     let frame = match outcome {
         TaskOutcome::Cancelled => {

@@ -18,7 +18,7 @@ pub fn state_dir(args: &ConfigArgs) -> anyhow::Result<PathBuf> {
     if let Some(d) = &args.state_dir {
         return Ok(d.clone());
     }
-    let cfg = args.load().context(
+    let cfg = args.load_for_reading().context(
         "reading the configuration to find the state directory; pass --state-dir DIR \
          (e.g. /var/lib/hub-sidecar) or --config FILE",
     )?;

@@ -149,8 +149,9 @@ pub const DEFAULT_RETRY_CEILING: u32 = 3;
 pub struct VerificationConfig {
     /// Global deadline of one verification run when the task gives none.
     pub timeout_ms: u64,
-    /// Corrective retries for `run-task` when the task file gives none. Hub tasks always
-    /// carry the hub's own value (5 when the submitter gave none), which wins.
+    /// Corrective retries for a task that carries no `max_verification_retries` (a task file
+    /// run by hand, or a hub that sends none). The task's own number wins; the retry loop's
+    /// `RetryBudget` says in the result which applied.
     pub default_max_retries: u32,
     /// Re-run a failed command check once before blaming the LLM.
     pub flaky_rerun: bool,
@@ -161,7 +162,8 @@ pub struct VerificationConfig {
     /// Daily cost cap (USD, UTC day) for this daemon, persisted across restarts.
     /// On by default ([`DEFAULT_MAX_COST_USD_PER_DAY`]).
     pub max_cost_usd_per_day: Option<f64>,
-    /// Local ceiling on corrective retries, whatever the task asks (the hub fills in 5).
+    /// The operator's ceiling on corrective retries, whatever the task asks; when it lowers
+    /// the task's number the result (`retry_budget`) and the progress say so.
     pub retry_ceiling: u32,
     /// Who answers `llm_judge` checks.
     pub judge_backend: JudgeBackend,

@@ -58,7 +58,9 @@ impl Daemon {
         let gone = self.outbox.remove_task(task_id);
         self.inflight.take_if(|m| m.task_id == task_id);
         if !gone.is_empty() {
-            tracing::info!(task_id = %task_id, status = ?status, "result acknowledged by the hub");
+            // The protocol's word (`dead_letter`), as the hub sent it, not a Rust debug form.
+            let status_word = status.map_or("(none)", AckStatus::as_str);
+            tracing::info!(task_id = %task_id, status = %status_word, "result acknowledged by the hub");
             self.deps
                 .recorder
                 .acked(task_id, status.map(AckStatus::as_str));

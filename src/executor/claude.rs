@@ -13,7 +13,10 @@
 //!   them the CLI runs the workspace's `.claude/settings.json` hooks and honours its `env`
 //!   (including `ANTHROPIC_BASE_URL`, which would send the API key where the repo chose) and
 //!   its `.mcp.json`.
-//! - `--no-session-persistence`: no transcript of task data left under HOME.
+//! - `--no-session-persistence`: no transcript of task data left under HOME. So every attempt
+//!   is a fresh run: the loop carries the work forward itself (a self-contained corrective
+//!   prompt with the plan the first run made, [`crate::verify::plan`]); the first assistant
+//!   text of a run is returned as [`ExecOutcome::narrative`] for the loop to find that plan.
 //! - `--max-turns` (`executor.claude_max_turns`), `--max-budget-usd` (the task's remaining
 //!   budget, [`ExecContext::remaining_budget_usd`]).
 //! - `CLAUDE_CODE_MAX_RETRIES` (`executor.claude_api_max_retries`) in the child env: the CLI
@@ -193,6 +196,7 @@ impl ClaudeExecutor {
             termination_reason: None,
             iterations_used: totals.turns,
             permission_denials: totals.denials,
+            narrative: totals.narrative,
         }
     }
 }
@@ -401,6 +405,8 @@ struct Totals {
     subscription: bool,
     /// Some run had no result line: its cost is estimated from the usage seen.
     estimated: bool,
+    /// The first run's opening words (its plan), kept when a crashed run is retried.
+    narrative: String,
 }
 
 impl Totals {
@@ -411,6 +417,9 @@ impl Totals {
         self.cost_usd += usd;
         self.estimated |= s.result.is_none() && usd > 0.0;
         self.subscription |= s.api_key_source.as_deref() == Some("none");
+        if self.narrative.is_empty() {
+            self.narrative = s.head_text.clone();
+        }
         // Per message id (one message arrives as one event per content block); the result's
         // `num_turns` only when no message was seen.
         let turns = match s.turns() {

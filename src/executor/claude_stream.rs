@@ -184,6 +184,10 @@ pub struct StreamState {
     pub api_key_source: Option<String>,
     /// Text of the assistant blocks, the output when no result line came.
     text: String,
+    /// The first assistant text of the run (up to
+    /// [`crate::verify::plan::NARRATIVE_HEAD_BYTES`]): where its plan is, which the tail
+    /// kept in `text` may have lost on a long run.
+    pub head_text: String,
     /// Tokens of earlier tries, so progress counts keep rising across retries.
     tokens_base: u64,
     /// message id → (input incl. cache, output) from its start-of-message usage: one entry per
@@ -215,6 +219,7 @@ impl StreamState {
             model: None,
             api_key_source: None,
             text: String::new(),
+            head_text: String::new(),
             tokens_base,
             usage_by_message: HashMap::new(),
             message_order: Vec::new(),
@@ -393,6 +398,18 @@ impl StreamState {
                         self.text.push('\n');
                     }
                     self.text.push_str(t);
+                    let head_room = crate::verify::plan::NARRATIVE_HEAD_BYTES
+                        .saturating_sub(self.head_text.len());
+                    if head_room > 0 {
+                        if !self.head_text.is_empty() {
+                            self.head_text.push('\n');
+                        }
+                        let mut end = t.len().min(head_room);
+                        while !t.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        self.head_text.push_str(&t[..end]);
+                    }
                     if self.text.len() > 2 * MAX_TEXT_BYTES {
                         self.text = tail_bytes(&self.text, MAX_TEXT_BYTES);
                     }

@@ -131,6 +131,10 @@ pub struct ExecOutcome {
     /// Tool calls the agent's permission mode denied, as `Tool(args)`.
     #[serde(default)]
     pub permission_denials: Vec<String>,
+    /// The head of what the model said during the attempt (its first messages, up to
+    /// [`crate::verify::plan::NARRATIVE_HEAD_BYTES`]): where the loop looks for its plan.
+    #[serde(default)]
+    pub narrative: String,
 }
 
 impl ExecOutcome {
@@ -150,6 +154,7 @@ impl ExecOutcome {
             termination_reason: None,
             iterations_used: None,
             permission_denials: Vec::new(),
+            narrative: String::new(),
         }
     }
 
@@ -164,9 +169,24 @@ impl ExecOutcome {
 pub struct Attempt {
     /// 1-based.
     pub number: u32,
-    /// The full prompt for LLM executors: the initial prompt, or a corrective one.
-    /// Shell ignores it.
+    /// The full prompt for LLM executors: the initial prompt, or a self-contained corrective
+    /// one (task, plan, failures). Shell ignores it.
     pub prompt: String,
+    /// For a retry: the short corrective turn (only what failed), for an executor that still
+    /// holds the conversation of the earlier attempts and continues it (Ollama). One that
+    /// starts afresh (claude, or any executor after a restart) uses `prompt`.
+    pub followup: Option<String>,
+}
+
+impl Attempt {
+    /// A first attempt, or one with no conversation to continue.
+    pub fn new(number: u32, prompt: impl Into<String>) -> Attempt {
+        Attempt {
+            number,
+            prompt: prompt.into(),
+            followup: None,
+        }
+    }
 }
 
 /// The executor of one task.
@@ -202,6 +222,15 @@ impl Executor {
     /// Whether the verification loop may re-prompt this executor (never for shell).
     pub fn is_llm(&self) -> bool {
         !matches!(self, Executor::Shell(_))
+    }
+
+    /// What `attempt` will be sent as: its short corrective turn when this executor still
+    /// holds the conversation of the earlier attempts (Ollama), else its full prompt.
+    pub fn prompt_for<'a>(&self, attempt: &'a Attempt) -> &'a str {
+        match (self, &attempt.followup) {
+            (Executor::Ollama(o), Some(turn)) if o.continues_chat() => turn,
+            _ => &attempt.prompt,
+        }
     }
 
     /// Run one attempt.

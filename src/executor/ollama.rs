@@ -1,13 +1,20 @@
 //! The Ollama executor: `/api/chat` as a plain streamed chat, or as an agentic tool loop
 //! over the workspace ([`super::tools`]).
 //!
-//! The executor lives for the whole task and keeps the chat `messages` within an attempt.
-//! A corrective attempt starts a short conversation instead of growing the old one: the
-//! corrective prompt already restates the task, carries the latest failures and summarises
-//! the earlier attempts, so re-sending the transcript (plus another copy of the task) would
-//! only push the task and the system prompt out of the model's context window. Every call
-//! sets `options.num_ctx` (`executor.ollama_num_ctx`), and a prompt that fills it (Ollama's
-//! `prompt_eval_count` reaching `num_ctx`: it cut the beginning) is reported.
+//! The executor lives for the whole task and keeps the chat `messages` across attempts, as the
+//! specification asks: a corrective attempt continues the same chat with a **short**
+//! corrective turn (what failed: [`Attempt::followup`]), so the model keeps its tool
+//! transcript, its plan and its own answer. Only a chat that is gone (a new executor after a
+//! restart) starts from the self-contained corrective prompt ([`Attempt::prompt`]).
+//!
+//! The chat is kept within the model's window by `fit_context` before every call: the
+//! system prompt and the task (the first user message) stay, the newest turns stay whole,
+//! and older tool results and answers are summarised (then, if that is not enough, folded
+//! into one line each), so 20 iterations of 16 KiB tool results never push the task out.
+//! The estimate is deliberately conservative (3 characters a token, a quarter of `num_ctx`
+//! left for the answer). Every call sets `options.num_ctx` (`executor.ollama_num_ctx`), and a
+//! prompt that still fills it (Ollama's `prompt_eval_count` reaching `num_ctx`: it cut the
+//! beginning) is reported.
 //!
 //! # Wire format (Ollama `/api/chat`)
 //!
@@ -178,15 +185,6 @@ impl OllamaExecutor {
     /// Run one attempt: the prompt as a new user message, then a plain reply or the tool loop.
     pub async fn execute(&mut self, ctx: &ExecContext, attempt: &Attempt) -> ExecOutcome {
         let started = Instant::now();
-        if attempt.number > 1 && !self.messages.is_empty() {
-            // The corrective prompt stands for the whole earlier transcript (module docs).
-            let dropped = self.messages.len();
-            self.messages.clear();
-            ctx.progress.emit(ProgressEvent::status(format!(
-                "attempt {}: a fresh conversation with the corrective prompt ({dropped} earlier messages summarised in it)",
-                attempt.number
-            )));
-        }
         let deadline = tokio::time::Instant::now() + ctx.llm_timeout();
         if self.client.is_none() {
             let built = tokio::task::spawn_blocking(|| reqwest::Client::builder().build()).await;
@@ -217,14 +215,37 @@ impl OllamaExecutor {
         out
     }
 
+    /// Whether the chat of earlier attempts is here to continue (a new executor, after a
+    /// restart, has none).
+    pub fn continues_chat(&self) -> bool {
+        self.messages.iter().any(|m| m["role"] == "user")
+    }
+
+    /// The user message that opens an attempt: the short corrective turn when the chat of
+    /// the earlier attempts is still here, else the full prompt.
+    fn open_attempt(&mut self, ctx: &ExecContext, attempt: &Attempt) {
+        let text = match &attempt.followup {
+            Some(turn) if self.continues_chat() => {
+                ctx.progress.emit(ProgressEvent::status(format!(
+                    "attempt {}: continuing the chat ({} messages) with a corrective turn",
+                    attempt.number,
+                    self.messages.len()
+                )));
+                turn.clone()
+            }
+            _ => attempt.prompt.clone(),
+        };
+        self.messages.push(json!({"role": "user", "content": text}));
+    }
+
     async fn run_plain(
         &mut self,
         ctx: &ExecContext,
         attempt: &Attempt,
         deadline: tokio::time::Instant,
     ) -> ExecOutcome {
-        self.messages
-            .push(json!({"role": "user", "content": attempt.prompt}));
+        self.open_attempt(ctx, attempt);
+        fit_context(ctx, &mut self.messages);
         ctx.progress.emit(ProgressEvent::status(format!(
             "asking {} ({})",
             self.model, self.base_url
@@ -235,7 +256,8 @@ impl OllamaExecutor {
             Ok(r) => {
                 self.messages
                     .push(json!({"role": "assistant", "content": r.content}));
-                let mut out = ExecOutcome::new(ExecStatus::Succeeded, r.content, None);
+                let mut out = ExecOutcome::new(ExecStatus::Succeeded, r.content.clone(), None);
+                out.narrative = truncate_chars(&r.content, NARRATIVE_HEAD_CHARS);
                 out.tokens_in = r.tokens_in;
                 out.tokens_out = r.tokens_out;
                 out
@@ -271,8 +293,7 @@ impl OllamaExecutor {
             self.messages
                 .push(json!({"role": "system", "content": SYSTEM_PROMPT}));
         }
-        self.messages
-            .push(json!({"role": "user", "content": attempt.prompt}));
+        self.open_attempt(ctx, attempt);
         let cap = match ctx.task.tier() {
             Tier::Trivial => 5,
             Tier::Standard => 10,
@@ -288,12 +309,14 @@ impl OllamaExecutor {
         let mut last_write: Option<u32> = None;
         let mut prev_calls: Option<String> = None;
         let mut final_text = String::new();
+        let mut narrative = String::new();
         let mut error = None;
         let reason = 'run: loop {
             if iterations >= cap {
                 break AgentStop::MaxIterations;
             }
             iterations += 1;
+            fit_context(ctx, &mut self.messages);
             let body = json!({"model": self.model, "messages": self.messages,
                               "tools": schemas, "stream": false, "options": options(ctx)});
             let r = match self.chat(ctx, &body, deadline, tokens_out).await {
@@ -309,6 +332,11 @@ impl OllamaExecutor {
             tokens_out += r.tokens_out;
             if !r.content.trim().is_empty() {
                 final_text = r.content.clone();
+                if narrative.len() < NARRATIVE_HEAD_CHARS {
+                    narrative.push_str(&r.content);
+                    narrative.push('\n');
+                    narrative = truncate_chars(&narrative, NARRATIVE_HEAD_CHARS);
+                }
                 ctx.progress.emit(
                     ProgressEvent::new(EventKind::Token, r.content.clone())
                         .with_tokens(tokens_out, Some(&self.model)),
@@ -405,6 +433,7 @@ impl OllamaExecutor {
         out.tokens_out = tokens_out;
         out.termination_reason = Some(reason.as_str().to_string());
         out.iterations_used = Some(iterations);
+        out.narrative = narrative;
         out
     }
 
@@ -527,6 +556,153 @@ impl OllamaExecutor {
             return Err(ChatError::NoDone);
         }
         Ok(reply)
+    }
+}
+
+/// Characters of the model's words kept for the loop to find the plan in.
+const NARRATIVE_HEAD_CHARS: usize = crate::verify::plan::NARRATIVE_HEAD_BYTES;
+
+/// Characters counted as one token by the context estimate (conservative: code and JSON
+/// run nearer 3 than the 4 of English prose).
+const CHARS_PER_TOKEN: usize = 3;
+/// Newest messages always kept whole, whatever their size.
+const MIN_RECENT: usize = 2;
+/// Characters of a summarised message kept as a reminder.
+const SUMMARY_CHARS: usize = 200;
+
+/// A conservative token estimate of a chat: its text and tool calls, and a few tokens of
+/// framing per message.
+fn estimate_tokens(messages: &[Value]) -> usize {
+    messages
+        .iter()
+        .map(|m| {
+            let text = m["content"].as_str().map_or(0, |c| c.chars().count());
+            let calls = m.get("tool_calls").map_or(0, |c| c.to_string().len());
+            (text + calls) / CHARS_PER_TOKEN + 4
+        })
+        .sum()
+}
+
+/// Keep the chat under `num_ctx` (module docs): the system prompt and the task stay, the
+/// newest turns stay whole, older tool results and answers are summarised, then folded into
+/// one message. Says so in a `status` event when it changed anything.
+fn fit_context(ctx: &ExecContext, messages: &mut Vec<Value>) {
+    let num_ctx = ctx.config.executor.ollama_num_ctx as usize;
+    // A quarter of the window is left for the answer.
+    let limit = num_ctx * 3 / 4;
+    let before = estimate_tokens(messages);
+    if num_ctx == 0 || before <= limit {
+        return;
+    }
+    // The head: the system prompt and the first user message (the task and its plan request).
+    let head_end = messages
+        .iter()
+        .position(|m| m["role"] == "user")
+        .map_or(0, |i| i + 1);
+    // The newest turns, whole, within half the budget (at least the last two).
+    let mut recent_start = messages.len();
+    let mut recent_tokens = 0;
+    while recent_start > head_end {
+        let t = estimate_tokens(&messages[recent_start - 1..recent_start]);
+        let kept = messages.len() - recent_start;
+        if kept >= MIN_RECENT && recent_tokens + t > limit / 2 {
+            break;
+        }
+        recent_tokens += t;
+        recent_start -= 1;
+    }
+    let mut summarised = 0usize;
+    // 1: older tool results and long answers become one-line reminders.
+    for i in head_end..recent_start {
+        if estimate_tokens(messages) <= limit {
+            break;
+        }
+        if summarise(&mut messages[i]) {
+            summarised += 1;
+        }
+    }
+    // 2: still too long: the older turns fold into one message listing what was done.
+    if estimate_tokens(messages) > limit && recent_start > head_end {
+        let folded: Vec<Value> = messages.drain(head_end..recent_start).collect();
+        let mut text = format!(
+            "[{} earlier messages of this task were folded to fit the context window; what they did:]\n",
+            folded.len()
+        );
+        for m in &folded {
+            text.push_str(&fold_line(m));
+            text.push('\n');
+        }
+        summarised += folded.len();
+        messages.insert(head_end, json!({"role": "user", "content": text}));
+    }
+    // 3: the newest turns themselves are too long: all but the last are summarised.
+    let last = messages.len().saturating_sub(1);
+    for i in head_end..last {
+        if estimate_tokens(messages) <= limit {
+            break;
+        }
+        if summarise(&mut messages[i]) {
+            summarised += 1;
+        }
+    }
+    let after = estimate_tokens(messages);
+    tracing::debug!(task_id = %ctx.task.task_id, before, after, limit, summarised, "chat fitted to the context window");
+    ctx.progress.emit(
+        ProgressEvent::status(format!(
+            "context: {summarised} older message(s) summarised to stay under num_ctx {num_ctx} (about {before} → {after} tokens)"
+        ))
+        .with("context_tokens_estimate", after)
+        .with("num_ctx", num_ctx),
+    );
+}
+
+/// Replace a long tool result or answer by a short reminder of it; false when there was
+/// nothing to shorten.
+fn summarise(m: &mut Value) -> bool {
+    let Some(content) = m["content"].as_str() else {
+        return false;
+    };
+    let n = content.chars().count();
+    if n <= SUMMARY_CHARS * 2 || content.starts_with("[summarised") {
+        return false;
+    }
+    let what = match m["role"].as_str() {
+        Some("tool") => format!(
+            "the result of {}",
+            m["tool_name"].as_str().unwrap_or("a tool")
+        ),
+        _ => "an earlier message".to_string(),
+    };
+    m["content"] = json!(format!(
+        "[summarised to fit the context window: {what}, {n} characters; it began: {}]",
+        truncate_chars(&one_line(content), SUMMARY_CHARS)
+    ));
+    true
+}
+
+/// One line for a folded message: who, which tool calls, how it began.
+fn fold_line(m: &Value) -> String {
+    let role = m["role"].as_str().unwrap_or("?");
+    let content = one_line(m["content"].as_str().unwrap_or(""));
+    let calls: Vec<String> = m["tool_calls"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|c| {
+                    let (name, args) = parse_call(c);
+                    truncate_chars(&format!("{name} {}", one_line(&args.to_string())), 120)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    match role {
+        "tool" => format!(
+            "- {} returned: {}",
+            m["tool_name"].as_str().unwrap_or("tool"),
+            truncate_chars(&content, 80)
+        ),
+        "assistant" if !calls.is_empty() => format!("- you called: {}", calls.join("; ")),
+        _ => format!("- {role}: {}", truncate_chars(&content, 120)),
     }
 }
 

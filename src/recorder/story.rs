@@ -197,7 +197,8 @@ impl TaskStory {
                 at.output.push_str(v["text"].as_str().unwrap_or(""));
             }
             "event" => {
-                let a = v["fields"]["attempt"]
+                // `run_number` is the execution; the loop's `attempt` is its retry number.
+                let a = v["fields"]["run_number"]
                     .as_u64()
                     .map(|x| x as u32)
                     .unwrap_or_else(|| self.current_attempt());

@@ -127,7 +127,9 @@ pub fn emit_result(ctx: &ExecContext, result: &CheckResult, run_number: u32) {
         )
         .with("check_type", result.check_type.as_str())
         .with("check_status", status)
-        .with("attempt", run_number),
+        // One numbering for the three events of a run (see the retry loop's module docs).
+        .with("attempt", run_number.saturating_sub(1))
+        .with("run_number", run_number),
     );
 }
 
@@ -153,7 +155,7 @@ pub async fn run_step(
         return result_for(step, CheckStatus::Error, why.clone(), started.elapsed());
     }
     let fut = async {
-        let free = |(s, o)| (s, o, 0.0);
+        let free = |(s, o)| (s, o, 0.0, (0, 0));
         match &step.check_type {
             CheckType::FileExists => free(file_exists(&ctx.workspace, &step.target).await),
             CheckType::GitClean => free(git_clean(ctx, &step.target, bound).await),
@@ -161,7 +163,7 @@ pub async fn run_step(
             CheckType::TestPasses => free(test_passes(ctx, &step.target, bound).await),
             CheckType::LlmJudge => {
                 let j = judge::judge_check(ctx, &step.target, observations, bound).await;
-                (j.status, j.output, j.cost_usd)
+                (j.status, j.output, j.cost_usd, (j.tokens_in, j.tokens_out))
             }
             CheckType::Other(other) => {
                 free((CheckStatus::Error, format!("unknown check type: {other}")))
@@ -169,17 +171,20 @@ pub async fn run_step(
         }
     };
     // Safety net for the non-process checks (and the kill grace of process ones).
-    let (status, output, cost_usd) =
+    let (status, output, cost_usd, (tokens_in, tokens_out)) =
         match tokio::time::timeout(bound + CHECK_KILL_GRACE * 3, fut).await {
             Ok(r) => r,
             Err(_) => (
                 CheckStatus::Timeout,
                 format!("check timed out after {} ms", bound.as_millis()),
                 0.0,
+                (0, 0),
             ),
         };
     let mut r = result_for(step, status, output, started.elapsed());
     r.cost_usd = cost_usd;
+    r.tokens_in = tokens_in;
+    r.tokens_out = tokens_out;
     r
 }
 
@@ -198,6 +203,8 @@ fn result_for(
         duration_ms: took.as_millis() as u64,
         flaky: false,
         cost_usd: 0.0,
+        tokens_in: 0,
+        tokens_out: 0,
     }
 }
 
@@ -545,7 +552,11 @@ mod tests {
         assert_eq!(ctx.progress.emitted(), 10);
         let ev = ctx.progress.take_event().unwrap();
         assert_eq!(ev["event_type"], "verification_check_result");
-        assert_eq!(ev["attempt"], 1);
+        // Run 1 is the first execution: no retry yet (the retry loop's numbering).
+        assert_eq!(
+            (ev["attempt"].clone(), ev["run_number"].clone()),
+            (0.into(), 1.into())
+        );
     }
 
     #[tokio::test]

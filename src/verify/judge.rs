@@ -137,6 +137,10 @@ pub struct JudgeOutcome {
     /// USD the judge call cost (claude's `total_cost_usd`; 0 for Ollama), counted against
     /// the task's and the day's caps.
     pub cost_usd: f64,
+    /// Tokens the judge read (Ollama's `prompt_eval_count`, claude's input usage).
+    pub tokens_in: u64,
+    /// Tokens the judge wrote.
+    pub tokens_out: u64,
 }
 
 impl JudgeOutcome {
@@ -145,8 +149,16 @@ impl JudgeOutcome {
             status,
             output: output.into(),
             cost_usd: 0.0,
+            tokens_in: 0,
+            tokens_out: 0,
         }
     }
+}
+
+/// What one Ollama judge call returned: its text and token counts (it costs nothing).
+struct Answer {
+    text: String,
+    tokens: (u64, u64),
 }
 
 /// Run one `llm_judge` check within `bound`.
@@ -190,27 +202,64 @@ pub async fn judge_check(
         observations,
     );
     // What a claude call cost counts even when it failed.
-    let (answer, cost_usd) = match ctx.config.verification.judge_backend {
+    let (answer, spent) = match ctx.config.verification.judge_backend {
         JudgeBackend::Claude => ask_claude(ctx, &prompt, bound).await,
-        JudgeBackend::Ollama => (ask_ollama(ctx, &prompt, bound).await, 0.0),
-    };
-    match answer {
-        Ok(text) => {
-            let (status, output) = decide(
-                extract_verdict(&text).as_ref(),
-                ctx.config.verification.judge_min_confidence,
-            );
-            JudgeOutcome {
-                status,
-                output,
-                cost_usd,
-            }
+        JudgeBackend::Ollama => {
+            let a = ask_ollama_retrying(ctx, &prompt, bound).await;
+            let tokens = a.as_ref().map_or((0, 0), |a| a.tokens);
+            (a.map(|a| a.text), (0.0, tokens))
         }
-        Err(e) => JudgeOutcome {
-            status: CheckStatus::Error,
-            output: e.to_string(),
-            cost_usd,
-        },
+    };
+    let (cost_usd, (tokens_in, tokens_out)) = spent;
+    let (status, output) = match answer {
+        Ok(text) => decide(
+            extract_verdict(&text).as_ref(),
+            ctx.config.verification.judge_min_confidence,
+        ),
+        Err(e) => (CheckStatus::Error, e.to_string()),
+    };
+    JudgeOutcome {
+        status,
+        output,
+        cost_usd,
+        tokens_in,
+        tokens_out,
+    }
+}
+
+/// [`ask_ollama`], tried again (`executor.ollama_retries` more times, 200 ms then doubling)
+/// on a failure a second try may not meet: no connection, a 5xx or 429, a cut-off answer.
+/// All tries share `bound`. A 4xx or an answer that is not JSON is final.
+async fn ask_ollama_retrying(
+    ctx: &ExecContext,
+    prompt: &str,
+    bound: Duration,
+) -> Result<Answer, JudgeError> {
+    let deadline = tokio::time::Instant::now() + bound;
+    let tries = ctx.config.executor.ollama_retries + 1;
+    let mut n = 1;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let r = ask_ollama(ctx, prompt, left).await;
+        let e = match r {
+            Err(e) if e.transient() && n < tries => e,
+            other => return other,
+        };
+        let delay = Duration::from_millis(200 << (n - 1).min(5));
+        tracing::warn!(task_id = %ctx.task.task_id, try_ = n, error = %e, "llm_judge call failed; retrying");
+        ctx.progress.emit(crate::progress::ProgressEvent::new(
+            crate::progress::EventKind::Error,
+            format!(
+                "llm_judge call failed ({e}); retry {n} in {} ms",
+                delay.as_millis()
+            ),
+        ));
+        tokio::select! {
+            _ = ctx.cancel.cancelled() => return Err(JudgeError::Cancelled),
+            _ = tokio::time::sleep_until(deadline) => return Err(JudgeError::TimedOut(bound)),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        n += 1;
     }
 }
 
@@ -254,11 +303,26 @@ enum JudgeError {
     Cancelled,
 }
 
+impl JudgeError {
+    /// Whether another try may get an answer (the server was unreachable, overloaded or cut
+    /// the answer off), as opposed to an answer that will not change.
+    fn transient(&self) -> bool {
+        match self {
+            JudgeError::Request { source, .. } => !source.is_builder(),
+            JudgeError::Read { .. } => true,
+            JudgeError::Status { status, .. } | JudgeError::NotJson { status, .. } => {
+                status.is_server_error() || *status == reqwest::StatusCode::TOO_MANY_REQUESTS
+            }
+            _ => false,
+        }
+    }
+}
+
 async fn ask_ollama(
     ctx: &ExecContext,
     prompt: &str,
     bound: Duration,
-) -> Result<String, JudgeError> {
+) -> Result<Answer, JudgeError> {
     let url = format!(
         "{}/api/chat",
         crate::executor::ollama::endpoint(&ctx.task, &ctx.config)
@@ -312,7 +376,13 @@ async fn ask_ollama(
                 body: v,
             });
         }
-        Ok(v["message"]["content"].as_str().unwrap_or("").to_string())
+        Ok(Answer {
+            text: v["message"]["content"].as_str().unwrap_or("").to_string(),
+            tokens: (
+                v["prompt_eval_count"].as_u64().unwrap_or(0),
+                v["eval_count"].as_u64().unwrap_or(0),
+            ),
+        })
     };
     tokio::select! {
         r = call => r,
@@ -328,18 +398,18 @@ async fn ask_claude(
     ctx: &ExecContext,
     prompt: &str,
     bound: Duration,
-) -> (Result<String, JudgeError>, f64) {
+) -> (Result<String, JudgeError>, (f64, (u64, u64))) {
     use crate::executor::claude_stream::StreamState;
     let scratch = match tempfile::Builder::new()
         .prefix("hub-sidecar-judge-")
         .tempdir()
     {
         Ok(d) => d,
-        Err(e) => return (Err(JudgeError::Scratch(e)), 0.0),
+        Err(e) => return (Err(JudgeError::Scratch(e)), (0.0, (0, 0))),
     };
     let program = match crate::executor::claude::locate(&ctx.config, &ctx.env, scratch.path()) {
         Ok(p) => p,
-        Err(e) => return (Err(JudgeError::NotFound(e)), 0.0),
+        Err(e) => return (Err(JudgeError::NotFound(e)), (0.0, (0, 0))),
     };
     let model = judge_model_claude(ctx);
     let mut spec = CommandSpec::new(program, scratch.path(), ctx.env.clone())
@@ -375,9 +445,10 @@ async fn ask_claude(
     };
     let out = match process::run_with(&spec, &limits, &ctx.cancel, None, Some(&mut on_line)).await {
         Ok(o) => o,
-        Err(e) => return (Err(JudgeError::Spawn(e)), 0.0),
+        Err(e) => return (Err(JudgeError::Spawn(e)), (0.0, (0, 0))),
     };
-    let (_, _, cost) = stream.usage();
+    let (tin, tout, usd) = stream.usage();
+    let cost = (usd, (tin, tout));
     if out.exit == Exit::TimedOut {
         return (Err(JudgeError::TimedOut(bound)), cost);
     }

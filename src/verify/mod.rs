@@ -7,12 +7,14 @@
 //! - [`observe`]: workspace snapshots and what an attempt changed.
 //! - [`judge`]: the optional `llm_judge` check.
 //! - [`signature`]: failure signatures (no-progress and oscillation detection).
+//! - [`plan`]: the plan asked for once, found in the first attempt, carried forward.
 //! - [`prompt`]: first and corrective prompts for LLM executors.
-//! - [`retry_loop`]: execute → observe → verify → re-prompt, bounded.
+//! - [`retry_loop`]: plan → execute → verify → decide → correct → report, bounded.
 
 pub mod checks;
 pub mod judge;
 pub mod observe;
+pub mod plan;
 pub mod prompt;
 pub mod report;
 pub mod retry_loop;

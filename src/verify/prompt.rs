@@ -8,13 +8,19 @@
 //! A failed check's output is cut by [`excerpt`], not from the front: test runners print the
 //! passing lines first and the failure last, so the prompt keeps the head, the tail (where
 //! stderr lands in the combined output) and the lines around failure markers (`FAILED`,
-//! `panicked`, `Error`, `assert`, …), and says how much was cut. Only `fail` and `timeout`
-//! checks are shown as failures: a check that errored stops the loop before any re-prompt.
+//! `panicked`, `Error`, `assert`, …), and says how much was cut. Every check that did not
+//! pass is shown as failed (a check that errored stops the loop before any re-prompt, so in
+//! practice these are `fail` and `timeout`), and their count is in the first line.
+//!
+//! Two corrective forms: [`corrective_prompt`], self-contained (task, plan, previous output),
+//! for an executor that starts afresh; [`corrective_turn`], only what failed, for a
+//! conversation the executor kept.
 
 use crate::task::Task;
 use crate::util::truncate_chars;
 
 use super::checks::status_str;
+use super::plan::{self, Plan};
 use super::report::AttemptRecord;
 use super::report::CheckStatus;
 
@@ -122,9 +128,10 @@ pub fn excerpt(output: &str, budget: usize) -> String {
 /// Characters of the previous attempt's output shown in a corrective prompt.
 pub const PREVIOUS_OUTPUT_CHARS: usize = 1_000;
 
-/// The first prompt: description, success criteria, verification steps as completion
-/// criteria, and the instruction to plan first and check each criterion before finishing.
-pub fn first_prompt(task: &Task) -> String {
+/// The task as the agent must understand it: description, success criteria, and the
+/// verification steps as completion criteria. Every prompt restates it, never a previous
+/// corrective prompt, so the instructions do not drift across attempts.
+pub fn task_statement(task: &Task) -> String {
     let mut s = task.description.trim().to_string();
     if !task.success_criteria.is_empty() {
         s.push_str("\n\nSUCCESS CRITERIA:\n");
@@ -142,32 +149,47 @@ pub fn first_prompt(task: &Task) -> String {
             s.push('\n');
         }
     }
-    s.push_str("\n\nPlan your approach before changing anything. Before you finish, check each criterion above yourself and fix what does not hold.");
     s
 }
 
-/// The corrective prompt for attempt `attempt` (2-based: retry `attempt - 1` of `max_retries`).
-///
-/// `history` holds every verification run so far; the last one is the failure to fix.
-pub fn corrective_prompt(
-    task: &Task,
-    attempt: u32,
-    max_retries: u32,
-    history: &[AttemptRecord],
-    previous_output: &str,
-) -> String {
-    let retry = attempt.saturating_sub(1);
-    let mut s = format!("VERIFICATION RETRY {retry}/{max_retries}\n\nYour previous attempt did not pass verification. Fix the failed checks below without breaking the passing ones.\n");
+/// The first prompt: the [`task_statement`] and the request for a plan in the
+/// specification's shape ([`plan::REQUEST`]).
+pub fn first_prompt(task: &Task) -> String {
+    format!("{}\n\n{}", task_statement(task), plan::REQUEST)
+}
+
+/// Checks of `last` that are not passing: what a retry has to fix.
+pub fn failing_count(last: &AttemptRecord) -> usize {
+    last.report
+        .checks
+        .iter()
+        .filter(|c| c.status != CheckStatus::Pass)
+        .count()
+}
+
+/// The first line of every corrective prompt and turn (the specification's announcement).
+fn header(retry: u32, max_retries: u32, history: &[AttemptRecord]) -> String {
+    let m = history.last().map_or(0, failing_count);
+    format!("VERIFICATION RETRY {retry}/{max_retries}: fixing {m} failed check(s). Your previous attempt did not pass verification. Fix the failed checks below without breaking the passing ones.\n")
+}
+
+/// Failed and passed checks of the latest run, what it changed, and one line per earlier run.
+fn failure_sections(s: &mut String, history: &[AttemptRecord]) {
     if let Some(last) = history.last() {
         s.push_str("\nFAILED CHECKS:\n");
         for c in last
             .report
             .checks
             .iter()
-            .filter(|c| matches!(c.status, CheckStatus::Fail | CheckStatus::Timeout))
+            .filter(|c| c.status != CheckStatus::Pass)
         {
+            let flaky = if c.flaky {
+                " (it passed when run again: make it pass reliably)"
+            } else {
+                ""
+            };
             s.push_str(&format!(
-                "- type: {} | target: {} | status: {}\n  output: {}\n",
+                "- type: {} | target: {} | status: {}{flaky}\n  output: {}\n",
                 c.check_type,
                 c.target,
                 status_str(c.status),
@@ -210,11 +232,63 @@ pub fn corrective_prompt(
             ));
         }
     }
-    s.push_str(&format!("\nORIGINAL TASK:\n{}\n", first_prompt(task)));
+}
+
+/// The plan section of a corrective prompt: the plan made once, or (none was found) the
+/// request for one.
+fn plan_section(s: &mut String, plan: Option<&Plan>) {
+    match plan {
+        Some(p) => s.push_str(&format!(
+            "\nYOUR PLAN (made on attempt {}; keep to it, do not plan again: redo the steps whose verification failed):\n{}",
+            p.made_on_attempt,
+            p.render()
+        )),
+        None => s.push_str(&format!(
+            "\nYou did not write a plan in the requested form. {}\n",
+            plan::REQUEST
+        )),
+    }
+}
+
+/// The corrective prompt of retry `retry` (1-based) of `max_retries`, self-contained, for an
+/// executor that starts afresh (a new `claude -p` run, a chat rebuilt after a restart).
+///
+/// `history` holds every verification run so far; the last one is the failure to fix.
+pub fn corrective_prompt(
+    task: &Task,
+    retry: u32,
+    max_retries: u32,
+    history: &[AttemptRecord],
+    previous_output: &str,
+    plan: Option<&Plan>,
+) -> String {
+    let mut s = header(retry, max_retries, history);
+    failure_sections(&mut s, history);
+    s.push_str(&format!("\nORIGINAL TASK:\n{}\n", task_statement(task)));
+    plan_section(&mut s, plan);
     s.push_str(&format!(
         "\nYOUR PREVIOUS OUTPUT:\n{}\n",
         truncate_chars(previous_output.trim(), PREVIOUS_OUTPUT_CHARS)
     ));
+    s
+}
+
+/// The short corrective turn added to a conversation the executor kept (Ollama's chat): the
+/// task, the plan and the agent's own answer are already in it, so only what failed is new.
+pub fn corrective_turn(
+    retry: u32,
+    max_retries: u32,
+    history: &[AttemptRecord],
+    plan: Option<&Plan>,
+) -> String {
+    let mut s = header(retry, max_retries, history);
+    failure_sections(&mut s, history);
+    match plan {
+        Some(_) => s.push_str(
+            "\nKeep to the plan you made; redo only the steps whose verification failed.\n",
+        ),
+        None => plan_section(&mut s, None),
+    }
     s
 }
 

@@ -34,13 +34,23 @@ pub struct CheckResult {
     pub output: String,
     /// How long the check took.
     pub duration_ms: u64,
-    /// Failed first, passed on the re-run. Counted as a pass in the report's summary, but
-    /// the task cannot be `verified` with a flaky check (see the retry loop).
+    /// Failed first, passed on the re-run. The check stays `fail` (and so does the report):
+    /// a pass that needed a second run is not a pass the hub should read (see the retry loop).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub flaky: bool,
     /// USD the check itself cost (an `llm_judge` call on claude); counted in the caps.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cost_usd: f64,
+    /// Tokens the check's model read (an `llm_judge` call); summed into `result.tokens_in`.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub tokens_in: u64,
+    /// Tokens the check's model wrote; summed into `result.tokens_out`.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub tokens_out: u64,
+}
+
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -80,7 +90,7 @@ impl ReportStatus {
 pub struct Summary {
     /// Checks run.
     pub total: u32,
-    /// Passed (a flaky pass included).
+    /// Passed (a flaky check is not counted here: it stays `fail`).
     pub passed: u32,
     /// Failed.
     pub failed: u32,
@@ -173,7 +183,7 @@ impl VerificationReport {
 
 /// One attempt's record in `verification_history`: its report and what changed in the
 /// workspace during it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AttemptRecord {
     /// The attempt's verification report, its fields inlined.
     #[serde(flatten)]

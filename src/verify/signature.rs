@@ -90,6 +90,29 @@ pub fn failure_signature(report: &VerificationReport) -> String {
     d.iter().take(12).map(|b| format!("{b:02x}")).collect()
 }
 
+/// Whether a non-passing check of `report` was killed by a signal the daemon did not send
+/// (SIGINT, SIGKILL, SIGTERM on the check or on the child of its `sh`, which then prints
+/// `Terminated`/`Killed` and exits 128 + n): a shutdown reaching the check before the task's
+/// cancellation does. Such a run says nothing about the work.
+pub fn interrupted(report: &VerificationReport) -> bool {
+    const MARKS: [&str; 6] = [
+        "[killed by signal 2]",
+        "[killed by signal 9]",
+        "[killed by signal 15]",
+        "[exit code 130]",
+        "[exit code 137]",
+        "[exit code 143]",
+    ];
+    report
+        .checks
+        .iter()
+        .filter(|c| c.status != CheckStatus::Pass)
+        .any(|c| {
+            let tail = c.output.trim_end();
+            MARKS.iter().any(|m| tail.ends_with(m))
+        })
+}
+
 fn status_str_report(r: &VerificationReport) -> String {
     serde_json::to_value(r.status)
         .ok()
@@ -139,6 +162,8 @@ mod tests {
                     duration_ms: 3,
                     flaky: false,
                     cost_usd: 0.0,
+                    tokens_in: 0,
+                    tokens_out: 0,
                 },
                 CheckResult {
                     check_type: "file_exists".into(),
@@ -149,6 +174,8 @@ mod tests {
                     duration_ms: 1,
                     flaky: false,
                     cost_usd: 0.0,
+                    tokens_in: 0,
+                    tokens_out: 0,
                 },
             ],
             false,

@@ -585,8 +585,17 @@ async fn the_daily_cap_holds_when_the_daemon_restarts_in_the_middle_of_a_task() 
         (r["estimated_cost_usd"].as_f64().unwrap() - 0.75).abs() < 1e-9,
         "{r}"
     );
-    let history = done["verification_history"].as_array().unwrap();
-    assert_eq!(history[0]["run_number"], 2, "the attempt count resumed");
+    let runs: Vec<&Value> = done["verification_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| &a["run_number"])
+        .collect();
+    assert_eq!(
+        runs,
+        [&json!(1), &json!(2), &json!(3)],
+        "the attempt count resumed, and attempt 1's report is kept"
+    );
     let ledger: Value =
         serde_json::from_str(&std::fs::read_to_string(h.dir().join("spend.json")).unwrap())
             .unwrap();
@@ -633,5 +642,31 @@ async fn an_immediate_stop_kills_a_task_in_its_kill_grace_and_keeps_it_for_recov
     let phase = serde_json::to_value(&st).unwrap()["active"]["phase"].clone();
     assert_eq!(phase, "recovering");
     assert!(h.received_of("task_complete").is_empty());
+    h.finish().await;
+}
+
+#[tokio::test]
+async fn the_hub_s_acknowledgement_is_logged_in_the_protocol_s_word() {
+    let mut h = Harness::setup()
+        .await
+        .start_bin("test-token", "", &[])
+        .await;
+    // A failed task: the hub acknowledges it with `retried`.
+    h.assign(sample_shell_task("acked", "exit 3"));
+    h.wait_for_type("task_failed", T).await.unwrap();
+    assert!(
+        wait_until(|| h.bin().logs().contains("result acknowledged"), T).await,
+        "no acknowledgement logged:\n{}",
+        h.bin().logs()
+    );
+    h.bin().signal("TERM");
+    h.bin_mut().wait(T).await;
+    let logs = h.bin().logs();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("result acknowledged"))
+        .unwrap();
+    assert!(line.contains("status=retried"), "{line}");
+    assert!(!line.contains("Some("), "{line}");
     h.finish().await;
 }

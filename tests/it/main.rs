@@ -16,6 +16,7 @@ mod faults;
 mod git;
 mod harness;
 mod hub_restart;
+mod loop_spec;
 mod manifest;
 mod ops;
 mod outbox;

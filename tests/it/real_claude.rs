@@ -69,10 +69,7 @@ fn context(claude: &Path, api: &FakeAnthropic, workspace: &Path, home: &Path) ->
 /// Run the executor once on the real CLI in `workspace`, talking to `api`, with a private HOME.
 async fn run(claude: &Path, api: &FakeAnthropic, workspace: &Path, home: &Path) -> ExecOutcome {
     let ctx = context(claude, api, workspace, home);
-    let attempt = Attempt {
-        number: 1,
-        prompt: "Write hello.txt containing hi.".into(),
-    };
+    let attempt = Attempt::new(1, "Write hello.txt containing hi.");
     ClaudeExecutor::new(&ctx)
         .unwrap()
         .execute(&ctx, &attempt)
@@ -141,13 +138,13 @@ async fn real_cli_works_inside_the_task_sandbox() {
     )
     .unwrap();
     ctx.config = Arc::new(cfg);
-    let attempt = Attempt {
-        number: 1,
-        prompt: format!(
+    let attempt = Attempt::new(
+        1,
+        format!(
             "Write hello.txt containing hi. Then write {}.",
             outside.display()
         ),
-    };
+    );
     let out = ClaudeExecutor::new(&ctx)
         .unwrap()
         .execute(&ctx, &attempt)
@@ -294,4 +291,22 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The plan the loop carries forward is found in what the real CLI prints: its first
+/// assistant text, in the shape the first prompt asks for.
+#[tokio::test]
+async fn real_cli_the_plan_in_its_first_text_reaches_the_loop() {
+    let Some(claude) = real_claude() else { return };
+    let api = FakeAnthropic::start(Script::Text(
+        "PLAN\nGoal: hello.txt says hi\nSteps:\n1. Write hello.txt -> verify: cat hello.txt prints hi\n\nDone.",
+    ))
+    .await;
+    let (ws, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = run(&claude, &api, ws.path(), home.path()).await;
+    assert_eq!(out.status, ExecStatus::Succeeded, "{:?}", out.error);
+    let plan = hub_sidecar::verify::plan::Plan::find(&out.narrative, 1)
+        .unwrap_or_else(|| panic!("no plan in {:?}", out.narrative));
+    assert_eq!(plan.goal, "hello.txt says hi");
+    assert_eq!(plan.steps[0].verify, "cat hello.txt prints hi");
 }

@@ -49,10 +49,7 @@ fn context(
 }
 
 fn attempt(prompt: &str) -> Attempt {
-    Attempt {
-        number: 1,
-        prompt: prompt.to_string(),
-    }
+    Attempt::new(1, prompt)
 }
 
 /// The pid in `marker` is gone (or a zombie) within 1 s.

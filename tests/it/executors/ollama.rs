@@ -130,7 +130,8 @@ async fn plain_streaming_counts_tokens_and_keeps_history() {
 
     let second = Attempt {
         number: 2,
-        prompt: "now fix it".into(),
+        prompt: "THE FULL CORRECTIVE PROMPT, restating the task".into(),
+        followup: Some("now fix it".into()),
     };
     let out = ex.execute(&ctx, &second).await;
     assert_eq!(out.output, "Fixed");
@@ -141,11 +142,13 @@ async fn plain_streaming_counts_tokens_and_keeps_history() {
         reqs[0]["messages"],
         json!([{"role": "user", "content": "say hello"}])
     );
-    // A follow-up is short: the corrective prompt alone (it restates the task and sums
-    // up the earlier attempts), never the transcript plus another copy of the task.
+    // The retry continues the kept chat: the first prompt, the model's own answer, and a
+    // short corrective turn — never another copy of the task in a fresh conversation.
     assert_eq!(
         reqs[1]["messages"],
-        json!([{"role": "user", "content": "now fix it"}])
+        json!([{"role": "user", "content": "say hello"},
+               {"role": "assistant", "content": "Hello, world"},
+               {"role": "user", "content": "now fix it"}])
     );
     assert_eq!(reqs[0]["options"]["num_ctx"], 16_384);
     assert_eq!(reqs[1]["options"]["num_ctx"], 16_384);
@@ -490,4 +493,58 @@ async fn sandbox_refusals_go_back_to_the_model_and_the_loop_goes_on() {
         std::fs::read_to_string(ws.path().join("ok/inside.txt")).unwrap(),
         "fine"
     );
+}
+
+/// Twenty iterations, each reading a different 16 KiB file: 320 KiB of tool results, about
+/// five times a 16,384-token window. Every request stays under `num_ctx` (by the executor's
+/// own conservative estimate, and by far by a 4-characters-a-token one), and every request
+/// still carries the system prompt, the task and the newest tool result whole.
+#[tokio::test]
+async fn a_20_iteration_run_stays_under_num_ctx_by_summarising_older_turns() {
+    let ws = tempfile::tempdir().unwrap();
+    let big: String = (0..16 * 1024 / 64)
+        .map(|i| format!("{i:05} the quick brown fox jumps over the lazy dog, again.....\n"))
+        .collect();
+    let mut replies = Vec::new();
+    for i in 0..20 {
+        std::fs::write(ws.path().join(format!("f{i:02}.txt")), &big).unwrap();
+        replies.push(tool_calls(&[(
+            "read_file",
+            json!({"path": format!("f{i:02}.txt")}),
+        )]));
+    }
+    let server = FakeOllama::start(replies).await;
+    let task = json!({"task_id": "t-ctx", "description": "THE-TASK: summarise the files",
+        "routing_decision": {"target_type": "ollama", "effective_tier": "complex",
+                             "selected_endpoint": server.endpoint(), "selected_model": MODEL}});
+    let (out, events) = run(&server, task, ws.path(), |_| {}).await;
+    assert_eq!(out.termination_reason.as_deref(), Some("max_iterations"));
+    assert_eq!(out.iterations_used, Some(20));
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 20);
+    let num_ctx = 16_384usize;
+    for (i, r) in reqs.iter().enumerate() {
+        let msgs = r["messages"].as_array().unwrap();
+        let chars: usize = msgs.iter().map(|m| m.to_string().len()).sum();
+        assert!(chars / 4 < num_ctx, "request {i}: {chars} chars");
+        assert_eq!(msgs[0]["role"], "system", "request {i}");
+        assert_eq!(msgs[1]["content"], "do it", "request {i}: the task stays");
+        if i > 0 {
+            // The newest tool result is whole.
+            let last = msgs.last().unwrap();
+            assert_eq!(last["role"], "tool");
+            assert_eq!(
+                last["content"].as_str().unwrap().len(),
+                big.len(),
+                "request {i}"
+            );
+        }
+    }
+    let last = reqs[19]["messages"].as_array().unwrap();
+    assert!(last.iter().any(|m| m["content"]
+        .as_str()
+        .is_some_and(|c| c.starts_with("[summarised") || c.contains("were folded"))));
+    assert!(kinds(&events, EventKind::Status)
+        .iter()
+        .any(|e| e.text.starts_with("context: ") && e.text.contains("num_ctx 16384")));
 }

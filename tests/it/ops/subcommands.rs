@@ -8,6 +8,9 @@ async fn run_bin(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String, 
     cmd.args(args)
         .env_remove("RUST_LOG")
         .env_remove("HUB_SIDECAR_CONFIG")
+        // `run-task` records into the configured state directory; a test that looks at the
+        // record turns this back on with its own state directory.
+        .env("HUB_SIDECAR_RECORDER__ENABLED", "false")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
     for (k, v) in envs {
@@ -239,6 +242,7 @@ async fn run_task_with_a_relative_workspace_observes_the_git_repository() {
         .current_dir(dir.path())
         .env_remove("RUST_LOG")
         .env_remove("HUB_SIDECAR_CONFIG")
+        .env("HUB_SIDECAR_RECORDER__ENABLED", "false")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output()
@@ -305,4 +309,124 @@ async fn run_task_fixes_the_failing_test_with_the_stand_in_claude() {
         "fixed on the corrective attempt"
     );
     assert_eq!(v["verification_history"][0]["status"], "fail");
+}
+
+#[tokio::test]
+async fn run_task_leaves_a_flight_record_that_tasks_and_show_read_from_a_config_without_agent_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    // What an operator writes to try a task by hand: no hub keys at all.
+    let config = dir.path().join("offline.toml");
+    std::fs::write(&config, format!("state_dir = \"{}\"\n", state.display())).unwrap();
+    let task = repo().join("examples/tasks/shell-with-checks.json");
+    let on = [("HUB_SIDECAR_RECORDER__ENABLED", "true")];
+    let cfg = config.to_str().unwrap();
+    let (code, out, err) = run_bin(
+        &[
+            "run-task",
+            task.to_str().unwrap(),
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--config",
+            cfg,
+        ],
+        &on,
+    )
+    .await;
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(err.contains("flight record under"), "{err}");
+
+    let (code, out, err) = run_bin(&["tasks", "--config", cfg, "--json"], &on).await;
+    assert_eq!(code, Some(0), "tasks refused the config:\n{err}");
+    let list: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list[0]["task_id"], "example-shell-with-checks", "{list}");
+
+    let (code, out, err) = run_bin(
+        &[
+            "show",
+            "example-shell-with-checks",
+            "--config",
+            cfg,
+            "--json",
+        ],
+        &on,
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let story: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(story["attempts"].as_array().unwrap().len(), 1, "{story}");
+    assert_eq!(story["terminal"]["frame_type"], "task_complete", "{story}");
+    assert_eq!(story["stop"]["decision"], "verified", "{story}");
+}
+
+/// A task branch's work is committed (the shape of every branch the daemon publishes):
+/// `verify` judges it against the merge base with the default branch, and says so; `--base`
+/// names another base.
+#[tokio::test]
+async fn verify_judges_committed_work_against_the_merge_base_and_says_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let git = |args: &[&str]| crate::git::git(&ws, args);
+    git(&["init", "-q", "-b", "main"]);
+    std::fs::write(ws.join("README"), "base\n").unwrap();
+    git(&["add", "README"]);
+    git(&["commit", "-q", "-m", "base"]);
+    let base = git(&["rev-parse", "HEAD"]).trim().to_string();
+    git(&["checkout", "-q", "-b", "task-branch"]);
+    std::fs::write(ws.join("hello.txt"), "hello\n").unwrap();
+    git(&["add", "hello.txt"]);
+    git(&["commit", "-q", "-m", "the work"]);
+    let task = dir.path().join("t.json");
+    let fake = crate::fakes::FakeOllama::answering(
+        r#"{"match": true, "confidence": 0.95, "reason": "committed"}"#,
+        4,
+    )
+    .await;
+    std::fs::write(
+        &task,
+        json!({"task_id": "judged", "description": "Write hello.txt",
+            "routing_decision": {"selected_endpoint": fake.addr.to_string(), "selected_model": "m"},
+            "verification_steps": [{"type": "llm_judge", "target": "hello.txt exists"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let verify = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "verify".to_string(),
+            task.display().to_string(),
+            "--workspace".into(),
+            ws.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        async move {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_bin(&a, &[]).await
+        }
+    };
+    let (code, out, err) = verify(&[]).await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(
+        err.contains(&format!(
+            "llm_judge sees the work since {} (the merge base of HEAD with main)",
+            &base[..12]
+        )),
+        "{err}"
+    );
+    let asked = fake.requests();
+    assert_eq!(asked.len(), 1);
+    assert!(
+        asked[0]
+            .to_string()
+            .contains("committed: hello.txt (+1 −0)"),
+        "{}",
+        asked[0]
+    );
+    // --base HEAD: nothing since, so the judge is not asked and the check fails.
+    let (code, out, err) = verify(&["--base", "HEAD"]).await;
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(err.contains("(--base HEAD)"), "{err}");
+    assert_eq!(fake.requests().len(), 1);
 }
