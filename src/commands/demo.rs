@@ -232,10 +232,15 @@ fn event_line(e: &Value) -> String {
             e["check_type"].as_str().unwrap_or(""),
             e["check_status"].as_str().unwrap_or("")
         ),
-        "verification_retry_start" => format!(" attempt {}", e["attempt"]),
+        // `attempt` is the retry's number (0: the first run), as the protocol has it; the
+        // report's `run_number` is what the "Attempt N" lines below count.
+        "verification_retry_start" => {
+            format!(" retry {} (attempt {})", e["attempt"], e["run_number"])
+        }
         "verification_retry_complete" => format!(
-            " attempt {}: {}",
+            " retry {} (attempt {}): {}",
             e["attempt"],
+            e["run_number"],
             e["status"].as_str().unwrap_or("")
         ),
         "tool_call" => format!(" {}", e["tool_name"].as_str().unwrap_or("")),
