@@ -123,24 +123,37 @@ async fn commit_push_pr(
     }
     r.insert("commit".into(), json!(sha));
     let title = commit_title(task);
-    let range = format!("{}..HEAD", tb.base_sha);
-    let stats = parse_numstat(&git.git(path, &["diff", "--numstat", &range], false).await?);
+    // The statistics are of exactly the commit pushed below, named by its id, between two
+    // ids: no ref is resolved in between, replace refs and grafts are off (`harden::ENV`),
+    // and no textconv or external diff shapes the counts.
+    let stats = parse_numstat(
+        &git.git(
+            path,
+            &[
+                "diff",
+                "--numstat",
+                "--no-textconv",
+                "--no-ext-diff",
+                "--no-renames",
+                &tb.base_sha,
+                &sha,
+            ],
+            false,
+        )
+        .await?,
+    );
     r.insert("diff_stats".into(), json!(stats));
     r.insert(
         "risk_classification".into(),
         classify(cfg, &task.task_id, &stats).await,
     );
 
+    let dst = format!("refs/heads/{}", tb.name);
+    let lease = format!("--force-with-lease={dst}");
+    let refspec = format!("{sha}:{dst}");
     git.git(
         path,
-        &[
-            "push",
-            "--quiet",
-            "--force-with-lease",
-            "-u",
-            "origin",
-            &tb.name,
-        ],
+        &["push", "--quiet", "--no-verify", &lease, "origin", &refspec],
         true,
     )
     .await?;

@@ -86,6 +86,11 @@ impl ChildEnv {
         self.sandbox.as_ref()
     }
 
+    /// Remove one variable, if passed.
+    pub fn remove(&mut self, key: &str) {
+        self.vars.retain(|(k, _)| k != key);
+    }
+
     /// Override or add one variable (e.g. a test's PATH).
     pub fn set(&mut self, key: &str, value: &str) {
         self.vars.retain(|(k, _)| k != key);

@@ -248,11 +248,9 @@ impl Sandbox {
 pub struct Grants {
     /// Read-write trees (the workspace first).
     pub write: Vec<PathBuf>,
-    /// Extra read-only trees (a managed clone's git directory).
+    /// Extra read-only trees (a managed clone's git directory, the daemon git's empty
+    /// HOME). There is no HOME grant: no child class reads the service user's HOME.
     pub read: Vec<PathBuf>,
-    /// Whether the children may read HOME (minus the daemon's own files): the daemon's git
-    /// calls need the service user's ssh and credential setup; a task's agent never does.
-    pub home: bool,
 }
 
 /// The environment a task's children get beyond the daemon's: the variables the sandbox
@@ -386,9 +384,7 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     }
     read.extend(grants.read.iter().cloned());
     read.extend(cfg.sandbox.read_paths.iter().cloned());
-    if grants.home {
-        read.extend(home.clone());
-    } else if let Some(h) = &home {
+    if let Some(h) = &home {
         // git reads the user's config and fails hard when it exists but cannot be read.
         read.push(h.join(".gitconfig"));
         read.push(h.join(".config/git"));
@@ -400,12 +396,8 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     write.extend(var("CLAUDE_CONFIG_DIR"));
     write.extend(cfg.sandbox.write_paths.iter().cloned());
 
-    // The daemon's git calls may read HOME, which is the state directory under the unit:
-    // they are kept from the state file only.
-    let mut deny = vec![cfg.state_file()];
-    if !grants.home {
-        deny.push(cfg.state_dir.clone());
-    }
+    // The state directory (HOME under the unit) is closed but for what is granted in it.
+    let mut deny = vec![cfg.state_file(), cfg.state_dir.clone()];
     deny.extend(cfg.origin.clone());
     // Credentials that live beside toolchains and in HOME.
     for base in [var("CARGO_HOME"), home.as_ref().map(|h| h.join(".cargo"))]
@@ -424,9 +416,7 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
             ".netrc",
             ".docker",
         ] {
-            if !grants.home {
-                deny.push(h.join(p));
-            }
+            deny.push(h.join(p));
         }
     }
     FsPolicy {
