@@ -7,8 +7,9 @@
 //!
 //! What a sandbox enforces, each where the kernel allows it (see [`Support`]):
 //!
-//! - **Filesystem (Landlock)**: read-write only the workspace, a private per-task `TMPDIR`
-//!   and the CLI's own state (`claude`'s `CLAUDE_CONFIG_DIR`, pinned to `~/.claude`); read-only the system
+//! - **Filesystem (Landlock)**: read-write only the workspace and a private per-task
+//!   directory (`TMPDIR`, and in it `claude`'s per-task `CLAUDE_CONFIG_DIR`, a copy of the
+//!   operator's template: see [`agent_home`]); read-only the system
 //!   (`/usr`, `/etc`, toolchains on PATH); nothing else: not the daemon's config file, state
 //!   directory (outbox, locks), other workspaces or credentials. With Landlock ABI ≥ 6 the
 //!   children cannot signal processes outside their domain nor reach abstract sockets.
@@ -28,8 +29,10 @@
 //!
 //! - this file: levels, the probe, per-task policies and [`Sandbox`].
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
+//! - [`agent_home`]: the agent CLI's per-task configuration directory.
 //! - `child.rs`: what runs between `fork` and `exec`.
 
+pub mod agent_home;
 mod child;
 pub mod landlock;
 
@@ -206,6 +209,14 @@ pub enum ContainmentError {
         /// Why creating it failed.
         source: std::io::Error,
     },
+    /// The task's copy of the agent's configuration could not be made.
+    #[error("containment_failed: cannot set up the agent's configuration {}: {source}", path.display())]
+    AgentConfig {
+        /// The per-task configuration directory.
+        path: PathBuf,
+        /// Why making it failed.
+        source: std::io::Error,
+    },
     /// The Landlock ruleset could not be built.
     #[error("containment_failed: cannot set up the task's sandbox: {0}")]
     Landlock(#[from] landlock::BuildError),
@@ -222,6 +233,8 @@ pub struct Sandbox {
     _ruleset: Option<landlock::Built>,
     /// The private TMPDIR.
     tmp: PathBuf,
+    /// The operator's agent configuration the task's copies are made from (never granted).
+    agent_template: Option<PathBuf>,
 }
 
 impl Sandbox {
@@ -241,6 +254,11 @@ impl Sandbox {
     pub fn tmp(&self) -> &Path {
         &self.tmp
     }
+
+    /// The operator's agent configuration directory, the template of the task's copies.
+    pub fn agent_template(&self) -> Option<&Path> {
+        self.agent_template.as_deref()
+    }
 }
 
 /// What one sandbox lets its children write, beyond the system's read-only trees.
@@ -258,7 +276,7 @@ pub struct Grants {
 /// environment by [`crate::process::confine`].
 #[derive(Debug)]
 pub struct Confined {
-    /// Variables set for the children (TMPDIR and friends, CLAUDE_CONFIG_DIR).
+    /// Variables set for the children (TMPDIR and friends, the per-task CLAUDE_CONFIG_DIR).
     pub set: Vec<(String, String)>,
     /// The sandbox every child installs; `None` when containment is off.
     pub sandbox: Option<Arc<Sandbox>>,
@@ -292,19 +310,19 @@ pub fn plan(
     for k in ["TMPDIR", "TMP", "TEMP"] {
         set.push((k.to_string(), tmp_s.clone()));
     }
-    let get = |k: &str| var_in(&[vars], k).map(str::to_string);
-    // `claude` keeps its login, settings and state in one directory under HOME: pin it
-    // there (CLAUDE_CONFIG_DIR), so the sandbox can open that one directory and not HOME.
-    if let Some(home) = get("HOME").map(PathBuf::from) {
-        let claude_dir = get("CLAUDE_CONFIG_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".claude"));
-        if std::fs::create_dir_all(&claude_dir).is_ok() {
-            set.push((
-                "CLAUDE_CONFIG_DIR".to_string(),
-                claude_dir.to_string_lossy().into_owned(),
-            ));
-        }
+    // `claude`'s configuration is the task's own: a fresh copy of the operator's template
+    // under the task's private directory, removed with it (see `agent_home`).
+    let agent_template = agent_home::template(vars);
+    if let Some(template) = &agent_template {
+        let dir = agent_home::dir_for(tmp, "agent");
+        agent_home::seed(template, &dir).map_err(|source| ContainmentError::AgentConfig {
+            path: dir.clone(),
+            source,
+        })?;
+        set.push((
+            "CLAUDE_CONFIG_DIR".to_string(),
+            dir.to_string_lossy().into_owned(),
+        ));
     }
     let ruleset = if policy.support.landlock_abi > 0 {
         // What the children will see: the variables set here over the inherited ones.
@@ -324,6 +342,7 @@ pub fn plan(
             plan,
             _ruleset: ruleset,
             tmp: tmp.to_path_buf(),
+            agent_template,
         })),
     })
 }
@@ -392,8 +411,8 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     let mut write = grants.write.clone();
     write.push(tmp.to_path_buf());
     write.extend(DEVICES.iter().map(PathBuf::from));
-    // `claude`'s own directory (see `confine`): nothing else under HOME.
-    write.extend(var("CLAUDE_CONFIG_DIR"));
+    // `claude`'s per-task directory is inside `tmp`; the operator's template is not
+    // granted at all.
     write.extend(cfg.sandbox.write_paths.iter().cloned());
 
     // The state directory (HOME under the unit) is closed but for what is granted in it.
@@ -468,6 +487,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         plan,
         _ruleset: None,
         tmp: PathBuf::new(),
+        agent_template: None,
     });
     let true_bin = ["/usr/bin/true", "/bin/true"]
         .into_iter()

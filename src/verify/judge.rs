@@ -363,6 +363,11 @@ async fn ask_claude(
         "CLAUDE_CODE_MAX_RETRIES",
         &ctx.config.executor.claude_api_max_retries.to_string(),
     );
+    // A configuration of its own, made now the agent has stopped: nothing it wrote in its
+    // CLAUDE_CONFIG_DIR (hooks, `env`, `apiKeyHelper`) reaches the judge.
+    if let Err(e) = crate::sandbox::agent_home::fresh(&mut spec.env, "judge") {
+        return (Err(JudgeError::Scratch(e)), 0.0);
+    }
     spec.stdin = Some(format!("{SYSTEM}\n\n{prompt}").into_bytes());
     let limits = Limits {
         timeout: Some(bound),

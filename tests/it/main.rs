@@ -6,6 +6,7 @@
 // (`clippy::unwrap_used` in Cargo.toml).
 #![allow(clippy::unwrap_used)]
 
+mod agent_config;
 mod containment;
 mod daemon;
 mod e2e;
