@@ -51,14 +51,15 @@ const SYSTEM_READ: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys",
 ];
 
-/// Device files every child may read and write.
+/// Device files every child may read and write. Never `/dev/tty`: children have no
+/// controlling terminal (each leads its own session, see `process`), and the operator's
+/// terminal under `run-task` must stay out of a task's reach even if one had.
 const DEVICES: &[&str] = &[
     "/dev/null",
     "/dev/zero",
     "/dev/full",
     "/dev/random",
     "/dev/urandom",
-    "/dev/tty",
 ];
 
 /// What this machine lets the daemon enforce; probed once at start-up.

@@ -23,6 +23,7 @@ mod outbox;
 mod procfs;
 mod real_claude;
 mod recorder;
+mod terminal;
 mod util;
 mod verify;
 mod warm_cache;
