@@ -17,6 +17,7 @@ mod faults;
 mod git;
 mod harness;
 mod hub_restart;
+mod leaks;
 mod manifest;
 mod ops;
 mod outbox;
