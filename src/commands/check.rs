@@ -245,7 +245,8 @@ async fn probe_claude(cfg: &Config) -> Item {
 /// tells "not logged in" from "logged in".
 async fn probe_claude_auth(cfg: &Config, program: &Path) -> anyhow::Result<String> {
     // JSON is the default output (2.1.x also knows `--json`; older versions may not).
-    let spec = CommandSpec::new(program, "/", ChildEnv::from_config(cfg)).args(["auth", "status"]);
+    let spec = CommandSpec::new(program, "/", ChildEnv::from_config(cfg).for_agent())
+        .args(["auth", "status"]);
     let who = format!("`{} auth status`", program.display());
     let out = run_probe(&spec, "auth status", &who).await?;
     // Exit 1 when logged out, with the JSON on stdout all the same.

@@ -252,14 +252,17 @@ impl Default for SandboxConfig {
     }
 }
 
-/// `[env]`: what child processes inherit.
+/// `[env]`: what child processes inherit. An allowlist: the variables toolchains need
+/// (`process::env::BUILT_IN`), plus `allow`; `deny` wins over both.
 #[derive(Debug, Clone)]
 pub struct EnvConfig {
-    /// When non-empty, only these variables pass to children (plus PATH, HOME, LANG, LC_ALL,
-    /// TERM, USER and TMPDIR, which always do).
+    /// Names passed to every child on top of the built-in toolchain variables.
     pub allow: Vec<String>,
     /// Never passed to children (on top of the daemon's own `HUB_SIDECAR_*`).
     pub deny: Vec<String>,
+    /// Names passed to the agent CLI (`claude`, and `claude` as judge) only, never to a
+    /// shell task, a check or git: its credential (`ANTHROPIC_API_KEY`).
+    pub agent: Vec<String>,
 }
 
 impl Default for EnvConfig {
@@ -267,6 +270,7 @@ impl Default for EnvConfig {
         EnvConfig {
             allow: Vec::new(),
             deny: vec!["AWS_SECRET_ACCESS_KEY".into(), "GITHUB_TOKEN".into()],
+            agent: vec!["ANTHROPIC_API_KEY".into()],
         }
     }
 }

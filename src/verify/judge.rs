@@ -342,7 +342,7 @@ async fn ask_claude(
         Err(e) => return (Err(JudgeError::NotFound(e)), 0.0),
     };
     let model = judge_model_claude(ctx);
-    let mut spec = CommandSpec::new(program, scratch.path(), ctx.env.clone())
+    let mut spec = CommandSpec::new(program, scratch.path(), ctx.env.for_agent())
         .args([
             "-p",
             "--output-format",

@@ -51,3 +51,45 @@ async fn a_task_cannot_read_the_status_socket() {
     h.bin_mut().wait(crate::util::T).await;
     h.finish().await;
 }
+
+/// With the default configuration, none of the credentials a developer's or a CI machine's
+/// environment commonly holds reaches a task (the list was a deny list of two names before;
+/// `gh` reads `GH_TOKEN` first); the toolchain variables still do.
+#[tokio::test]
+async fn no_common_credential_in_the_daemons_environment_reaches_a_task() {
+    const CREDS: &[&str] = &[
+        "GH_TOKEN",
+        "GITHUB_TOKEN",
+        "GITLAB_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "NPM_TOKEN",
+        "CARGO_REGISTRY_TOKEN",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "SSH_AUTH_SOCK",
+        "GIT_CONFIG_PARAMETERS",
+    ];
+    let s = Harness::setup().await;
+    let dir = s.dir().to_path_buf();
+    let dump = crate::util::probe(&dir).join("env.txt");
+    let mut envs: Vec<(&str, &str)> = CREDS.iter().map(|k| (*k, "cred-value-91c2")).collect();
+    envs.push(("CARGO_HOME", "/opt/cargo-home"));
+    let mut h = s.start_bin("test-token", "", &envs).await;
+    let mut t = sample_shell_task("env", &format!("env > '{}'", dump.display()));
+    t["verification_steps"] = json!([]);
+    h.assign(t);
+    let done = terminal(h.hub(), "env").await;
+    assert_eq!(done["type"], "task_complete", "{done}");
+    let env = std::fs::read_to_string(&dump).unwrap();
+    assert!(
+        !env.contains("cred-value-91c2"),
+        "a credential reached the task:\n{env}"
+    );
+    assert!(env.contains("CARGO_HOME=/opt/cargo-home"), "{env}");
+    assert!(env.contains("PATH="), "{env}");
+    h.bin().signal("TERM");
+    h.bin_mut().wait(crate::util::T).await;
+    h.finish().await;
+}
