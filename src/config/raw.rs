@@ -166,6 +166,7 @@ pub(crate) struct RawEnv {
     pub allow: Option<Vec<String>>,
     pub deny: Option<Vec<String>>,
     pub agent: Option<Vec<String>>,
+    pub publish: Option<Vec<String>>,
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
 }

@@ -263,6 +263,9 @@ pub struct EnvConfig {
     /// Names passed to the agent CLI (`claude`, and `claude` as judge) only, never to a
     /// shell task, a check or git: its credential (`ANTHROPIC_API_KEY`).
     pub agent: Vec<String>,
+    /// Names passed to the publishing step alone (`git push` and `gh pr create`), never to
+    /// a task's children: the pull request's credential (`GH_TOKEN`).
+    pub publish: Vec<String>,
 }
 
 impl Default for EnvConfig {
@@ -271,6 +274,7 @@ impl Default for EnvConfig {
             allow: Vec::new(),
             deny: vec!["AWS_SECRET_ACCESS_KEY".into(), "GITHUB_TOKEN".into()],
             agent: vec!["ANTHROPIC_API_KEY".into()],
+            publish: vec!["GH_TOKEN".into()],
         }
     }
 }

@@ -148,15 +148,28 @@ async fn commit_push_pr(
         classify(cfg, &task.task_id, &stats).await,
     );
 
+    // Credentials are for publishing only: the task URL's `user:token` as a header (the
+    // clone's config never holds it) and `[env] publish` (`GH_TOKEN` for gh).
+    let publisher = {
+        let g = git.clone().publishing();
+        match task.repo.as_deref().map(str::trim) {
+            Some(url) if url.starts_with("http") => match super::url::userinfo(url) {
+                Some(info) => g.with_credentials(&info),
+                None => g,
+            },
+            _ => g,
+        }
+    };
     let dst = format!("refs/heads/{}", tb.name);
     let lease = format!("--force-with-lease={dst}");
     let refspec = format!("{sha}:{dst}");
-    git.git(
-        path,
-        &["push", "--quiet", "--no-verify", &lease, "origin", &refspec],
-        true,
-    )
-    .await?;
+    publisher
+        .git(
+            path,
+            &["push", "--quiet", "--no-verify", &lease, "origin", &refspec],
+            true,
+        )
+        .await?;
     r.insert("pushed".into(), json!(true));
 
     let Some(gh) = find_gh(cfg, git, path) else {
@@ -205,7 +218,7 @@ async fn commit_push_pr(
     if draft {
         args.push("--draft");
     }
-    let res = git
+    let res = publisher
         .run_program(gh.as_os_str(), "gh pr create", path, &args, true)
         .await;
     let _ = tokio::fs::remove_file(&body_path).await;

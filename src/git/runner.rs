@@ -101,6 +101,13 @@ impl GitRunner {
         self
     }
 
+    /// The same runner for the publishing step: `[env] publish` (the pull request's
+    /// `GH_TOKEN`) added, for the push and `gh` only.
+    pub fn publishing(mut self) -> GitRunner {
+        self.env = self.env.for_publish();
+        self
+    }
+
     /// The environment git and gh run with.
     pub fn env(&self) -> &ChildEnv {
         &self.env

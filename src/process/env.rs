@@ -7,7 +7,8 @@
 //! value that contains one of the daemon's secrets. Credentials such as `GH_TOKEN`,
 //! `GITHUB_TOKEN`, `AWS_*` or `NPM_TOKEN` are simply not on the list. The agent CLI's own
 //! credential (`[env] agent`, `ANTHROPIC_API_KEY` by default) is kept aside and added only
-//! where the agent itself is started ([`ChildEnv::for_agent`]).
+//! where the agent itself is started ([`ChildEnv::for_agent`]); the pull request's
+//! (`[env] publish`, `GH_TOKEN`) only for the push and `gh` ([`ChildEnv::for_publish`]).
 
 /// What a child gets from the daemon: the environment it may see and, for a task's
 /// children, the task's [`Sandbox`], applied by [`super::run_with`] to every spawn.
@@ -16,6 +17,9 @@ pub struct ChildEnv {
     vars: Vec<(String, String)>,
     /// The agent CLI's variables (`[env] agent`): only in [`ChildEnv::for_agent`].
     agent: Vec<(String, String)>,
+    /// The publishing step's variables (`[env] publish`): only in
+    /// [`ChildEnv::for_publish`].
+    publish: Vec<(String, String)>,
     sandbox: Option<Arc<Sandbox>>,
 }
 
@@ -94,7 +98,7 @@ impl ChildEnv {
             .filter(|s| s.len() >= 6)
             .collect();
         let listed = |list: &[String], k: &str| list.iter().any(|a| a == k);
-        let (mut kept, mut agent) = (Vec::new(), Vec::new());
+        let (mut kept, mut agent, mut publish) = (Vec::new(), Vec::new(), Vec::new());
         for (k, v) in vars {
             if k.starts_with("HUB_SIDECAR_")
                 || listed(&cfg.env.deny, &k)
@@ -106,11 +110,14 @@ impl ChildEnv {
                 kept.push((k, v));
             } else if listed(&cfg.env.agent, &k) {
                 agent.push((k, v));
+            } else if listed(&cfg.env.publish, &k) {
+                publish.push((k, v));
             }
         }
         ChildEnv {
             vars: kept,
             agent,
+            publish,
             sandbox: None,
         }
     }
@@ -125,11 +132,22 @@ impl ChildEnv {
         env
     }
 
+    /// The same environment with the publishing step's variables (`[env] publish`) added:
+    /// for `git push` and `gh pr create`, after the task's work is done.
+    pub fn for_publish(&self) -> ChildEnv {
+        let mut env = self.clone();
+        for (k, v) in &self.publish {
+            env.set(k, v);
+        }
+        env
+    }
+
     /// The current environment, unfiltered (tests, offline tools).
     pub fn inherit() -> ChildEnv {
         ChildEnv {
             vars: std::env::vars().collect(),
             agent: Vec::new(),
+            publish: Vec::new(),
             sandbox: None,
         }
     }
@@ -243,6 +261,9 @@ mod tests {
             env.for_agent().get("ANTHROPIC_API_KEY"),
             Some("s3cr3t-value")
         );
+        // The pull request's credential reaches the publishing step alone.
+        assert_eq!(env.for_agent().get("GH_TOKEN"), None);
+        assert_eq!(env.for_publish().get("GH_TOKEN"), Some("s3cr3t-value"));
         // On purpose: the operator lists it.
         cfg.env.allow = vec!["GH_TOKEN".into(), "MY_BUILD_FLAG".into()];
         cfg.env.agent.clear();

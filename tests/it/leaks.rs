@@ -93,3 +93,52 @@ async fn no_common_credential_in_the_daemons_environment_reaches_a_task() {
     h.bin_mut().wait(crate::util::T).await;
     h.finish().await;
 }
+
+/// The pull request's credential (`GH_TOKEN`, `[env] publish`) reaches `gh` and nothing a
+/// task runs: before, it reached every child, and `gh` reads it first.
+#[tokio::test]
+async fn the_pull_request_token_reaches_gh_and_no_task() {
+    let s = Harness::setup().await;
+    let dir = s.dir().to_path_buf();
+    let remote = crate::git::Remote::new();
+    let probe = crate::util::probe(&dir);
+    let bin_dir = tempfile::tempdir().unwrap();
+    let gh = bin_dir.path().join("gh");
+    crate::git::write_exe(
+        &gh,
+        &format!(
+            "#!/bin/sh\n# Test double for the GitHub CLI: records the token it was given.\necho \"gh:${{GH_TOKEN:-none}}\" > '{}/gh-saw'\necho https://github.com/acme/widgets/pull/7\n",
+            probe.display()
+        ),
+    );
+    let extra = format!(
+        "[git]\ngh_path = \"{}\"\nhub_api_url = \"http://127.0.0.1:1\"\n",
+        gh.display()
+    );
+    let mut h = s
+        .start_bin(
+            "test-token",
+            &extra,
+            &[("GH_TOKEN", "ghp-publish-only-5e1")],
+        )
+        .await;
+    let dump = probe.join("task-env");
+    h.assign(crate::git::shell_task(
+        "pr",
+        &format!("env > '{}'; echo w > w.txt", dump.display()),
+        &remote.url(),
+        "Open a pull request",
+    ));
+    let done = terminal(h.hub(), "pr").await;
+    assert_eq!(
+        done["result"]["pr_url"], "https://github.com/acme/widgets/pull/7",
+        "{done}"
+    );
+    let task_env = std::fs::read_to_string(&dump).unwrap();
+    assert!(!task_env.contains("ghp-publish-only-5e1"), "{task_env}");
+    let saw = std::fs::read_to_string(probe.join("gh-saw")).unwrap();
+    assert_eq!(saw.trim(), "gh:ghp-publish-only-5e1");
+    h.bin().signal("TERM");
+    h.bin_mut().wait(crate::util::T).await;
+    h.finish().await;
+}
