@@ -20,7 +20,7 @@
 //!
 //! 1. **Fixed overrides** on the command line ([`overrides`]): hooks off, fsmonitor off, no
 //!    pager, no editor, no external diff, no `ext::` transport, no askpass, submodules not
-//!    entered; the work tree named as a safe directory.
+//!    entered by status, diff, fetch or push; the work tree named as a safe directory.
 //! 2. **A fixed environment** ([`ENV`], [`scrub_env`]): no system or global config
 //!    (`GIT_CONFIG_NOSYSTEM`, `GIT_CONFIG_GLOBAL=/dev/null`), no replace refs or grafts
 //!    (`GIT_NO_REPLACE_OBJECTS`, `GIT_GRAFT_FILE=/dev/null`), and no inherited `GIT_DIR`,
@@ -35,7 +35,9 @@
 //!    written by the task: its config is read first and every key outside a short
 //!    allowlist ([`untrusted_keys`]) refuses the call, as do alternates. A driver named in
 //!    `.gitattributes` only runs when config defines it, so a trusted config makes
-//!    attributes inert too.
+//!    attributes inert too. A populated submodule (which `git add` enters whatever the
+//!    overrides say) has its own config checked the same way, in a managed clone too
+//!    ([`submodule_refusal`]).
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -255,6 +257,15 @@ pub enum Refusal {
         /// The alternates file.
         file: PathBuf,
     },
+    /// A populated submodule, which git enters (`git add` asks its `git status`), is not
+    /// safe (its own config, alternates, or a `.git` that cannot be resolved).
+    #[error("refused: the submodule checkout {} has a git directory of its own that git would enter: {why}", path.display())]
+    Submodule {
+        /// The submodule's directory.
+        path: PathBuf,
+        /// Why it is not safe.
+        why: String,
+    },
     /// The config sets keys outside the allowlist.
     #[error("refused: {} sets {}, which can make git run a program; the daemon runs no git in this work tree until the key is removed (or use a managed clone: a task with `repo`)", file.display(), keys.join(", "))]
     UntrustedKeys {
@@ -283,7 +294,93 @@ pub async fn refusal(
     if let Err(why) = no_alternates(&found.git_dir) {
         return Some(why);
     }
-    refusal_of(&config_files(&found.git_dir), env, cancel).await
+    if let Some(why) = refusal_of(&config_files(&found.git_dir), env, cancel).await {
+        return Some(why);
+    }
+    submodule_refusal(&found, env, cancel).await.err()
+}
+
+/// Submodules nested deeper than this are refused rather than followed.
+const MAX_SUBMODULE_DEPTH: usize = 3;
+
+/// Refuse when a populated submodule of `found` (a gitlink in its index whose directory has
+/// a `.git`) is not safe: git runs `git status` inside each one (from `git add`, among
+/// others) with the submodule's own config, which no `-c` of ours can cover, so that config
+/// is checked like the superproject's, and so on down. An index that cannot be listed
+/// refuses too. A managed clone needs this as much as any work tree: its base commit may
+/// hold gitlinks, and the task can populate them.
+pub async fn submodule_refusal(
+    found: &Located,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+) -> Result<(), Refusal> {
+    let mut todo = vec![(found.clone(), 0usize)];
+    while let Some((repo, depth)) = todo.pop() {
+        let refuse = |path: &Path, why: String| Refusal::Submodule {
+            path: path.to_path_buf(),
+            why,
+        };
+        let spec = CommandSpec::new("git", &repo.work_tree, {
+            let mut env = env.clone();
+            scrub_env(&mut env);
+            env
+        })
+        .args(overrides(&repo.work_tree))
+        .args(repo.args())
+        .args(["ls-files", "--stage", "-z"]);
+        let limits = Limits {
+            timeout: Some(Duration::from_secs(60)),
+            grace: Duration::from_millis(500),
+            output_cap: 64 * 1024 * 1024,
+        };
+        let listing = match process::run(&spec, &limits, cancel, None).await {
+            Ok(o) if o.exit.success() && o.dropped_bytes == 0 => o.stdout,
+            // git cannot read this index (not a repository, a corrupt index): the call
+            // that follows cannot enter a submodule through it either, and says why.
+            Ok(o) if !o.exit.success() => continue,
+            Ok(_) => {
+                return Err(refuse(
+                    &repo.work_tree,
+                    "the index lists more than can be checked".into(),
+                ))
+            }
+            Err(e) => return Err(refuse(&repo.work_tree, format!("cannot run git: {e}"))),
+        };
+        for entry in listing.split('\0') {
+            // `<mode> <object> <stage>\t<path>`; only gitlinks (160000) are submodules.
+            let Some(("160000", rest)) = entry.split_once(' ') else {
+                continue;
+            };
+            let Some((_, rel)) = rest.split_once('\t') else {
+                continue;
+            };
+            let dir = repo.work_tree.join(rel);
+            if rel.contains('\u{fffd}') {
+                return Err(refuse(&dir, "its path is not UTF-8".into()));
+            }
+            let git_dir = match git_dir_of(&dir) {
+                Ok(Some(d)) => d,
+                // Not populated: git does not enter it.
+                Ok(None) => continue,
+                Err(e) => return Err(refuse(&dir, e.to_string())),
+            };
+            if depth + 1 > MAX_SUBMODULE_DEPTH {
+                return Err(refuse(&dir, "submodules nest too deep to check".into()));
+            }
+            no_alternates(&git_dir).map_err(|e| refuse(&dir, e.to_string()))?;
+            if let Some(why) = refusal_of(&config_files(&git_dir), env, cancel).await {
+                return Err(refuse(&dir, why.to_string()));
+            }
+            todo.push((
+                Located {
+                    work_tree: dir,
+                    git_dir,
+                },
+                depth + 1,
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What a git directory's config says, as far as a verdict on it goes: which files git
@@ -344,15 +441,29 @@ impl CleanConfigs {
         env: &ChildEnv,
         cancel: &CancellationToken,
     ) -> Result<(), Refusal> {
-        let Some(Located { git_dir, .. }) = locate(work_tree)? else {
+        let Some(found) = locate(work_tree)? else {
             return Ok(());
         };
+        let git_dir = found.git_dir.clone();
         // Not part of the stamp: a stat each time, as cheap as comparing one.
         no_alternates(&git_dir)?;
-        let files = config_files(&git_dir);
+        self.check_config(&git_dir, env, cancel).await?;
+        // The submodules live in the index and the work tree, not in the config: listed
+        // every time, once the config is known to be plain.
+        submodule_refusal(&found, env, cancel).await
+    }
+
+    /// The config verdict for `git_dir`, from memory while its stamp holds.
+    async fn check_config(
+        &self,
+        git_dir: &Path,
+        env: &ChildEnv,
+        cancel: &CancellationToken,
+    ) -> Result<(), Refusal> {
+        let files = config_files(git_dir);
         // Taken before the listing: a change during it makes the next call list again.
         let stamp = ConfigStamp::of(&files);
-        if stamp.is_some() && self.clean_stamp(&git_dir) == stamp {
+        if stamp.is_some() && self.clean_stamp(git_dir) == stamp {
             return Ok(());
         }
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -360,15 +471,15 @@ impl CleanConfigs {
         let mut clean = self.clean.lock().expect("clean configs lock poisoned");
         match (verdict, stamp) {
             (None, Some(stamp)) => {
-                clean.insert(git_dir, stamp);
+                clean.insert(git_dir.to_path_buf(), stamp);
                 Ok(())
             }
             (None, None) => {
-                clean.remove(&git_dir);
+                clean.remove(git_dir);
                 Ok(())
             }
             (Some(why), _) => {
-                clean.remove(&git_dir);
+                clean.remove(git_dir);
                 Err(why)
             }
         }

@@ -127,6 +127,15 @@ impl GitRunner {
                     work_tree: tree.clone(),
                     git_dir: dir.clone(),
                 };
+                // The clone's own config is the daemon's; a submodule the task populated
+                // in it is not.
+                harden::submodule_refusal(&found, &self.env, &self.cancel)
+                    .await
+                    .map_err(|why| GitError {
+                        step: step.clone(),
+                        refused: true,
+                        detail: why.to_string(),
+                    })?;
                 full.extend(found.args());
             }
             _ => {

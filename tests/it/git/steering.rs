@@ -152,3 +152,48 @@ async fn a_gitfile_swapped_for_a_symlink_in_a_managed_clone_is_checked_by_the_ob
     );
     h.finish().await;
 }
+
+/// A nested repository the superproject tracks (a gitlink) has a git directory and config of
+/// its own, which no check looked at: the daemon's `git add -A` runs `git status` inside it,
+/// which ran its clean filter on a file git had to read again (no `-c` reaches a
+/// submodule's own config). A populated submodule's config is checked like the
+/// superproject's, and refused here.
+#[tokio::test]
+async fn a_submodules_own_config_is_checked_before_the_daemons_git_enters_it() {
+    if !supported() {
+        return;
+    }
+    let done = plant_and_run(|work, evil| {
+        let sub = work.join("s");
+        git(work, &["init", "-q", "s"]);
+        std::fs::write(sub.join(".gitattributes"), "* filter=evil\n").unwrap();
+        std::fs::write(sub.join("f"), "aaaa\n").unwrap();
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
+        std::fs::File::options()
+            .write(true)
+            .open(sub.join("f"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        git(&sub, &["add", "f", ".gitattributes"]);
+        git(&sub, &["commit", "-q", "-m", "sub"]);
+        git(
+            &sub,
+            &["config", "filter.evil.clean", &evil.display().to_string()],
+        );
+        git(work, &["add", "s"]);
+        git(work, &["commit", "-q", "--no-status", "-m", "track s"]);
+        git(work, &["push", "-q", "origin", "HEAD:trunk"]);
+        // Same size, newer mtime: a status that enters `s` must hash `f` through the filter.
+        std::fs::write(sub.join("f"), "bbbb\n").unwrap();
+        assert!(!evil.with_file_name("pwned").exists(), "planting ran it");
+    })
+    .await;
+    let text = done.to_string();
+    assert!(
+        text.contains("refused")
+            && text.contains("submodule")
+            && text.contains("filter.evil.clean"),
+        "the submodule's filter is named in a refusal: {done}"
+    );
+}
