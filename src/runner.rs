@@ -130,10 +130,16 @@ async fn run_recorded(
     let pump = tokio::spawn(pump.run(pump_cancel.clone()));
     let tmp = workspace::task_tmp_dir(&cfg, &task);
     let prepared = async {
-        // The daemon's own git calls are children too: confined to the workspaces (and
-        // HOME, for the service user's ssh and credential setup), never the state file.
+        // The daemon's own git calls are children too: confined to the workspaces, never
+        // the state file, and with no HOME but an empty one of the daemon's (see
+        // `git::home_dir`): nothing of the service user's reaches them.
         let git_roots = workspace::git_write_roots(&cfg, &task);
-        for root in git_roots.iter().filter(|r| r.starts_with(&cfg.state_dir)) {
+        let git_home = crate::git::home_dir(&cfg);
+        for root in git_roots
+            .iter()
+            .filter(|r| r.starts_with(&cfg.state_dir))
+            .chain([&git_home])
+        {
             // A Landlock rule needs an existing directory.
             tokio::fs::create_dir_all(root)
                 .await
@@ -148,8 +154,7 @@ async fn run_recorded(
             &tmp,
             Grants {
                 write: git_roots,
-                read: Vec::new(),
-                home: true,
+                read: vec![git_home],
             },
         )
         .await?;
@@ -163,7 +168,6 @@ async fn run_recorded(
                 write: vec![ws.path.clone()],
                 // A managed clone's history, readable for the task's own git, not writable.
                 read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
-                home: false,
             },
         )
         .await;

@@ -5,7 +5,12 @@
 //! progress never waits on the terminal). On a TTY the render task rewrites one line with
 //! `\r` a few times a second — phase, attempt k/N, elapsed time, last output line; elsewhere
 //! (CI logs, pipes) it prints one plain line per structured event.
+//!
+//! Also [`printable`], the one way text from a task (its output, file names, descriptions)
+//! reaches a terminal: a task must not be able to move the cursor, retitle the window, or
+//! answer for the operator through escape sequences.
 
+use std::borrow::Cow;
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -102,6 +107,30 @@ impl ProgressLine {
     }
 }
 
+/// `s` with every control character but newline and tab written out as an escape (`\x1b`,
+/// `\u{9b}`, `\u{202e}`): C0 and C1 controls, DEL, and the bidirectional overrides that
+/// make text read differently from what it is. Borrowed when there is nothing to escape.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    fn escaped(c: char) -> bool {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !s.chars().any(escaped) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if !escaped(c) {
+            out.push(c);
+        } else if (c as u32) < 0x80 {
+            let _ = std::fmt::Write::write_fmt(&mut out, format_args!("\\x{:02x}", c as u32));
+        } else {
+            let _ = std::fmt::Write::write_fmt(&mut out, format_args!("\\u{{{:x}}}", c as u32));
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// Apply one event; the plain line to print for it, if it is worth a line of its own.
 fn update(s: &mut LineState, ev: &ProgressEvent) -> Option<String> {
     // `run_number` is the execution (the loop's events carry it next to the retry's
@@ -116,7 +145,7 @@ fn update(s: &mut LineState, ev: &ProgressEvent) -> Option<String> {
     match ev.kind {
         k if k.is_stream() => {
             if let Some(line) = ev.text.lines().rev().find(|l| !l.trim().is_empty()) {
-                s.last_output = line.trim().to_string();
+                s.last_output = printable(line.trim()).into_owned();
             }
             None
         }
@@ -126,12 +155,12 @@ fn update(s: &mut LineState, ev: &ProgressEvent) -> Option<String> {
             let st = ev.fields.get("check_status").and_then(|v| v.as_str());
             Some(format!(
                 "  check {} → {}",
-                ty.unwrap_or("?"),
-                st.unwrap_or("?")
+                printable(ty.unwrap_or("?")),
+                printable(st.unwrap_or("?"))
             ))
         }
         _ => {
-            s.phase = first_line(&ev.text).to_string();
+            s.phase = printable(first_line(&ev.text)).into_owned();
             Some(format!(
                 "[attempt {}/{}] {}",
                 s.attempt, s.attempts_max, s.phase
@@ -205,6 +234,29 @@ mod tests {
         assert!(r.contains("attempt 2/3"), "{r}");
         assert!(r.ends_with("compiling foo"), "{r}");
         assert!(render(&s, Duration::ZERO, 30).chars().count() <= 30);
+    }
+
+    #[test]
+    fn control_characters_from_a_task_never_reach_the_terminal_raw() {
+        assert_eq!(printable("plain\ttext\nnext"), "plain\ttext\nnext");
+        assert_eq!(
+            printable("a\x1b[2Jb\rc\x07\x7f\u{9b}31m\u{202e}cod"),
+            "a\\x1b[2Jb\\x0dc\\x07\\x7f\\u{9b}31m\\u{202e}cod"
+        );
+        let mut s = state();
+        update(
+            &mut s,
+            &ProgressEvent::new(EventKind::Stdout, "\x1b]0;owned\x07done"),
+        );
+        let line = update(
+            &mut s,
+            &ProgressEvent::new(EventKind::Status, "\x1b[1Aphase"),
+        )
+        .unwrap();
+        let r = render(&s, Duration::ZERO, 200);
+        for text in [line.as_str(), r.as_str()] {
+            assert!(!text.chars().any(|c| c.is_control()), "{text:?}");
+        }
     }
 
     #[test]

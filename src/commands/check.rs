@@ -138,7 +138,7 @@ pub async fn probe_all(cfg: &Config) -> Vec<Item> {
         probe_hub(cfg),
         probe_claude(cfg),
         probe_ollama(cfg),
-        probe_version("git", Path::new("git")),
+        probe_version(cfg, "git", Path::new("git")),
         probe_writable(&cfg.state_dir),
         probe_writable(&workspace),
     );
@@ -257,7 +257,7 @@ async fn probe_claude(cfg: &Config) -> Item {
         }
         Err(e) => return Item::new("claude", false, Err(anyhow!("probe crashed: {e}"))),
     };
-    let version = match probe_version("claude", &path).await {
+    let version = match probe_version(cfg, "claude", &path).await {
         Ok(v) => v,
         Err(e) => return Item::new("claude", false, Err(e)),
     };
@@ -275,7 +275,8 @@ async fn probe_claude(cfg: &Config) -> Item {
 /// tells "not logged in" from "logged in".
 async fn probe_claude_auth(cfg: &Config, program: &Path) -> anyhow::Result<String> {
     // JSON is the default output (2.1.x also knows `--json`; older versions may not).
-    let spec = CommandSpec::new(program, "/", ChildEnv::from_config(cfg)).args(["auth", "status"]);
+    let spec = CommandSpec::new(program, "/", ChildEnv::from_config(cfg).for_agent())
+        .args(["auth", "status"]);
     let who = format!("`{} auth status`", program.display());
     let out = run_probe(&spec, "auth status", &who).await?;
     // Exit 1 when logged out, with the JSON on stdout all the same.
@@ -326,9 +327,10 @@ pub fn claude_auth_verdict(stdout: &str) -> anyhow::Result<String> {
     }
 }
 
-/// `PROGRAM --version`, first line, with a timeout; the child dies with the probe.
-async fn probe_version(name: &str, program: &Path) -> anyhow::Result<String> {
-    let spec = CommandSpec::new(program, "/", ChildEnv::inherit()).arg("--version");
+/// `PROGRAM --version`, first line, with a timeout; the child dies with the probe. With the
+/// environment tasks get, never `check`'s own (which may hold the hub token).
+async fn probe_version(cfg: &Config, name: &str, program: &Path) -> anyhow::Result<String> {
+    let spec = CommandSpec::new(program, "/", ChildEnv::from_config(cfg)).arg("--version");
     let who = format!("{name} ({})", program.display());
     let out = run_probe(&spec, "--version", &who).await?;
     if !out.exit.success() {

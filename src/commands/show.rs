@@ -2,7 +2,9 @@
 //! task's story: a timeline of attempts, what failed, what changed, why the loop stopped).
 //!
 //! Both only read the flight records under `state_dir/tasks` (see [`crate::recorder`]), so
-//! they work while the daemon runs and after it stopped, without the hub.
+//! they work while the daemon runs and after it stopped, without the hub. Everything in a
+//! record came from a task: the text is passed through [`crate::term::printable`] before it
+//! reaches the terminal.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -38,15 +40,22 @@ pub async fn run_tasks(args: TasksArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&list)?);
     } else if list.is_empty() {
-        println!("no task records in {}", root.display());
+        println!(
+            "no task records in {}",
+            crate::term::printable(&root.display().to_string())
+        );
     } else {
         print!("{}", tasks_table(&list));
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// The `tasks` table.
+/// The `tasks` table, control characters escaped.
 pub fn tasks_table(list: &[TaskSummary]) -> String {
+    crate::term::printable(&tasks_table_raw(list)).into_owned()
+}
+
+fn tasks_table_raw(list: &[TaskSummary]) -> String {
     let mut out = format!(
         "{:<19}  {:<8}  {:>9}  {:>8}  {:<10}  {:>9}  TASK\n",
         "STARTED (UTC)", "EXECUTOR", "DURATION", "ATTEMPTS", "STATUS", "COST"
@@ -108,8 +117,12 @@ fn first_line(s: &str, max: usize) -> String {
     crate::util::truncate_chars(line.trim(), max)
 }
 
-/// The readable timeline.
+/// The readable timeline, control characters escaped.
 pub fn render(s: &TaskStory, verbose: bool) -> String {
+    crate::term::printable(&render_raw(s, verbose)).into_owned()
+}
+
+fn render_raw(s: &TaskStory, verbose: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,

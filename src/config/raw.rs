@@ -165,6 +165,8 @@ pub(crate) struct RawVerification {
 pub(crate) struct RawEnv {
     pub allow: Option<Vec<String>>,
     pub deny: Option<Vec<String>>,
+    pub agent: Option<Vec<String>>,
+    pub publish: Option<Vec<String>>,
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
 }

@@ -265,14 +265,20 @@ impl Default for SandboxConfig {
     }
 }
 
-/// `[env]`: what child processes inherit.
+/// `[env]`: what child processes inherit. An allowlist: the variables toolchains need
+/// (`process::env::BUILT_IN`), plus `allow`; `deny` wins over both.
 #[derive(Debug, Clone)]
 pub struct EnvConfig {
-    /// When non-empty, only these variables pass to children (plus PATH, HOME, LANG, LC_ALL,
-    /// TERM, USER and TMPDIR, which always do).
+    /// Names passed to every child on top of the built-in toolchain variables.
     pub allow: Vec<String>,
     /// Never passed to children (on top of the daemon's own `HUB_SIDECAR_*`).
     pub deny: Vec<String>,
+    /// Names passed to the agent CLI (`claude`, and `claude` as judge) only, never to a
+    /// shell task, a check or git: its credential (`ANTHROPIC_API_KEY`).
+    pub agent: Vec<String>,
+    /// Names passed to the publishing step alone (`git push` and `gh pr create`), never to
+    /// a task's children: the pull request's credential (`GH_TOKEN`).
+    pub publish: Vec<String>,
 }
 
 impl Default for EnvConfig {
@@ -280,6 +286,8 @@ impl Default for EnvConfig {
         EnvConfig {
             allow: Vec::new(),
             deny: vec!["AWS_SECRET_ACCESS_KEY".into(), "GITHUB_TOKEN".into()],
+            agent: vec!["ANTHROPIC_API_KEY".into()],
+            publish: vec!["GH_TOKEN".into()],
         }
     }
 }

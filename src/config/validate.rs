@@ -160,6 +160,8 @@ fn env(r: RawEnv) -> EnvConfig {
     EnvConfig {
         allow: r.allow.unwrap_or(d.allow),
         deny: r.deny.unwrap_or(d.deny),
+        agent: r.agent.unwrap_or(d.agent),
+        publish: r.publish.unwrap_or(d.publish),
     }
 }
 

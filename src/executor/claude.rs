@@ -204,7 +204,8 @@ impl ClaudeExecutor {
 /// The argv, cwd, env and stdin of one run (see the module docs for the flags).
 pub fn build_spec(program: &Path, ctx: &ExecContext, prompt: &str, model: &str) -> CommandSpec {
     let cfg = &ctx.config.executor;
-    let mut spec = CommandSpec::new(program, &ctx.workspace, ctx.env.clone())
+    // The agent's own credential (`[env] agent`) reaches the agent, no other child.
+    let mut spec = CommandSpec::new(program, &ctx.workspace, ctx.env.for_agent())
         .args(["-p", "--output-format", "stream-json", "--verbose"])
         .args(["--model", model])
         .args(["--permission-mode", "acceptEdits"])

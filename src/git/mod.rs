@@ -17,4 +17,4 @@ pub mod publish;
 mod runner;
 pub mod url;
 
-pub use runner::{GitError, GitRunner};
+pub use runner::{home_dir, GitError, GitRunner};

@@ -123,27 +123,53 @@ async fn commit_push_pr(
     }
     r.insert("commit".into(), json!(sha));
     let title = commit_title(task);
-    let range = format!("{}..HEAD", tb.base_sha);
-    let stats = parse_numstat(&git.git(path, &["diff", "--numstat", &range], false).await?);
+    // The statistics are of exactly the commit pushed below, named by its id, between two
+    // ids: no ref is resolved in between, replace refs and grafts are off (`harden::ENV`),
+    // and no textconv or external diff shapes the counts.
+    let stats = parse_numstat(
+        &git.git(
+            path,
+            &[
+                "diff",
+                "--numstat",
+                "--no-textconv",
+                "--no-ext-diff",
+                "--no-renames",
+                &tb.base_sha,
+                &sha,
+            ],
+            false,
+        )
+        .await?,
+    );
     r.insert("diff_stats".into(), json!(stats));
     r.insert(
         "risk_classification".into(),
         classify(cfg, &task.task_id, &stats).await,
     );
 
-    git.git(
-        path,
-        &[
-            "push",
-            "--quiet",
-            "--force-with-lease",
-            "-u",
-            "origin",
-            &tb.name,
-        ],
-        true,
-    )
-    .await?;
+    // Credentials are for publishing only: the task URL's `user:token` as a header (the
+    // clone's config never holds it) and `[env] publish` (`GH_TOKEN` for gh).
+    let publisher = {
+        let g = git.clone().publishing();
+        match task.repo.as_deref().map(str::trim) {
+            Some(url) if url.starts_with("http") => match super::url::userinfo(url) {
+                Some(info) => g.with_credentials(&info),
+                None => g,
+            },
+            _ => g,
+        }
+    };
+    let dst = format!("refs/heads/{}", tb.name);
+    let lease = format!("--force-with-lease={dst}");
+    let refspec = format!("{sha}:{dst}");
+    publisher
+        .git(
+            path,
+            &["push", "--quiet", "--no-verify", &lease, "origin", &refspec],
+            true,
+        )
+        .await?;
     r.insert("pushed".into(), json!(true));
 
     let Some(gh) = find_gh(cfg, git, path) else {
@@ -192,7 +218,7 @@ async fn commit_push_pr(
     if draft {
         args.push("--draft");
     }
-    let res = git
+    let res = publisher
         .run_program(gh.as_os_str(), "gh pr create", path, &args, true)
         .await;
     let _ = tokio::fs::remove_file(&body_path).await;

@@ -48,15 +48,19 @@ pub struct GitRunner {
 }
 
 impl GitRunner {
-    /// A runner with the task's child environment made non-interactive.
+    /// A runner with the task's child environment made non-interactive, and HOME (with
+    /// XDG_CONFIG_HOME) an empty directory of the daemon's ([`home_dir`]): the service
+    /// user's HOME is no input to the daemon's git.
     pub fn new(cfg: &Config, env: &ChildEnv, cancel: CancellationToken) -> GitRunner {
         let mut env = env.clone();
         // Never wait for a human: no terminal prompt, no askpass GUI (an empty GIT_ASKPASS
         // and SSH_ASKPASS switch askpass off), ssh in batch mode, Git Credential Manager
-        // non-interactive. Non-interactive helpers (store, cache) keep working.
-        for (k, v) in harden::ENV {
-            env.set(k, v);
-        }
+        // non-interactive. No system or global config, nothing inherited that moves the
+        // git directory (see `harden::scrub_env`).
+        harden::scrub_env(&mut env);
+        let home = home_dir(cfg);
+        env.set("HOME", &home.to_string_lossy());
+        env.set("XDG_CONFIG_HOME", &home.join(".config").to_string_lossy());
         // Set even when the operator did not: it outranks a repository's core.sshCommand.
         if !env.vars().iter().any(|(k, _)| k == "GIT_SSH_COMMAND") {
             env.set("GIT_SSH_COMMAND", "ssh -o BatchMode=yes");
@@ -97,25 +101,62 @@ impl GitRunner {
         self
     }
 
+    /// The same runner for the publishing step: `[env] publish` (the pull request's
+    /// `GH_TOKEN`) added, for the push and `gh` only.
+    pub fn publishing(mut self) -> GitRunner {
+        self.env = self.env.for_publish();
+        self
+    }
+
     /// The environment git and gh run with.
     pub fn env(&self) -> &ChildEnv {
         &self.env
     }
 
     /// `git ARGS` in `cwd`, hardened; stdout on success. `network` picks the clone timeout.
+    ///
+    /// git never discovers its directory by itself: it is named with `--git-dir` and
+    /// `--work-tree`, the managed clone's own or the one [`harden::locate`] resolved and
+    /// checked (a `clone`, which reads no repository, gets neither).
     pub async fn git(&self, cwd: &Path, args: &[&str], network: bool) -> Result<String, GitError> {
         let step = format!("git {}", args.first().copied().unwrap_or(""));
         let mut full = harden::overrides(cwd);
         match &self.trusted {
             Some((tree, dir)) if tree == cwd => {
-                let mut gd = OsString::from("--git-dir=");
-                gd.push(dir);
-                let mut wt = OsString::from("--work-tree=");
-                wt.push(tree);
-                full.push(gd);
-                full.push(wt);
+                let found = harden::Located {
+                    work_tree: tree.clone(),
+                    git_dir: dir.clone(),
+                };
+                // The clone's own config is the daemon's; a submodule the task populated
+                // in it is not.
+                harden::submodule_refusal(&found, &self.env, &self.cancel)
+                    .await
+                    .map_err(|why| GitError {
+                        step: step.clone(),
+                        refused: true,
+                        detail: why.to_string(),
+                    })?;
+                full.extend(found.args());
             }
-            _ => self.check_repo_config(cwd, &step).await?,
+            _ => {
+                self.check_repo_config(cwd, &step).await?;
+                if args.first() != Some(&"clone") {
+                    // Resolved again after the check: the same answer unless `.git`
+                    // changed in between, and then the new one is refused or checked
+                    // on the next call; git itself never picks another.
+                    match harden::locate(cwd) {
+                        Ok(Some(found)) => full.extend(found.args()),
+                        Ok(None) => {}
+                        Err(why) => {
+                            return Err(GitError {
+                                step,
+                                refused: true,
+                                detail: why.to_string(),
+                            })
+                        }
+                    }
+                }
+            }
         }
         full.extend(args.iter().map(OsString::from));
         self.run_program("git".as_ref(), &step, cwd, &full, network)
@@ -205,6 +246,13 @@ impl GitRunner {
             )),
         })
     }
+}
+
+/// The empty HOME the daemon's git runs with: `state_dir/git-home`, created by the daemon
+/// and never written by git (it is not among git's write grants), so no task and no
+/// repository can place a config, an attributes or an ignore file there.
+pub fn home_dir(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("git-home")
 }
 
 /// The last `max` chars of `s`, trimmed.

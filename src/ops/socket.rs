@@ -2,6 +2,13 @@
 //! unix socket in the state directory, `state_dir/status.sock`, mode 0600: always on, and
 //! only the service user can open it. `hub-sidecar status` tries it first, so it works
 //! without `metrics_addr`.
+//!
+//! A task's children run as the service user too, and Landlock does not govern `connect()`
+//! to a path socket, so the mode alone would let a task read the daemon's status. Every
+//! connection is therefore admitted on its peer's credentials (`SO_PEERCRED`, see
+//! [`admit`]): the service user or root, in the daemon's own user namespace. A confined
+//! task's process is in a user namespace of its own and is refused. (With containment
+//! off, or best-effort without namespaces, a task is not told apart from the operator.)
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -67,9 +74,13 @@ async fn serve(listener: UnixListener, path: PathBuf, ops: Ops, cancel: Cancella
         tokio::select! {
             _ = cancel.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    conns.spawn(super::http::handle(stream, ops.clone()));
-                }
+                Ok((stream, _)) => match admit(&stream) {
+                    Ok(()) => {
+                        conns.spawn(super::http::handle(stream, ops.clone()));
+                    }
+                    // Closed unanswered: a refused peer learns nothing, not even why.
+                    Err(why) => tracing::warn!(reason = %why, "status socket: peer refused"),
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "status socket accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -80,6 +91,61 @@ async fn serve(listener: UnixListener, path: PathBuf, ops: Ops, cancel: Cancella
     conns.close();
     conns.wait().await;
     let _ = tokio::fs::remove_file(&path).await;
+}
+
+/// Why a peer of the status socket is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerRefused {
+    /// The kernel did not say who the peer is.
+    #[error("cannot read the peer's credentials: {0}")]
+    Credentials(std::io::Error),
+    /// Another user (the socket's mode already keeps everyone but root out).
+    #[error("peer uid {0} is neither the daemon's user nor root")]
+    User(u32),
+    /// No pid to look the peer's namespace up by.
+    #[error("the peer's pid is unknown")]
+    NoPid,
+    /// The peer's user namespace could not be read (it may be gone).
+    #[error("cannot read the user namespace of pid {pid}: {source}")]
+    Namespace {
+        /// The peer's pid.
+        pid: i32,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The peer runs in another user namespace: a confined task.
+    #[error("pid {pid} is in another user namespace ({theirs}, the daemon's is {ours}): a sandboxed process")]
+    Sandboxed {
+        /// The peer's pid.
+        pid: i32,
+        /// Its user namespace.
+        theirs: String,
+        /// The daemon's.
+        ours: String,
+    },
+}
+
+/// Admit `stream`'s peer: the daemon's user (or root) in the daemon's user namespace.
+pub fn admit(stream: &tokio::net::UnixStream) -> Result<(), PeerRefused> {
+    let cred = stream.peer_cred().map_err(PeerRefused::Credentials)?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    let me = unsafe { libc::geteuid() };
+    if cred.uid() != me && cred.uid() != 0 {
+        return Err(PeerRefused::User(cred.uid()));
+    }
+    let pid = cred.pid().filter(|p| *p > 0).ok_or(PeerRefused::NoPid)?;
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/user"));
+    let theirs = ns(&pid.to_string()).map_err(|source| PeerRefused::Namespace { pid, source })?;
+    let ours = ns("self").map_err(|source| PeerRefused::Namespace { pid, source })?;
+    if theirs != ours {
+        return Err(PeerRefused::Sandboxed {
+            pid,
+            theirs: theirs.display().to_string(),
+            ours: ours.display().to_string(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

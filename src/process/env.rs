@@ -1,11 +1,25 @@
-//! What a child process inherits from the daemon: its environment, filtered so that no
-//! daemon setting or secret reaches code the daemon did not write.
+//! What a child process inherits from the daemon: its environment, an **allowlist**, so
+//! that no daemon setting or credential reaches code the daemon did not write unless the
+//! operator passes it on purpose.
+//!
+//! A child gets the variables toolchains need ([`BUILT_IN`], and `LC_*`), plus what the
+//! operator lists in `[env] allow`; never `HUB_SIDECAR_*`, a name in `[env] deny`, or a
+//! value that contains one of the daemon's secrets. Credentials such as `GH_TOKEN`,
+//! `GITHUB_TOKEN`, `AWS_*` or `NPM_TOKEN` are simply not on the list. The agent CLI's own
+//! credential (`[env] agent`, `ANTHROPIC_API_KEY` by default) is kept aside and added only
+//! where the agent itself is started ([`ChildEnv::for_agent`]); the pull request's
+//! (`[env] publish`, `GH_TOKEN`) only for the push and `gh` ([`ChildEnv::for_publish`]).
 
 /// What a child gets from the daemon: the environment it may see and, for a task's
 /// children, the task's [`Sandbox`], applied by [`super::run_with`] to every spawn.
 #[derive(Debug, Clone, Default)]
 pub struct ChildEnv {
     vars: Vec<(String, String)>,
+    /// The agent CLI's variables (`[env] agent`): only in [`ChildEnv::for_agent`].
+    agent: Vec<(String, String)>,
+    /// The publishing step's variables (`[env] publish`): only in
+    /// [`ChildEnv::for_publish`].
+    publish: Vec<(String, String)>,
     sandbox: Option<Arc<Sandbox>>,
 }
 
@@ -13,17 +27,67 @@ use std::sync::Arc;
 
 use crate::sandbox::Sandbox;
 
-/// Always passed when an allowlist is in force, so children can still find programs.
-const ALWAYS_ALLOWED: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "TMPDIR"];
+/// Variables every child gets when the daemon has them: what shells, compilers and
+/// toolchain managers need to find themselves. Paths and names only, no credentials.
+const BUILT_IN: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_DATA_HOME",
+    "CARGO_HOME",
+    "RUSTUP_HOME",
+    "RUSTUP_TOOLCHAIN",
+    "GOPATH",
+    "GOROOT",
+    "GOBIN",
+    "GOMODCACHE",
+    "GOCACHE",
+    "JAVA_HOME",
+    "GRADLE_USER_HOME",
+    "MAVEN_HOME",
+    "PYENV_ROOT",
+    "PYENV_VERSION",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "NVM_DIR",
+    "NVM_BIN",
+    "NODE_PATH",
+    "VOLTA_HOME",
+    "PNPM_HOME",
+    "BUN_INSTALL",
+    "DENO_DIR",
+    "ASDF_DIR",
+    "ASDF_DATA_DIR",
+    "RBENV_ROOT",
+    "GEM_HOME",
+    "GEM_PATH",
+    "SDKMAN_DIR",
+    "CLAUDE_CONFIG_DIR",
+];
+
+/// Whether `name` is on the built-in list (or a locale variable).
+fn built_in(name: &str) -> bool {
+    BUILT_IN.contains(&name) || name.starts_with("LC_")
+}
 
 impl ChildEnv {
-    /// The daemon's environment minus its own settings (`HUB_SIDECAR_*`), the deny list, and
-    /// any variable whose value contains a secret; with an allowlist, only those names.
+    /// The daemon's environment through the `[env]` allowlist (see the module docs).
     pub fn from_config(cfg: &crate::config::Config) -> ChildEnv {
         ChildEnv::filter(std::env::vars(), cfg)
     }
 
-    /// The daemon's environment filtered by the `[env]` rules: `allow` names pass, `deny` wins.
+    /// `vars` through the `[env]` allowlist: built-in and `allow` names pass, `deny`, the
+    /// daemon's own settings and any value holding a secret never do; `agent` names are
+    /// kept aside for [`ChildEnv::for_agent`].
     pub fn filter(
         vars: impl IntoIterator<Item = (String, String)>,
         cfg: &crate::config::Config,
@@ -33,31 +97,57 @@ impl ChildEnv {
             .into_iter()
             .filter(|s| s.len() >= 6)
             .collect();
-        let allow = &cfg.env.allow;
-        let vars = vars
-            .into_iter()
-            .filter(|(k, v)| {
-                !k.starts_with("HUB_SIDECAR_")
-                    && k != "NOTIFY_SOCKET"
-                    && k != "WATCHDOG_USEC"
-                    && k != "WATCHDOG_PID"
-                    && !cfg.env.deny.iter().any(|d| d == k)
-                    && (allow.is_empty()
-                        || allow.iter().any(|a| a == k)
-                        || ALWAYS_ALLOWED.contains(&k.as_str()))
-                    && !secrets.iter().any(|s| v.contains(s.as_str()))
-            })
-            .collect();
+        let listed = |list: &[String], k: &str| list.iter().any(|a| a == k);
+        let (mut kept, mut agent, mut publish) = (Vec::new(), Vec::new(), Vec::new());
+        for (k, v) in vars {
+            if k.starts_with("HUB_SIDECAR_")
+                || listed(&cfg.env.deny, &k)
+                || secrets.iter().any(|s| v.contains(s.as_str()))
+            {
+                continue;
+            }
+            if built_in(&k) || listed(&cfg.env.allow, &k) {
+                kept.push((k, v));
+            } else if listed(&cfg.env.agent, &k) {
+                agent.push((k, v));
+            } else if listed(&cfg.env.publish, &k) {
+                publish.push((k, v));
+            }
+        }
         ChildEnv {
-            vars,
+            vars: kept,
+            agent,
+            publish,
             sandbox: None,
         }
+    }
+
+    /// The same environment with the agent CLI's own variables (`[env] agent`) added: for
+    /// starting `claude` (executor or judge), never a shell task, a check or git.
+    pub fn for_agent(&self) -> ChildEnv {
+        let mut env = self.clone();
+        for (k, v) in &self.agent {
+            env.set(k, v);
+        }
+        env
+    }
+
+    /// The same environment with the publishing step's variables (`[env] publish`) added:
+    /// for `git push` and `gh pr create`, after the task's work is done.
+    pub fn for_publish(&self) -> ChildEnv {
+        let mut env = self.clone();
+        for (k, v) in &self.publish {
+            env.set(k, v);
+        }
+        env
     }
 
     /// The current environment, unfiltered (tests, offline tools).
     pub fn inherit() -> ChildEnv {
         ChildEnv {
             vars: std::env::vars().collect(),
+            agent: Vec::new(),
+            publish: Vec::new(),
             sandbox: None,
         }
     }
@@ -86,6 +176,11 @@ impl ChildEnv {
         self.sandbox.as_ref()
     }
 
+    /// Remove one variable, if passed.
+    pub fn remove(&mut self, key: &str) {
+        self.vars.retain(|(k, _)| k != key);
+    }
+
     /// Override or add one variable (e.g. a test's PATH).
     pub fn set(&mut self, key: &str, value: &str) {
         self.vars.retain(|(k, _)| k != key);
@@ -112,4 +207,69 @@ pub fn confine(
         Some(sb) => out.with_sandbox(sb),
         None => out,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An allowlist, built from the class: every common credential a developer's or a CI
+    /// machine's environment holds stays out unless the operator names it.
+    #[test]
+    fn no_credential_reaches_a_child_unless_the_operator_passes_it() {
+        let mut cfg = crate::config::Config::default();
+        let creds = [
+            "GH_TOKEN",
+            "GITHUB_TOKEN",
+            "GH_ENTERPRISE_TOKEN",
+            "GITLAB_TOKEN",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "AZURE_CLIENT_SECRET",
+            "NPM_TOKEN",
+            "CARGO_REGISTRY_TOKEN",
+            "DOCKER_AUTH_CONFIG",
+            "SSH_AUTH_SOCK",
+            "OPENAI_API_KEY",
+            "ANTHROPIC_API_KEY",
+            "DATABASE_URL",
+            "GIT_ASKPASS",
+            "GIT_CONFIG_PARAMETERS",
+            "HTTPS_PROXY",
+        ];
+        let mut vars: Vec<(String, String)> = creds
+            .iter()
+            .map(|k| (k.to_string(), "s3cr3t-value".to_string()))
+            .collect();
+        for (k, v) in [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/svc"),
+            ("LC_CTYPE", "C.UTF-8"),
+            ("CARGO_HOME", "/opt/cargo"),
+            ("MY_BUILD_FLAG", "1"),
+        ] {
+            vars.push((k.into(), v.into()));
+        }
+        let env = ChildEnv::filter(vars.clone(), &cfg);
+        let names: Vec<&str> = env.vars().iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["PATH", "HOME", "LC_CTYPE", "CARGO_HOME"]);
+        // The agent's credential reaches the agent alone.
+        assert_eq!(env.get("ANTHROPIC_API_KEY"), None);
+        assert_eq!(
+            env.for_agent().get("ANTHROPIC_API_KEY"),
+            Some("s3cr3t-value")
+        );
+        // The pull request's credential reaches the publishing step alone.
+        assert_eq!(env.for_agent().get("GH_TOKEN"), None);
+        assert_eq!(env.for_publish().get("GH_TOKEN"), Some("s3cr3t-value"));
+        // On purpose: the operator lists it.
+        cfg.env.allow = vec!["GH_TOKEN".into(), "MY_BUILD_FLAG".into()];
+        cfg.env.agent.clear();
+        let env = ChildEnv::filter(vars, &cfg);
+        assert_eq!(env.get("GH_TOKEN"), Some("s3cr3t-value"));
+        assert_eq!(env.get("MY_BUILD_FLAG"), Some("1"));
+        assert_eq!(env.for_agent().get("ANTHROPIC_API_KEY"), None);
+    }
 }

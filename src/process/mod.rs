@@ -1,5 +1,7 @@
-//! Child processes: spawned in their own process group, output captured with a cap (head and
-//! tail kept), killed as a whole tree on timeout, cancellation or after the leader exits.
+//! Child processes: spawned in their own session and process group (no controlling
+//! terminal), stdin `/dev/null` unless the spec gives bytes, output captured with a cap
+//! (head and tail kept), killed as a whole tree on timeout, cancellation or after the
+//! leader exits.
 //!
 //! Every command the daemon runs for a task (shell tasks, `claude`, checks, agentic
 //! `run_command`, the judge, git) goes through [`run_with`], so "no orphans", "no unbounded
@@ -231,8 +233,8 @@ pub async fn run_with(
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
+    new_session(cmd.as_std_mut());
     if let Some(sandbox) = spec.env.sandbox() {
         sandbox.install(cmd.as_std_mut());
     }
@@ -343,6 +345,26 @@ pub async fn run_with(
     })
 }
 
+/// Start the child in a session of its own (`setsid`), and so in a process group of its own
+/// that it leads: the group is what timeouts and cancellation kill, and a new session has
+/// no controlling terminal, so a task under `run-task` in the operator's shell cannot open
+/// `/dev/tty`, read the operator's keystrokes, or push its own into the shell's input
+/// (`TIOCSTI`). Installed before the sandbox's own `pre_exec`, so it runs first.
+fn new_session(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe and touches no memory; a freshly forked child
+    // is never a group leader, so it cannot fail with EPERM.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// SIGTERM the group, wait `grace`, then SIGKILL; returns the leader's status.
 async fn terminate(
     child: &mut tokio::process::Child,
@@ -415,6 +437,46 @@ mod tests {
         assert!(out.exit.success());
         assert_eq!(out.stdout.trim(), "done");
         assert_gone(&marker).await;
+    }
+
+    /// Every child leads a session of its own: no controlling terminal, whatever the
+    /// daemon's, and stdin is `/dev/null`.
+    #[tokio::test]
+    async fn a_child_gets_a_session_of_its_own_and_no_terminal() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = CommandSpec::shell(
+            "cat /proc/self/stat; readlink /proc/self/fd/0",
+            dir.path(),
+            ChildEnv::inherit(),
+        );
+        let out = run(&spec, &Limits::default(), &CancellationToken::new(), None)
+            .await
+            .unwrap();
+        assert!(out.exit.success(), "{}", out.stderr);
+        let mut lines = out.stdout.lines();
+        // `pid (comm) state ppid pgrp session tty_nr …`; comm may hold spaces.
+        let stat = lines.next().unwrap();
+        let rest: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        let (pid, pgrp, session, tty): (i32, i32, i32, i32) = (
+            stat.split_whitespace().next().unwrap().parse().unwrap(),
+            rest[2].parse().unwrap(),
+            rest[3].parse().unwrap(),
+            rest[4].parse().unwrap(),
+        );
+        // `cat` is the shell's child: the session and group are the shell's, not ours.
+        // SAFETY: getsid(0) has no preconditions.
+        #[allow(unsafe_code)]
+        let ours = unsafe { libc::getsid(0) };
+        assert_ne!(session, ours, "the child shares the daemon's session");
+        assert_eq!(pgrp, session, "the session leader leads the group");
+        assert_ne!(pid, session);
+        assert_eq!(tty, 0, "a controlling terminal: {stat}");
+        assert_eq!(lines.next(), Some("/dev/null"));
     }
 
     /// The pid written to `marker` is gone (or a zombie awaiting its reaper) within 1 s.

@@ -7,8 +7,9 @@
 //!
 //! What a sandbox enforces, each where the kernel allows it (see [`Support`]):
 //!
-//! - **Filesystem (Landlock)**: read-write only the workspace, a private per-task `TMPDIR`
-//!   and the CLI's own state (`claude`'s `CLAUDE_CONFIG_DIR`, pinned to `~/.claude`); read-only the system
+//! - **Filesystem (Landlock)**: read-write only the workspace and a private per-task
+//!   directory (`TMPDIR`, and in it `claude`'s per-task `CLAUDE_CONFIG_DIR`, a copy of the
+//!   operator's template: see [`agent_home`]); read-only the system
 //!   (`/usr`, `/etc`, toolchains on PATH); nothing else: not the daemon's config file, state
 //!   directory (outbox, locks), other workspaces or credentials. With Landlock ABI ≥ 6 the
 //!   children cannot signal processes outside their domain nor reach abstract sockets.
@@ -30,8 +31,10 @@
 //!
 //! - this file: levels, the probe, per-task policies and [`Sandbox`].
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
+//! - [`agent_home`]: the agent CLI's per-task configuration directory.
 //! - `child.rs`: what runs between `fork` and `exec`.
 
+pub mod agent_home;
 mod child;
 pub mod landlock;
 
@@ -50,14 +53,15 @@ const SYSTEM_READ: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys",
 ];
 
-/// Device files every child may read and write.
+/// Device files every child may read and write. Never `/dev/tty`: children have no
+/// controlling terminal (each leads its own session, see `process`), and the operator's
+/// terminal under `run-task` must stay out of a task's reach even if one had.
 const DEVICES: &[&str] = &[
     "/dev/null",
     "/dev/zero",
     "/dev/full",
     "/dev/random",
     "/dev/urandom",
-    "/dev/tty",
 ];
 
 /// What this machine lets the daemon enforce; probed once at start-up.
@@ -257,6 +261,14 @@ pub enum ContainmentError {
         /// Why creating it failed.
         source: std::io::Error,
     },
+    /// The task's copy of the agent's configuration could not be made.
+    #[error("containment_failed: cannot set up the agent's configuration {}: {source}", path.display())]
+    AgentConfig {
+        /// The per-task configuration directory.
+        path: PathBuf,
+        /// Why making it failed.
+        source: std::io::Error,
+    },
     /// The Landlock ruleset could not be built.
     #[error("containment_failed: cannot set up the task's sandbox: {0}")]
     Landlock(#[from] landlock::BuildError),
@@ -273,6 +285,8 @@ pub struct Sandbox {
     _ruleset: Option<landlock::Built>,
     /// The private TMPDIR.
     tmp: PathBuf,
+    /// The operator's agent configuration the task's copies are made from (never granted).
+    agent_template: Option<PathBuf>,
 }
 
 impl Sandbox {
@@ -292,6 +306,11 @@ impl Sandbox {
     pub fn tmp(&self) -> &Path {
         &self.tmp
     }
+
+    /// The operator's agent configuration directory, the template of the task's copies.
+    pub fn agent_template(&self) -> Option<&Path> {
+        self.agent_template.as_deref()
+    }
 }
 
 /// What one sandbox lets its children write, beyond the system's read-only trees.
@@ -299,11 +318,9 @@ impl Sandbox {
 pub struct Grants {
     /// Read-write trees (the workspace first).
     pub write: Vec<PathBuf>,
-    /// Extra read-only trees (a managed clone's git directory).
+    /// Extra read-only trees (a managed clone's git directory, the daemon git's empty
+    /// HOME). There is no HOME grant: no child class reads the service user's HOME.
     pub read: Vec<PathBuf>,
-    /// Whether the children may read HOME (minus the daemon's own files): the daemon's git
-    /// calls need the service user's ssh and credential setup; a task's agent never does.
-    pub home: bool,
 }
 
 /// The environment a task's children get beyond the daemon's: the variables the sandbox
@@ -311,7 +328,7 @@ pub struct Grants {
 /// environment by [`crate::process::confine`].
 #[derive(Debug)]
 pub struct Confined {
-    /// Variables set for the children (TMPDIR and friends, CLAUDE_CONFIG_DIR).
+    /// Variables set for the children (TMPDIR and friends, the per-task CLAUDE_CONFIG_DIR).
     pub set: Vec<(String, String)>,
     /// The sandbox every child installs; `None` when containment is off.
     pub sandbox: Option<Arc<Sandbox>>,
@@ -345,19 +362,19 @@ pub fn plan(
         set.push((k.to_string(), tmp_s.clone()));
     }
     set.extend(safe_directory(grants.write.first(), vars));
-    let get = |k: &str| var_in(&[vars], k).map(str::to_string);
-    // `claude` keeps its login, settings and state in one directory under HOME: pin it
-    // there (CLAUDE_CONFIG_DIR), so the sandbox can open that one directory and not HOME.
-    if let Some(home) = get("HOME").map(PathBuf::from) {
-        let claude_dir = get("CLAUDE_CONFIG_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".claude"));
-        if std::fs::create_dir_all(&claude_dir).is_ok() {
-            set.push((
-                "CLAUDE_CONFIG_DIR".to_string(),
-                claude_dir.to_string_lossy().into_owned(),
-            ));
-        }
+    // `claude`'s configuration is the task's own: a fresh copy of the operator's template
+    // under the task's private directory, removed with it (see `agent_home`).
+    let agent_template = agent_home::template(vars);
+    if let Some(template) = &agent_template {
+        let dir = agent_home::dir_for(tmp, "agent");
+        agent_home::seed(template, &dir).map_err(|source| ContainmentError::AgentConfig {
+            path: dir.clone(),
+            source,
+        })?;
+        set.push((
+            "CLAUDE_CONFIG_DIR".to_string(),
+            dir.to_string_lossy().into_owned(),
+        ));
     }
     let ruleset = if policy.support.landlock_abi > 0 {
         // What the children will see: the variables set here over the inherited ones.
@@ -377,6 +394,7 @@ pub fn plan(
             plan,
             _ruleset: ruleset,
             tmp: tmp.to_path_buf(),
+            agent_template,
         })),
     })
 }
@@ -462,9 +480,7 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     }
     read.extend(grants.read.iter().cloned());
     read.extend(cfg.sandbox.read_paths.iter().cloned());
-    if grants.home {
-        read.extend(home.clone());
-    } else if let Some(h) = &home {
+    if let Some(h) = &home {
         // git reads the user's config and fails hard when it exists but cannot be read.
         read.push(h.join(".gitconfig"));
         read.push(h.join(".config/git"));
@@ -472,16 +488,12 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     let mut write = grants.write.clone();
     write.push(tmp.to_path_buf());
     write.extend(DEVICES.iter().map(PathBuf::from));
-    // `claude`'s own directory (see `confine`): nothing else under HOME.
-    write.extend(var("CLAUDE_CONFIG_DIR"));
+    // `claude`'s per-task directory is inside `tmp`; the operator's template is not
+    // granted at all.
     write.extend(cfg.sandbox.write_paths.iter().cloned());
 
-    // The daemon's git calls may read HOME, which is the state directory under the unit:
-    // they are kept from the state file only.
-    let mut deny = vec![cfg.state_file()];
-    if !grants.home {
-        deny.push(cfg.state_dir.clone());
-    }
+    // The state directory (HOME under the unit) is closed but for what is granted in it.
+    let mut deny = vec![cfg.state_file(), cfg.state_dir.clone()];
     deny.extend(cfg.origin.clone());
     // Credentials that live beside toolchains and in HOME.
     for base in [var("CARGO_HOME"), home.as_ref().map(|h| h.join(".cargo"))]
@@ -500,9 +512,7 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
             ".netrc",
             ".docker",
         ] {
-            if !grants.home {
-                deny.push(h.join(p));
-            }
+            deny.push(h.join(p));
         }
     }
     FsPolicy {
@@ -583,6 +593,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         plan,
         _ruleset: None,
         tmp: PathBuf::new(),
+        agent_template: None,
     });
     let true_bin = ["/usr/bin/true", "/bin/true"]
         .into_iter()

@@ -412,7 +412,7 @@ async fn ask_claude(
         Err(e) => return (Err(JudgeError::NotFound(e)), (0.0, (0, 0))),
     };
     let model = judge_model_claude(ctx);
-    let mut spec = CommandSpec::new(program, scratch.path(), ctx.env.clone())
+    let mut spec = CommandSpec::new(program, scratch.path(), ctx.env.for_agent())
         .args([
             "-p",
             "--output-format",
@@ -433,6 +433,11 @@ async fn ask_claude(
         "CLAUDE_CODE_MAX_RETRIES",
         &ctx.config.executor.claude_api_max_retries.to_string(),
     );
+    // A configuration of its own, made now the agent has stopped: nothing it wrote in its
+    // CLAUDE_CONFIG_DIR (hooks, `env`, `apiKeyHelper`) reaches the judge.
+    if let Err(e) = crate::sandbox::agent_home::fresh(&mut spec.env, "judge") {
+        return (Err(JudgeError::Scratch(e)), (0.0, (0, 0)));
+    }
     spec.stdin = Some(format!("{SYSTEM}\n\n{prompt}").into_bytes());
     let limits = Limits {
         timeout: Some(bound),

@@ -17,7 +17,7 @@ use crate::util::*;
 const TOKEN: &str = "tok-7f3a9c2e1d5b4a68";
 
 /// `false` (and a message) where this kernel cannot confine: the test then has nothing to show.
-fn supported() -> bool {
+pub(crate) fn supported() -> bool {
     let s = Support::probe();
     let missing = s.missing();
     if !missing.is_empty() {
@@ -261,7 +261,7 @@ async fn resource_limits_bound_what_one_child_can_write() {
 /// An operator's `repo_dir` (whose `.git` a task can write) with `plant` applied; one task
 /// through the daemon's branch → commit → push. Returns the terminal frame; asserts the
 /// planted program never ran.
-async fn plant_and_run(plant: impl FnOnce(&Path, &Path)) -> Value {
+pub(crate) async fn plant_and_run(plant: impl FnOnce(&Path, &Path)) -> Value {
     let s = Harness::setup().await;
     let remote = Remote::new();
     let work = s.dir().join("checkout");
@@ -292,7 +292,7 @@ fn git_config(work: &Path, key: &str, value: &str) {
 }
 
 /// A config vector is refused with a reason naming the key.
-async fn refused(key: &str, value_is_evil: bool, attributes: Option<&str>) {
+pub(crate) async fn refused(key: &str, value_is_evil: bool, attributes: Option<&str>) {
     if !supported() {
         return;
     }

@@ -6,6 +6,7 @@
 // (`clippy::unwrap_used` in Cargo.toml).
 #![allow(clippy::unwrap_used)]
 
+mod agent_config;
 mod containment;
 mod daemon;
 mod e2e;
@@ -16,6 +17,7 @@ mod faults;
 mod git;
 mod harness;
 mod hub_restart;
+mod leaks;
 mod loop_spec;
 mod manifest;
 mod ops;
@@ -26,6 +28,7 @@ mod real_claude;
 mod recorder;
 mod service_user;
 mod systemd_unit;
+mod terminal;
 mod util;
 mod verify;
 mod warm_cache;

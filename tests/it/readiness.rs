@@ -10,7 +10,6 @@
 use std::path::Path;
 use std::process::Stdio;
 
-use hub_sidecar::commands::status::{fetch, Target};
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
 use hub_sidecar::sandbox::Support;
 
@@ -54,10 +53,25 @@ fn set_userns_limit(pid: u32, limit: u32) {
     assert!(st.success(), "nsenter could not set the limit");
 }
 
-async fn status(dir: &Path) -> hub_sidecar::ops::StatusSnapshot {
-    fetch(&Target::Socket(dir.join("status.sock")))
+/// `hub-sidecar status --json` from inside the daemon's user namespace: the status socket
+/// admits only peers of the daemon's own namespace (a task's is another), and an operator
+/// of a daemon run this way asks from there too.
+async fn status(dir: &Path, pid: u32) -> hub_sidecar::ops::StatusSnapshot {
+    let out = tokio::process::Command::new("nsenter")
+        .args([
+            "--user",
+            "--preserve-credentials",
+            "--target",
+            &pid.to_string(),
+        ])
+        .arg(env!("CARGO_BIN_EXE_hub-sidecar"))
+        .args(["status", "--json", "--state-dir"])
+        .arg(dir)
+        .output()
         .await
-        .unwrap()
+        .unwrap();
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status: {e}: {}", String::from_utf8_lossy(&out.stderr)))
 }
 
 #[tokio::test]
@@ -121,17 +135,18 @@ async fn a_strict_daemon_that_cannot_confine_takes_no_work_and_recovers_without_
             .all(|f| f["task_id"] != "refused"),
         "a refused task was accepted"
     );
-    let snap = status(dir).await;
+    let pid = daemon.id().unwrap();
+    let snap = status(dir, pid).await;
     assert_eq!(snap.containment.as_deref(), Some("strict"));
     let why = snap.not_accepting.expect("status says it takes no work");
     assert!(why.contains("namespaces"), "{why}");
     assert!(logs().contains("NOT accepting tasks"), "log:\n{}", logs());
 
     // The operator's fix; the daemon notices by itself.
-    set_userns_limit(daemon.id().unwrap(), 1000);
+    set_userns_limit(pid, 1000);
     let mut recovered = false;
     for _ in 0..60 {
-        if status(dir).await.not_accepting.is_none() {
+        if status(dir, pid).await.not_accepting.is_none() {
             recovered = true;
             break;
         }

@@ -153,8 +153,8 @@ async fn real_cli_works_inside_the_task_sandbox() {
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "hi\n");
     assert!(!outside.exists());
     assert!(
-        home.path().join(".claude").is_dir(),
-        "claude keeps its state in its own directory under HOME"
+        state.path().join("tmp/t/.agent-config-agent").is_dir(),
+        "claude keeps its state in the task's own copy of its configuration"
     );
 }
 

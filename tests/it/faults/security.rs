@@ -14,7 +14,12 @@ async fn children_never_see_the_token_or_denied_variables() {
     .await
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&hub, dir.path(), TOKEN, "[env]\ndeny = [\"MY_DENIED\"]\n");
+    let config = write_config(
+        &hub,
+        dir.path(),
+        TOKEN,
+        "[env]\ndeny = [\"MY_DENIED\"]\nallow = [\"HARMLESS_VAR\", \"MY_DENIED\", \"CARRIES_TOKEN\"]\n",
+    );
     let mut bin = Bin::start(
         dir.path(),
         &config,
@@ -23,6 +28,8 @@ async fn children_never_see_the_token_or_denied_variables() {
             ("MY_DENIED", "denied-value"),
             ("CARRIES_TOKEN", &format!("x-{TOKEN}-y")),
             ("HARMLESS_VAR", "harmless-value"),
+            ("GH_TOKEN", "gh-token-value"),
+            ("UNLISTED_VAR", "unlisted-value"),
         ],
     );
     hub.wait_for_type("identify", T).await.unwrap();
@@ -38,7 +45,15 @@ async fn children_never_see_the_token_or_denied_variables() {
         "filter too strict:\n{env}"
     );
     assert!(env.contains("PATH="));
-    for bad in ["HUB_SIDECAR_", TOKEN, "MY_DENIED", "CARRIES_TOKEN"] {
+    // Allowed names pass, but deny and secret values win; unlisted names never pass.
+    for bad in [
+        "HUB_SIDECAR_",
+        TOKEN,
+        "MY_DENIED",
+        "CARRIES_TOKEN",
+        "GH_TOKEN",
+        "UNLISTED_VAR",
+    ] {
         assert!(
             !env.contains(bad),
             "child environment contains {bad}:\n{env}"

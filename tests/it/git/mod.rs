@@ -20,6 +20,7 @@ use crate::util::*;
 
 mod hostile;
 mod publish;
+mod steering;
 mod workspaces;
 
 /// Run git synchronously (only while the daemon is idle: tests are single-threaded).

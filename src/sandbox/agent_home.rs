@@ -1,0 +1,156 @@
+//! The agent CLI's configuration directory, fresh for every run of it.
+//!
+//! `claude` reads its settings (hooks, `env`, `apiKeyHelper`), `CLAUDE.md` and login from
+//! one directory, `CLAUDE_CONFIG_DIR`, and writes its state there. Shared between tasks,
+//! that directory let one task configure the next task's agent, its judge and the
+//! operator's `check`. So the operator's directory (`CLAUDE_CONFIG_DIR` of the daemon, else
+//! `~/.claude`) is only a **template**: the daemon copies its top-level files (settings,
+//! `CLAUDE.md`, the login `.credentials.json`) into a directory of the task's own, under the
+//! task's private directory that the daemon removes with the task. Children are never
+//! granted the template; what a run writes dies with the task.
+//!
+//! A task gets one such directory ([`seed`], from [`super::plan`]); the judge gets another,
+//! made after the agent has stopped ([`fresh`]), so nothing the agent wrote reaches it.
+//!
+//! Only files are copied, never directories or links: the template may hold the CLI's own
+//! installation (`local/`), transcripts (`projects/`) and caches, none of which a task needs,
+//! and a program there must not become a copy the task can rewrite.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::process::ChildEnv;
+
+/// Largest template file copied: settings and a login are a few KiB.
+const MAX_FILE: u64 = 1024 * 1024;
+
+/// The name of a per-task config directory under the task's private directory.
+const DIR_PREFIX: &str = ".agent-config";
+
+/// The operator's template, from the daemon's (inherited) variables: `CLAUDE_CONFIG_DIR`,
+/// else `$HOME/.claude`. `None` without either.
+pub fn template(vars: &[(String, String)]) -> Option<PathBuf> {
+    let get = |k: &str| {
+        vars.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+            .filter(|v| !v.is_empty())
+    };
+    get("CLAUDE_CONFIG_DIR")
+        .map(PathBuf::from)
+        .or_else(|| get("HOME").map(|h| Path::new(h).join(".claude")))
+}
+
+/// The config directory for run `name` under the task's private directory `task_dir`.
+pub fn dir_for(task_dir: &Path, name: &str) -> PathBuf {
+    task_dir.join(format!("{DIR_PREFIX}-{name}"))
+}
+
+/// Make `dir` a fresh copy of `template`'s top-level regular files (mode 0700, files 0600):
+/// whatever `dir` held before is removed first. A missing template gives an empty
+/// directory (the CLI then runs unconfigured, e.g. with `ANTHROPIC_API_KEY`).
+pub fn seed(template: &Path, dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let entries = match std::fs::read_dir(template) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        // Not followed: a link in the template is not the operator's file to hand out.
+        let meta = entry.metadata()?;
+        if !meta.file_type().is_file() || meta.len() > MAX_FILE {
+            continue;
+        }
+        let bytes = std::fs::read(entry.path())?;
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(entry.file_name()))?;
+        io::Write::write_all(&mut out, &bytes)?;
+    }
+    Ok(())
+}
+
+/// Point `env`'s `CLAUDE_CONFIG_DIR` at a fresh copy of the task's template for run `name`
+/// (the judge), inside the task's private directory. Nothing to do when `env` carries no
+/// sandbox (containment off: the CLI uses the operator's directory as configured).
+pub fn fresh(env: &mut ChildEnv, name: &str) -> io::Result<()> {
+    let Some(sb) = env.sandbox() else {
+        return Ok(());
+    };
+    let Some(template) = sb.agent_template().map(Path::to_path_buf) else {
+        return Ok(());
+    };
+    let dir = dir_for(sb.tmp(), name);
+    seed(&template, &dir)?;
+    env.set("CLAUDE_CONFIG_DIR", &dir.to_string_lossy());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_copies_the_templates_files_only_and_starts_from_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let tpl = d.path().join("tpl");
+        std::fs::create_dir_all(tpl.join("local")).unwrap();
+        std::fs::write(tpl.join("settings.json"), "{}").unwrap();
+        std::fs::write(tpl.join(".credentials.json"), "{\"t\":1}").unwrap();
+        std::fs::write(tpl.join("local/claude"), "#!/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", tpl.join("linked")).unwrap();
+        let dir = dir_for(d.path(), "agent");
+        seed(&tpl, &dir).unwrap();
+        // What an earlier run left is gone after the next seed.
+        std::fs::write(dir.join("settings.json"), "{\"hooks\":1}").unwrap();
+        std::fs::write(dir.join("CLAUDE.md"), "planted").unwrap();
+        seed(&tpl, &dir).unwrap();
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".credentials.json", "settings.json"]);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("settings.json")).unwrap(),
+            "{}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(tpl.join("settings.json")).unwrap(),
+            "{}"
+        );
+        // No template: an empty directory.
+        seed(&d.path().join("none"), &dir).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn the_template_is_the_daemons_config_dir_else_home() {
+        let v = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+            p.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            template(&v(&[("HOME", "/h"), ("CLAUDE_CONFIG_DIR", "/c")])),
+            Some(PathBuf::from("/c"))
+        );
+        assert_eq!(
+            template(&v(&[("HOME", "/h")])),
+            Some(PathBuf::from("/h/.claude"))
+        );
+        assert_eq!(template(&[]), None);
+    }
+}
