@@ -558,3 +558,108 @@ fn the_collector_keeps_the_first_paths_and_counts_the_rest() {
     let kept: Vec<&[u8]> = b.kept.keys().map(Vec::as_slice).collect();
     assert_eq!(kept, vec![&b"a"[..], b"b", b"c"]);
 }
+
+/// The loop as issue 29 found it: an agent whose only output is an ignored `dist/` was
+/// stopped `no_progress` ("workspace unchanged") after its second attempt, and `llm_judge`
+/// failed "nothing to judge" without asking.
+mod through_the_loop {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus};
+    use crate::progress::ProgressSink;
+    use crate::task::Task;
+    use crate::verify::report::CheckStatus;
+    use crate::verify::retry_loop::{self, FnAttempter, LoopOptions};
+
+    fn ctx(ws: &Path, task: serde_json::Value) -> ExecContext {
+        let mut task = task;
+        task["task_id"] = serde_json::json!("t-ignored");
+        ExecContext {
+            task: Arc::new(Task::from_value(task).unwrap()),
+            workspace: ws.to_path_buf(),
+            config: Arc::new(Config::for_hub("ws://127.0.0.1:1/ws", ws)),
+            env: ChildEnv::inherit(),
+            progress: ProgressSink::new(8192),
+            cancel: CancellationToken::new(),
+            remaining_budget_usd: None,
+        }
+    }
+
+    fn ignored_repo(ws: &Path) {
+        crate::verify::test_support::git(ws, &["init", "-q"]);
+        std::fs::write(ws.join(".gitignore"), "dist/\n").unwrap();
+        crate::verify::test_support::git(ws, &["add", "."]);
+        crate::verify::test_support::git(ws, &["commit", "-qm", "init"]);
+    }
+
+    #[tokio::test]
+    async fn work_only_in_an_ignored_dir_is_not_no_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().to_path_buf();
+        ignored_repo(&ws);
+        let ctx = ctx(
+            &ws,
+            serde_json::json!({"description": "build dist/", "max_verification_retries": 2,
+                "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
+        );
+        let mut attempter = FnAttempter(move |a: Attempt| {
+            let ws = ws.clone();
+            async move {
+                std::fs::create_dir_all(ws.join("dist")).unwrap();
+                std::fs::write(ws.join("dist/app.js"), "x".repeat(a.number as usize)).unwrap();
+                let mut o = ExecOutcome::failed("");
+                o.status = ExecStatus::Succeeded;
+                o.error = None;
+                o
+            }
+        });
+        let out = retry_loop::run_with(&mut attempter, true, &ctx, &LoopOptions::default()).await;
+        assert_eq!(
+            out.termination_reason,
+            "retries_exhausted",
+            "{:?}",
+            out.attempts
+                .iter()
+                .map(|a| &a.observations)
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(out.attempts.len(), 3);
+        for a in &out.attempts {
+            assert!(!is_unchanged(&a.observations), "{:?}", a.observations);
+        }
+        assert_eq!(
+            out.attempts[1].observations,
+            vec![
+                "ignored path changed: dist/ (sizes or times differ; its files are not listed)"
+                    .to_string()
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_judge_is_asked_about_work_only_in_an_ignored_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        ignored_repo(ws);
+        let env = ChildEnv::inherit();
+        let c = CancellationToken::new();
+        let before = snapshot(ws, &env, &c).await;
+        std::fs::create_dir(ws.join("dist")).unwrap();
+        std::fs::write(ws.join("dist/app.js"), "x").unwrap();
+        let obs = observe(&before, ws, &env, &c).await;
+        let ctx = ctx(ws, serde_json::json!({"description": "build dist/"}));
+        // No judge listens on the test config's endpoint: the check errors trying to ask,
+        // which is the point — it tried.
+        let verdict = crate::verify::judge::judge_check(
+            &ctx,
+            "dist/ holds the build",
+            &obs,
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(!verdict.output.contains("nothing to judge"), "{verdict:?}");
+        assert_ne!(verdict.status, CheckStatus::Fail, "{verdict:?}");
+    }
+}
