@@ -1,5 +1,6 @@
 //! Tests of [`super`]: real git repositories and real files in temp dirs.
 
+use super::git_text::unquote;
 use super::*;
 use std::ffi::OsStr;
 
