@@ -15,7 +15,7 @@
 //! that was *racily clean*: modified so close to the snapshot (within [`RACY_MARGIN_NS`],
 //! the file system's timestamp granularity at worst) that a later write could leave the same
 //! metadata. That is git's rule, with the snapshot's clock standing in for the index's mtime.
-//! About 32 bytes plus the path per row: ~4.6 MB for 100,000 paths.
+//! 24 bytes plus the path per row: ~3.8 MB for 100,000 paths.
 //!
 //! Only the before-snapshot is kept. The observation after the attempt is a stream: each path
 //! found now is looked up in the before rows (binary search) and compared by fingerprint, a
@@ -101,7 +101,7 @@ const GIT_OUTPUT_CAP: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// A walk stops after this many files, so a huge tree cannot stall verification. Memory is
-    /// ~32 bytes plus the path per file whatever the cap.
+    /// 24 bytes plus the path per file whatever the cap.
     pub walk_cap: usize,
     /// Lines listed; the rest are counted ("… and 4,312 more changes not listed").
     pub max_lines: usize,
@@ -637,7 +637,7 @@ fn diff_git(
             Change {
                 kind,
                 tracked,
-                size_before: before.map_or(0, |r| r.size),
+                size_before: before.map_or(0, |r| u64::from(r.size)),
                 size_after: now.size,
             },
         );
@@ -662,7 +662,7 @@ fn diff_git(
             Change {
                 kind,
                 tracked: false,
-                size_before: row.size,
+                size_before: u64::from(row.size),
                 size_after: 0,
             },
         );
@@ -724,7 +724,7 @@ fn diff_walk(
                 Change {
                     kind: Kind::Deleted,
                     tracked: false,
-                    size_before: row.size,
+                    size_before: u64::from(row.size),
                     size_after: 0,
                 },
             );
@@ -739,7 +739,7 @@ fn modified(row: &Row, now: &Probe) -> Change {
     Change {
         kind: Kind::Modified,
         tracked: false,
-        size_before: row.size,
+        size_before: u64::from(row.size),
         size_after: now.size,
     }
 }
@@ -836,7 +836,13 @@ async fn render(
 fn describe(base: &Path, path: &[u8], c: &Change, numstat: Option<&(String, String)>) -> String {
     let shown = display_path(path);
     let lines = || line_count(&base.join(OsStr::from_bytes(path)));
-    let size = |n: u64| format!("{} bytes", group_digits(n as usize));
+    let size = |n: u64| {
+        if n >= u64::from(SIZE_SATURATED) {
+            "4 GiB or more".to_string()
+        } else {
+            format!("{} bytes", group_digits(n as usize))
+        }
+    };
     match c.kind {
         Kind::Added => match lines() {
             Some(n) => format!("added: {shown} (+{n} lines)"),

@@ -38,17 +38,22 @@ pub(super) const NO_HASH: u32 = u32::MAX;
 /// The fingerprint of a path that does not exist.
 pub(super) const ABSENT: u64 = 0;
 
-/// One path's state, 32 bytes; its name lives in [`Table::names`].
+/// One path's state, 24 bytes; its name lives in [`Table::names`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Row {
-    pub(super) size: u64,
-    /// [`fingerprint`] of the metadata; [`ABSENT`] when there was no file.
+    /// [`fingerprint`] of the metadata (the size is in it); [`ABSENT`] when there was no file.
     pub(super) fp: u64,
     pub(super) name_at: u32,
     pub(super) name_len: u32,
     /// Index into [`Table::hashes`] for a racily clean file, else [`NO_HASH`].
     pub(super) hash: u32,
+    /// Bytes, saturated at [`SIZE_SATURATED`]: only shown, and compared for files small enough
+    /// to hash. Four more bytes for every row would pay for the rare file past 4 GiB.
+    pub(super) size: u32,
 }
+
+/// A [`Row::size`] this large means "4 GiB or more".
+pub(super) const SIZE_SATURATED: u32 = u32::MAX;
 
 /// Rows sorted by path bytes, their names back to back, and the few content hashes.
 #[derive(Debug, Default)]
@@ -79,7 +84,7 @@ impl Table {
             None => NO_HASH,
         };
         self.rows.push(Row {
-            size: st.size,
+            size: u32::try_from(st.size).unwrap_or(SIZE_SATURATED),
             fp: st.fp,
             name_at,
             name_len,
@@ -234,7 +239,9 @@ pub(super) fn differs(table: &Table, row: &Row, now: &Probe, path: &Path) -> boo
     }
     // Metadata moved: a content hash from before can still show a rewrite of the same bytes.
     match hashed {
-        Some(h) if now.is_file && now.size == row.size => content_hash(path, now.size) != Some(h),
+        Some(h) if now.is_file && now.size == u64::from(row.size) => {
+            content_hash(path, now.size) != Some(h)
+        }
         _ => true,
     }
 }

@@ -372,10 +372,10 @@ async fn memory_per_tracked_path_is_compact() {
     let bytes = t.names.capacity()
         + t.rows.capacity() * std::mem::size_of::<Row>()
         + t.hashes.capacity() * 32;
-    // 32-byte rows, 11-byte names and (these files are fresh, so racy) 32-byte hashes:
-    // ~75 bytes a path. The margin is wide: the old map held ~250.
+    // 24-byte rows, 11-byte names and (these files are fresh, so racy) 32-byte hashes:
+    // ~67 bytes a path. The margin is wide: the old map held ~250.
     assert!(bytes < 10_000 * 120, "{bytes} bytes for 10,000 paths");
-    assert_eq!(std::mem::size_of::<Row>(), 32);
+    assert_eq!(std::mem::size_of::<Row>(), 24);
 }
 
 fn names_of(obs: &[String]) -> String {
