@@ -12,7 +12,7 @@
 //! a walk that skips `.git`, `target` and `node_modules`. A row is compact: the path's bytes
 //! in one shared buffer, a 64-bit fingerprint of its metadata (size, mtime, ctime, inode,
 //! device, mode — what git's index compares), the size, and a content hash only for a file
-//! that was *racily clean*: modified so close to the snapshot (within [`RACY_MARGIN_NS`],
+//! that was *racily clean*: modified so close to the snapshot (within 2 s, `RACY_MARGIN_NS`:
 //! the file system's timestamp granularity at worst) that a later write could leave the same
 //! metadata. That is git's rule, with the snapshot's clock standing in for the index's mtime.
 //! 24 bytes plus the path per row: ~3.8 MB for 100,000 paths.
@@ -24,11 +24,12 @@
 //! With N paths tracked and C of them changed, one attempt costs:
 //!
 //! - one `git status` (or one walk) and N `lstat`s at each end, O(N log N) comparisons;
-//! - file reads only for the racily clean rows (hashed once, before), for the rows whose
-//!   metadata changed and were racy before (hashed again, after), and for the ≤ `max_lines`
-//!   listed changes (line counts): O(C) in the worst case, never O(N);
-//! - memory O(N) for the rows of the before-snapshot, O(`max_lines`) for the changes,
-//!   plus `git status`'s output while it is parsed.
+//! - file reads only for the R racily clean rows (hashed before, and again after), for the
+//!   rows whose metadata changed, and for the ≤ `max_lines` listed changes (line counts):
+//!   O(C + R), never O(N). R is what was modified within 2 s before the snapshot, usually
+//!   the previous attempt's own edits;
+//! - memory O(N) for the rows of the before-snapshot (plus 32 bytes per racy row),
+//!   O(`max_lines`) for the changes, plus `git status`'s output while it is parsed.
 //!
 //! The walk's cap ([`Limits::walk_cap`]) only bounds the time of a walk of a huge tree; memory
 //! stays per row.
@@ -36,10 +37,11 @@
 //! The *coarse view* covers what the fine view leaves out: ignored paths (`git status
 //! --ignored=matching`: an ignored directory is one entry, not its contents) and the
 //! directories the walk skips. Each gets one fingerprint of its entries' names and metadata,
-//! from a walk bounded to [`COARSE_BUDGET`] entries per snapshot; at most [`COARSE_ROOTS`]
-//! are named, the rest share one fingerprint. When the fine view is empty, a difference there
-//! still says "changed" (a task whose only output is an ignored `dist/` did work); otherwise
-//! it is not listed, so a build's churn in `target/` does not bury the changes that matter.
+//! from a walk bounded to 20,000 entries per snapshot (`COARSE_BUDGET`); at most 64
+//! (`COARSE_ROOTS`) are named, the rest share one fingerprint. When the fine view is empty,
+//! a difference there still says "changed" (a task whose only output is an ignored `dist/`
+//! did work); otherwise it is not listed, so a build's churn in `target/` does not bury the
+//! changes that matter.
 //!
 //! Paths are bytes end to end (git's output is read with `core.quotePath` and unquoted), and
 //! are shown escaped: invalid UTF-8 as `\xNN`, control characters and backslashes escaped, so
