@@ -595,6 +595,10 @@ fn one_end_only(e: &str) -> Vec<String> {
     )]
 }
 
+/// The snapshot time given to probes of the after side: they keep no hash, so no file is
+/// racy there.
+const AFTER: i128 = i128::MAX;
+
 /// The paths `git status` lists now against the rows from before: O(listed · log rows) with
 /// one `lstat` each, and reads only for racily clean rows.
 fn diff_git(
@@ -613,7 +617,7 @@ fn diff_git(
             continue;
         }
         let path = root.join(OsStr::from_bytes(&e.path));
-        let now = Probe::at(&path, i128::MAX);
+        let now = Probe::at(&path, AFTER);
         let before = table.find(&e.path).map(|i| {
             seen.set(i);
             table.rows[i]
@@ -648,16 +652,17 @@ fn diff_git(
     // (reverted, or committed). "Reverted" is not claimed when a listing was cut (the path
     // may only be missing from it) or HEAD moved (the commit lines say it).
     for (i, row) in table.rows.iter().enumerate() {
-        if seen.get(i) || row.fp == ABSENT {
+        if seen.get(i) {
             continue;
         }
         let name = table.name(row);
-        let kind = if !Probe::at(&root.join(OsStr::from_bytes(name)), i128::MAX).exists() {
-            Kind::Deleted
-        } else if may_revert {
-            Kind::Reverted
-        } else {
-            continue;
+        let exists = Probe::at(&root.join(OsStr::from_bytes(name)), AFTER).exists();
+        let kind = match (row.fp != ABSENT, exists) {
+            (true, false) => Kind::Deleted,
+            // A deleted tracked file brought back is clean again too.
+            (_, true) if may_revert => Kind::Reverted,
+            // Deleted before and still gone, now unlisted: the deletion was committed.
+            _ => continue,
         };
         changes.add(
             name,
@@ -685,7 +690,7 @@ fn diff_walk(
     let mut changes = Changes::new(limits.max_lines);
     let mut seen = Seen::new(table.rows.len());
     let (capped_after, coarse) = walk(root, limits.walk_cap, |rel, path, meta| {
-        let now = Probe::of(meta, i128::MAX);
+        let now = Probe::of(meta, AFTER);
         match table.find(rel) {
             Some(i) => {
                 seen.set(i);
@@ -716,7 +721,7 @@ fn diff_walk(
         }
         let name = table.name(row);
         let now = if capped_after {
-            Probe::at(&root.join(OsStr::from_bytes(name)), i128::MAX)
+            Probe::at(&root.join(OsStr::from_bytes(name)), AFTER)
         } else {
             Probe::ABSENT
         };

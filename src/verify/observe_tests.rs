@@ -664,3 +664,19 @@ mod through_the_loop {
         assert_ne!(verdict.status, CheckStatus::Fail, "{verdict:?}");
     }
 }
+
+#[tokio::test]
+async fn a_deleted_tracked_file_brought_back_is_reverted() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    repo_with_a_commit(ws);
+    std::fs::remove_file(ws.join("a.txt")).unwrap();
+    let env = ChildEnv::inherit();
+    let c = CancellationToken::new();
+    let before = snapshot(ws, &env, &c).await;
+    crate::verify::test_support::git(ws, &["checkout", "--", "a.txt"]);
+    assert_eq!(
+        observe(&before, ws, &env, &c).await,
+        vec!["reverted: a.txt".to_string()]
+    );
+}
