@@ -6,6 +6,9 @@
 # The daemon is built on its own (`--bins`) and the driver after it (`--examples`): building
 # both in one command unifies the dev-dependency features (tokio's test-util) into the
 # daemon, and the figures must be those of the binary `cargo build --release` deploys.
+#
+# Figure 13 (issue 30) scales the workspace: 1k / 10k / 100k files for each of four shapes,
+# peak RSS and CPU per attempt (`--only 13`; `--quick` leaves out the 100k rows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

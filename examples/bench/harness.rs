@@ -237,6 +237,19 @@ impl Daemon {
         field(14).unwrap_or(0) + field(15).unwrap_or(0)
     }
 
+    /// cutime + cstime in clock ticks (fields 16 and 17): the children the daemon waited for.
+    pub(crate) fn child_cpu_ticks(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        let rest: Vec<&str> = s
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let field = |n: usize| rest.get(n - 3).and_then(|x| x.parse::<u64>().ok());
+        field(16).unwrap_or(0) + field(17).unwrap_or(0)
+    }
+
     /// SIGTERM (drain) and wait; SIGKILL if it does not go within 5 s.
     pub(crate) async fn stop(mut self) {
         let _ = std::process::Command::new("kill")

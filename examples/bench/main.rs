@@ -12,7 +12,8 @@
 //! target/release/examples/bench [--quick] [--out FILE] [--bin PATH]
 //! ```
 //!
-//! `--quick` shortens the long runs (fewer tasks, 10 s instead of 60 s of idle CPU). The
+//! `--quick` shortens the long runs (fewer tasks, 10 s instead of 60 s of idle CPU, no
+//! 100,000-file rows in figure 13). The
 //! results table goes to stdout and, with `--out`, to FILE (markdown).
 //!
 //! # Layout
@@ -20,7 +21,8 @@
 //! - `main.rs`: arguments, which figures run, the table written out.
 //! - `harness.rs`: [`harness::Daemon`] (one child process with its config, temp dir and
 //!   `/proc` readers), the mock hubs, [`harness::Stats`] (order statistics), the table rows.
-//! - one module per group of figures (`startup`, `latency`, `output`, `verify`, `clone`),
+//! - one module per group of figures (`startup`, `latency`, `output`, `verify`, `clone`,
+//!   `scaling`),
 //!   one `async fn` per figure, each returning rows for the table.
 //!
 //! This is a benchmark, not a test: it reports, it does not assert. A figure that misses its
@@ -30,6 +32,7 @@ mod clone;
 mod harness;
 mod latency;
 mod output;
+mod scaling;
 mod startup;
 mod verify;
 
@@ -154,6 +157,16 @@ async fn main() {
         if run(12) {
             eprintln!("bench: 12 fifty tasks on one managed clone");
             rows.extend(clone::managed_clone(&o, 50).await);
+        }
+        if run(13) {
+            // --quick leaves out the 100,000-file rows (their fixtures take the most time).
+            let sizes: &[usize] = if o.quick {
+                &[1_000, 10_000]
+            } else {
+                &[1_000, 10_000, 100_000]
+            };
+            eprintln!("bench: 13 scaling with the workspace ({sizes:?} files × 4 shapes)");
+            rows.extend(scaling::scaling(&o, sizes).await);
         }
         if run(9) {
             eprintln!("bench: 9 backlog of 1000 × 64 KB results");

@@ -1,32 +1,90 @@
 //! Workspace observations: what an attempt actually changed.
 //!
-//! Owns the before/after [`Snapshot`] of the workspace and their diff into short lines
-//! ("added: src/x.rs (+12 lines)", "HEAD moved to 1a2b3c4", "workspace unchanged"). The
-//! list goes into the corrective prompt, the attempt's record, the no-progress rule and the
-//! `llm_judge` check (which sees these lines, never the repository).
+//! Owns the before-[`Snapshot`] of the workspace and the diff of the workspace against it
+//! into short lines ("added: src/x.rs (+12 lines)", "HEAD moved to 1a2b3c4", "workspace
+//! unchanged"). The list goes into the corrective prompt, the attempt's record, the
+//! no-progress rule and the `llm_judge` check (which sees these lines, never the repository).
 //!
-//! In a git work tree the snapshot is HEAD plus a content hash of every file
-//! `git status` reports — O(changed files); elsewhere it is a walk (size, mtime, hash)
-//! skipping `.git`, `target` and `node_modules`, stopped at a cap. Git runs through
-//! [`crate::process::run`] with argv and `-c safe.directory=<workspace>` (a workspace owned
-//! by another user is the usual case under a service user); file reading and hashing run on
-//! `spawn_blocking`.
+//! # What is tracked, and what it costs
 //!
-//! "Could not observe" is never "unchanged": when git cannot read the work tree the
-//! snapshot falls back to the walk and says so; when the two snapshots cannot be compared the
-//! list is one [`UNAVAILABLE_PREFIX`] line (the no-progress rule is off for that attempt and
-//! `llm_judge` reports `error`). A walk past its cap or a `git status` past its output cap is
-//! reported as such, never as deletions. The list is bounded ([`Limits::max_lines`]) with a
-//! count of what was left out.
+//! The *fine view* is one row per path: in a git work tree, the paths `git status` lists
+//! (dirty and untracked; clean tracked files are git's to compare); elsewhere, every file of
+//! a walk that skips `.git`, `target` and `node_modules`. A row is compact: the path's bytes
+//! in one shared buffer, a 64-bit fingerprint of its metadata (size, mtime, ctime, inode,
+//! device, mode — what git's index compares), the size, and a content hash only for a file
+//! that was *racily clean*: modified so close to the snapshot (within 2 s, `RACY_MARGIN_NS`:
+//! the file system's timestamp granularity at worst) that a later write could leave the same
+//! metadata. That is git's rule, with the snapshot's clock standing in for the index's mtime.
+//! 24 bytes plus the path per row: ~3.8 MB for 100,000 paths.
+//!
+//! Only the before-snapshot is kept. The observation after the attempt is a stream: each path
+//! found now is looked up in the before rows (binary search) and compared by fingerprint, a
+//! bit set records which rows were seen (the rest were deleted or reverted), and a bounded
+//! collector keeps the first [`Limits::max_lines`] changes by path and counts the others.
+//! With N paths tracked and C of them changed, one attempt costs:
+//!
+//! - one `git status` (or one walk) and N `lstat`s at each end, O(N log N) comparisons;
+//! - file reads only for the R racily clean rows (hashed before, and again after), for the
+//!   rows whose metadata changed, and for the ≤ `max_lines` listed changes (line counts):
+//!   O(C + R), never O(N). R is what was modified within 2 s before the snapshot, usually
+//!   the previous attempt's own edits;
+//! - memory O(N) for the rows of the before-snapshot (plus 32 bytes per racy row),
+//!   O(`max_lines`) for the changes, plus `git status`'s output while it is parsed.
+//!
+//! The walk's cap ([`Limits::walk_cap`]) only bounds the time of a walk of a huge tree; memory
+//! stays per row.
+//!
+//! The *coarse view* covers what the fine view leaves out: ignored paths (`git status
+//! --ignored=matching`: an ignored directory is one entry, not its contents) and the
+//! directories the walk skips. Each gets one fingerprint of its entries' names and metadata,
+//! from a walk bounded to 20,000 entries per snapshot (`COARSE_BUDGET`); at most 64
+//! (`COARSE_ROOTS`) are named, the rest share one fingerprint. When the fine view is empty,
+//! a difference there still says "changed" (a task whose only output is an ignored `dist/`
+//! did work); otherwise it is not listed, so a build's churn in `target/` does not bury the
+//! changes that matter.
+//!
+//! Paths are bytes end to end (git's output is read with `core.quotePath` and unquoted), and
+//! are shown escaped: invalid UTF-8 as `\xNN`, control characters and backslashes escaped, so
+//! a name that is not UTF-8 is reported exactly, and one line stays one line.
+//!
+//! Git runs through [`crate::process::run`] with argv and `-c safe.directory=<workspace>` (a
+//! workspace owned by another user is the usual case under a service user); file reading and
+//! hashing run on `spawn_blocking`.
+//!
+//! # Layout
+//!
+//! - this file: [`Snapshot`], [`snapshot`], [`observe`] and the two diffs (git, walk), the
+//!   rendering of the lines;
+//! - `observe_table.rs`: the compact state (rows, probes and fingerprints, the coarse view,
+//!   the bounded collector);
+//! - `observe_git_text.rs`: git's quoted output read back to bytes, and [`display_path`];
+//! - `observe_tests.rs`: real repositories and files in temp dirs.
+//!
+//! "Could not observe" is never "unchanged": when git cannot read the work tree the snapshot
+//! falls back to the walk and says so; when the two ends cannot be compared the list is one
+//! [`UNAVAILABLE_PREFIX`] line (the no-progress rule is off for that attempt and `llm_judge`
+//! reports `error`). A walk past its cap or a `git status` past its output cap is reported as
+//! such, never as deletions.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::process::{self, ChildEnv};
+
+#[path = "observe_table.rs"]
+mod table;
+use table::*;
+
+#[path = "observe_git_text.rs"]
+mod git_text;
+pub use git_text::display_path;
+use git_text::{parse_numstat, parse_status};
 
 /// The one observation meaning "nothing changed".
 pub const UNCHANGED: &str = "workspace unchanged";
@@ -34,11 +92,9 @@ pub const UNCHANGED: &str = "workspace unchanged";
 /// The start of the one observation meaning "what changed is not known".
 pub const UNAVAILABLE_PREFIX: &str = "observation unavailable: ";
 
-/// Directories a walk never enters (build output and dependencies are not the work).
+/// Directories a walk never enters (build output and dependencies are not the work); all but
+/// `.git` are watched by the coarse view.
 const IGNORED_DIRS: &[&str] = &[".git", "target", "node_modules"];
-
-/// Files larger than this are compared by size and mtime only.
-const MAX_HASHED_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Output kept from one git call; past it the listing is reported as incomplete.
 const GIT_OUTPUT_CAP: usize = 16 * 1024 * 1024;
@@ -46,7 +102,8 @@ const GIT_OUTPUT_CAP: usize = 16 * 1024 * 1024;
 /// Bounds of one observation.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// A walk stops after this many files, so a huge tree cannot stall verification.
+    /// A walk stops after this many files, so a huge tree cannot stall verification. Memory is
+    /// 24 bytes plus the path per file whatever the cap.
     pub walk_cap: usize,
     /// Lines listed; the rest are counted ("… and 4,312 more changes not listed").
     pub max_lines: usize,
@@ -55,48 +112,69 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            walk_cap: 50_000,
+            walk_cap: 500_000,
             max_lines: 200,
         }
     }
 }
 
-/// One file's state in a snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileState {
-    /// Bytes.
-    pub size: u64,
-    /// Modification time, ns since the epoch.
-    pub mtime_ns: i128,
-    /// Hex SHA-256 of the content; empty for an absent file or one too large to hash.
-    pub hash: String,
-    /// Newline count (text files), for "+N lines" when the file is new or gone.
-    pub lines: u64,
-    /// Whether the file exists at all.
-    pub exists: bool,
+/// The workspace before an attempt: the fine rows, the coarse fingerprints, and where they
+/// came from. Cheap to clone (the tables are shared).
+#[derive(Clone)]
+pub struct Snapshot {
+    source: Source,
+    table: Arc<Table>,
+    coarse: Arc<Coarse>,
+    /// When the snapshot began (ns since the epoch): the racy rule's reference, and after a
+    /// capped walk the age a file must beat to count as new.
+    taken_ns: i128,
 }
 
-/// The workspace at one moment.
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("source", &self.source)
+            .field("paths", &self.table.rows.len())
+            .field("hashed", &self.table.hashes.len())
+            .field("coarse_roots", &self.coarse.roots.len())
+            .finish()
+    }
+}
+
+impl Snapshot {
+    /// Whether git listed the paths (rather than a walk).
+    pub fn is_git(&self) -> bool {
+        matches!(self.source, Source::Git { .. })
+    }
+
+    /// Why git could not be used in a git work tree, when the walk stood in for it.
+    pub fn git_error(&self) -> Option<&str> {
+        match &self.source {
+            Source::Walk { git_error, .. } => git_error.as_deref(),
+            Source::Git { .. } => None,
+        }
+    }
+
+    /// Paths in the fine view.
+    pub fn paths(&self) -> usize {
+        self.table.rows.len()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Snapshot {
-    /// A git work tree: HEAD, and the state of every file `git status` lists (by path).
+enum Source {
+    /// A git work tree whose top level is `root`.
     Git {
+        root: PathBuf,
         /// The commit HEAD names; `None` when unborn.
         head: Option<String>,
-        /// path → (two-letter porcelain status, state)
-        dirty: BTreeMap<String, (String, FileState)>,
-        /// `git status` output passed its cap: `dirty` misses some paths.
+        /// `git status` output passed its cap: the rows miss some paths.
         incomplete: bool,
     },
     /// Every file under the workspace, up to the cap.
     Walk {
-        /// path → state, relative to the workspace.
-        files: BTreeMap<String, FileState>,
-        /// The walk stopped at its cap: files past it are not in `files`.
+        /// The walk stopped at its cap: files past it have no row.
         capped: bool,
-        /// When the walk started (ns since the epoch): after a capped walk, a file not seen
-        /// before counts as changed only when it is newer than this.
-        taken_ns: i128,
         /// Why git could not be used in a git work tree (the walk stands in for it).
         git_error: Option<String>,
     },
@@ -113,6 +191,9 @@ pub fn unavailable(observations: &[String]) -> Option<&str> {
         .iter()
         .find_map(|o| o.strip_prefix(UNAVAILABLE_PREFIX))
 }
+
+// ---------------------------------------------------------------------------------------------
+// Git.
 
 /// Why one git call of the observer gave nothing; the snapshot falls back to a walk and
 /// says why.
@@ -143,6 +224,17 @@ async fn git(
     cancel: &CancellationToken,
     args: &[&str],
 ) -> Result<GitOut, GitCallError> {
+    git_os(ws, env, cancel, args.iter().map(OsStr::new)).await
+}
+
+/// [`git`] with arguments that need not be UTF-8 (pathspecs).
+async fn git_os<'a>(
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+    args: impl IntoIterator<Item = &'a OsStr>,
+) -> Result<GitOut, GitCallError> {
+    let args: Vec<&OsStr> = args.into_iter().collect();
     // The daemon's git never runs what the repository names (hooks, fsmonitor, filters):
     // a git directory the task could have written is checked first.
     if let Some(why) = crate::git::harden::refusal(ws, env, cancel).await {
@@ -150,8 +242,12 @@ async fn git(
     }
     // `--no-optional-locks`: observing never takes the index lock a concurrent git of the
     // agent (or of a check) may need. The hardening overrides name `ws` a safe directory.
+    // `core.quotePath`: output is read as text, so every byte that is not printable ASCII
+    // must come quoted (and is unquoted back to the exact bytes); spaces are quoted too,
+    // which keeps `old -> new` unambiguous.
     let spec = crate::git::harden::command(ws, ws, env)
         .arg("--no-optional-locks")
+        .args(["-c", "core.quotePath=true"])
         .arg("-C")
         .arg(ws)
         .args(args.iter().copied());
@@ -166,12 +262,71 @@ async fn git(
             stdout: o.stdout,
         }),
         Ok(o) => Err(GitCallError::Failed {
-            command: args.first().copied().unwrap_or("").to_string(),
+            command: args
+                .first()
+                .map(|a| a.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             exit: o.exit.describe(),
             stderr: crate::util::truncate_chars(o.stderr.trim(), 300),
         }),
         Err(e) => Err(GitCallError::Spawn(e)),
     }
+}
+
+/// `git status`: dirty and untracked paths one by one, ignored directories as one entry.
+const STATUS: &[&str] = &[
+    "status",
+    "--porcelain",
+    "--untracked-files=all",
+    "--ignored=matching",
+];
+
+// ---------------------------------------------------------------------------------------------
+// Looking at the workspace.
+
+/// What the workspace is right now, before any file is looked at.
+enum Look {
+    Git {
+        root: PathBuf,
+        status: GitOut,
+        head: Option<String>,
+    },
+    Walk {
+        git_error: Option<String>,
+    },
+}
+
+async fn look(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> Look {
+    // Found the way git finds it (a `.git` dir or file in the workspace or above), without
+    // spawning git: this runs twice per attempt. The directory holding it is the top level,
+    // which `git status` paths are relative to.
+    let probe = ws.to_path_buf();
+    let root = tokio::task::spawn_blocking(move || {
+        probe
+            .ancestors()
+            .find(|dir| dir.join(".git").symlink_metadata().is_ok())
+            .map(Path::to_path_buf)
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(root) = root else {
+        return Look::Walk { git_error: None };
+    };
+    let status = match git(ws, env, cancel, STATUS).await {
+        Ok(s) => s,
+        Err(e) => {
+            return Look::Walk {
+                git_error: Some(e.to_string()),
+            }
+        }
+    };
+    // An unborn HEAD (no commit yet) is a normal state, not a failure.
+    let head = git(ws, env, cancel, &["rev-parse", "--verify", "-q", "HEAD"])
+        .await
+        .ok()
+        .map(|s| s.stdout.trim().to_string());
+    Look::Git { root, status, head }
 }
 
 /// Take a snapshot of `ws` with the default limits.
@@ -186,67 +341,70 @@ pub async fn snapshot_with(
     cancel: &CancellationToken,
     limits: Limits,
 ) -> Snapshot {
-    // Found the way git finds it (a `.git` dir or file in the workspace or above), without
-    // spawning git: this runs twice per attempt.
-    let probe = ws.to_path_buf();
-    let in_git = tokio::task::spawn_blocking(move || {
-        probe
-            .ancestors()
-            .any(|dir| dir.join(".git").symlink_metadata().is_ok())
-    })
-    .await
-    .unwrap_or(false);
-    if !in_git {
-        return walk_snapshot(ws, limits, None).await;
-    }
-    let status = match git(
-        ws,
-        env,
-        cancel,
-        &["status", "--porcelain", "-z", "--untracked-files=all"],
-    )
-    .await
-    {
-        Ok(s) => s,
-        Err(e) => return walk_snapshot(ws, limits, Some(e.to_string())).await,
-    };
-    // An unborn HEAD (no commit yet) is a normal state, not a failure.
-    let head = git(ws, env, cancel, &["rev-parse", "--verify", "-q", "HEAD"])
-        .await
-        .ok()
-        .map(|s| s.stdout.trim().to_string());
-    let entries = parse_porcelain_z(&status.stdout);
-    let root = ws.to_path_buf();
-    let dirty = tokio::task::spawn_blocking(move || {
-        entries
-            .into_iter()
-            .map(|(code, path)| {
-                let st = file_state(&root.join(&path));
-                (path, (code, st))
+    let taken_ns = now_ns();
+    match look(ws, env, cancel).await {
+        Look::Git { root, status, head } => {
+            let base = root.clone();
+            let (table, coarse) =
+                tokio::task::spawn_blocking(move || git_table(&base, &status.stdout, taken_ns))
+                    .await
+                    .unwrap_or_default();
+            Snapshot {
+                source: Source::Git {
+                    root,
+                    head,
+                    incomplete: status.truncated,
+                },
+                table: Arc::new(table),
+                coarse: Arc::new(coarse),
+                taken_ns,
+            }
+        }
+        Look::Walk { git_error } => {
+            let root = ws.to_path_buf();
+            let (table, coarse, capped) = tokio::task::spawn_blocking(move || {
+                let mut table = Table::default();
+                let (capped, coarse) = walk(&root, limits.walk_cap, |rel, path, meta| {
+                    let p = Probe::of(meta, taken_ns);
+                    table.push(rel, &p, racy_hash(path, &p));
+                });
+                table.finish();
+                (table, coarse, capped)
             })
-            .collect()
-    })
-    .await
-    .unwrap_or_default();
-    Snapshot::Git {
-        head,
-        dirty,
-        incomplete: status.truncated,
+            .await
+            .unwrap_or_default();
+            Snapshot {
+                source: Source::Walk { capped, git_error },
+                table: Arc::new(table),
+                coarse: Arc::new(coarse),
+                taken_ns,
+            }
+        }
     }
 }
 
-async fn walk_snapshot(ws: &Path, limits: Limits, git_error: Option<String>) -> Snapshot {
-    let taken_ns = now_ns();
-    let root = ws.to_path_buf();
-    let (files, capped) = tokio::task::spawn_blocking(move || walk(&root, limits.walk_cap))
-        .await
-        .unwrap_or_default();
-    Snapshot::Walk {
-        files,
-        capped,
-        taken_ns,
-        git_error,
+/// The rows of the paths `git status` listed, and the coarse view of the ignored ones.
+fn git_table(root: &Path, status: &str, taken_ns: i128) -> (Table, Coarse) {
+    let mut table = Table::default();
+    // One row per line: sized once, not doubled while it grows.
+    let lines = status.bytes().filter(|b| *b == b'\n').count();
+    table.rows.reserve_exact(lines);
+    table
+        .names
+        .reserve_exact(status.len().saturating_sub(lines * 4));
+    let mut ignored = Vec::new();
+    for e in parse_status(status) {
+        if e.code == *b"!!" {
+            ignored.push(e.path);
+            continue;
+        }
+        let path = root.join(OsStr::from_bytes(&e.path));
+        let p = Probe::at(&path, taken_ns);
+        table.push(&e.path, &p, racy_hash(&path, &p));
     }
+    table.finish();
+    let coarse = Coarse::of(root, ignored);
+    (table, coarse)
 }
 
 fn now_ns() -> i128 {
@@ -256,97 +414,49 @@ fn now_ns() -> i128 {
         .unwrap_or(0)
 }
 
-/// `git status --porcelain -z`: `XY path\0`, renames followed by `orig\0`.
-fn parse_porcelain_z(s: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut it = s.split('\0');
-    while let Some(entry) = it.next() {
-        if entry.len() < 4 || !entry.is_char_boundary(2) || !entry.is_char_boundary(3) {
-            continue;
-        }
-        let code = entry[..2].to_string();
-        out.push((code.clone(), entry[3..].to_string()));
-        if code.starts_with('R') || code.starts_with('C') {
-            it.next(); // the original path of a rename/copy
-        }
-    }
-    out
-}
-
-fn file_state(path: &Path) -> FileState {
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return FileState {
-            size: 0,
-            mtime_ns: 0,
-            hash: String::new(),
-            lines: 0,
-            exists: false,
-        };
-    };
-    let mtime_ns = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_nanos() as i128)
-        .unwrap_or(0);
-    let (hash, lines) = if meta.is_file() && meta.len() <= MAX_HASHED_BYTES {
-        match std::fs::read(path) {
-            Ok(bytes) => (
-                hex(&Sha256::digest(&bytes)),
-                bytes.iter().filter(|b| **b == b'\n').count() as u64
-                    + u64::from(!bytes.is_empty() && !bytes.ends_with(b"\n")),
-            ),
-            Err(_) => (String::new(), 0),
-        }
-    } else if meta.is_dir() {
-        ("dir".into(), 0)
-    } else {
-        (String::new(), 0)
-    };
-    FileState {
-        size: meta.len(),
-        mtime_ns,
-        hash,
-        lines,
-        exists: true,
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Every file under `root` up to `cap`; `true` when the cap stopped the walk.
-fn walk(root: &Path, cap: usize) -> (BTreeMap<String, FileState>, bool) {
-    let mut files = BTreeMap::new();
+/// Every file under `root` up to `cap` files, handed to `visit` as (relative path bytes, path,
+/// metadata); skipped directories become the coarse view. `true` when the cap stopped it.
+fn walk(
+    root: &Path,
+    cap: usize,
+    mut visit: impl FnMut(&[u8], &Path, &std::fs::Metadata),
+) -> (bool, Coarse) {
+    let mut skipped: Vec<Vec<u8>> = Vec::new();
+    let mut files = 0usize;
+    let mut capped = false;
     let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
+    'walk: while let Some(dir) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&dir) else {
             continue;
         };
         for e in rd.flatten() {
-            let name = e.file_name();
             let Ok(ft) = e.file_type() else { continue };
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap_or(&p).as_os_str().as_bytes();
             if ft.is_dir() {
+                let name = e.file_name();
                 if !IGNORED_DIRS.iter().any(|d| name == *d) {
-                    stack.push(e.path());
+                    stack.push(p);
+                } else if name != ".git" {
+                    skipped.push(rel.to_vec());
                 }
                 continue;
             }
-            if files.len() >= cap {
-                return (files, true);
+            if files >= cap {
+                capped = true;
+                break 'walk;
             }
-            let p = e.path();
-            let rel = p
-                .strip_prefix(root)
-                .unwrap_or(&p)
-                .to_string_lossy()
-                .into_owned();
-            files.insert(rel, file_state(&p));
+            files += 1;
+            let Ok(meta) = e.metadata() else { continue };
+            visit(rel, &p, &meta);
         }
     }
-    (files, false)
+    skipped.sort();
+    (capped, Coarse::of(root, skipped))
 }
+
+// ---------------------------------------------------------------------------------------------
+// Observing: the workspace now against the snapshot.
 
 /// Snapshot `ws` again and describe what changed since `before` (default limits).
 pub async fn observe(
@@ -358,7 +468,17 @@ pub async fn observe(
     observe_with(before, ws, env, cancel, Limits::default()).await
 }
 
-/// Snapshot `ws` again and describe what changed since `before`, within `limits`.
+/// What a diff found, before rendering.
+struct Found {
+    head_lines: Vec<String>,
+    /// Counted in the bound with the changes.
+    head_total: usize,
+    changes: Changes,
+    notes: Vec<String>,
+    coarse_after: Coarse,
+}
+
+/// Look at `ws` again and describe what changed since `before`, within `limits`.
 pub async fn observe_with(
     before: &Snapshot,
     ws: &Path,
@@ -366,225 +486,423 @@ pub async fn observe_with(
     cancel: &CancellationToken,
     limits: Limits,
 ) -> Vec<String> {
-    let after = snapshot_with(ws, env, cancel, limits).await;
-    let mut obs = Vec::new();
-    match (before, &after) {
+    let now = look(ws, env, cancel).await;
+    let found = match (&before.source, now) {
         (
-            Snapshot::Git {
+            Source::Git {
                 head: h0,
-                dirty: d0,
                 incomplete: i0,
+                ..
             },
-            Snapshot::Git {
-                head: h1,
-                dirty: d1,
-                incomplete: i1,
-            },
+            Look::Git { root, status, head },
         ) => {
-            let incomplete = *i0 || *i1;
-            if h0 != h1 {
-                if let Some(h) = h1 {
-                    obs.push(format!("HEAD moved to {}", &h[..h.len().min(7)]));
+            let mut head_lines = Vec::new();
+            let mut committed = Bounded::new(limits.max_lines);
+            if *h0 != head {
+                if let Some(h) = &head {
+                    head_lines.push(format!("HEAD moved to {}", &h[..h.len().min(7)]));
                     if let Some(old) = h0 {
-                        if let Ok(ns) = git(ws, env, cancel, &["diff", "--numstat", old, h]).await {
-                            for (path, add, del) in parse_numstat(&ns.stdout) {
-                                obs.push(format!("committed: {path} (+{add} −{del})"));
+                        let args = ["diff", "--no-renames", "--numstat", old.as_str(), h];
+                        if let Ok(ns) = git(ws, env, cancel, &args).await {
+                            for (path, a, d) in parse_numstat(&ns.stdout) {
+                                committed.add(path, (a, d));
                             }
                         }
                     }
                 }
             }
-            // Line counts only for the tracked paths that changed during the attempt, so the
-            // diff costs O(changed files), not O(dirty files) or O(repository).
-            let touched: Vec<&str> = d1
-                .iter()
-                .filter(|(p, (code, st))| {
-                    code != "??" && d0.get(*p).is_none_or(|(_, before)| before != st)
-                })
-                .map(|(p, _)| p.as_str())
-                .collect();
-            let numstat: BTreeMap<String, (String, String)> = match h1 {
-                Some(_) if !touched.is_empty() => {
-                    // Paths as literal pathspecs; past a few thousand, one diff of everything
-                    // keeps the argv bounded.
-                    let mut args = vec!["--literal-pathspecs", "diff", "--numstat", "HEAD"];
-                    if touched.len() <= 2_000 {
-                        args.push("--");
-                        args.extend(touched.iter().copied());
-                    }
-                    git(ws, env, cancel, &args)
-                        .await
-                        .map(|s| {
-                            parse_numstat(&s.stdout)
-                                .into_iter()
-                                .map(|(p, a, d)| (p, (a, d)))
-                                .collect()
-                        })
-                        .unwrap_or_default()
-                }
-                _ => BTreeMap::new(),
-            };
-            let paths: BTreeSet<&String> = d0.keys().chain(d1.keys()).collect();
-            for path in paths {
-                let line = match (d0.get(path), d1.get(path)) {
-                    (Some((_, a)), Some((code, b))) if a != b => {
-                        Some(describe_git(path, code, b, a.lines, &numstat))
-                    }
-                    (None, Some((code, b))) => Some(describe_git(path, code, b, 0, &numstat)),
-                    // Dirty before, clean now: reverted or committed. Not claimed when a
-                    // listing was cut: the path may only be missing from it.
-                    (Some(_), None) if h0 == h1 && !incomplete => Some(format!("reverted: {path}")),
-                    _ => None,
-                };
-                obs.extend(line);
-            }
+            let head_total = head_lines.len() + committed.total;
+            head_lines.extend(
+                committed
+                    .kept
+                    .iter()
+                    .map(|(p, (a, d))| format!("committed: {} (+{a} −{d})", display_path(p))),
+            );
+            let incomplete = *i0 || status.truncated;
+            let (table, max) = (Arc::clone(&before.table), limits.max_lines);
+            let same_head = *h0 == head;
+            let (changes, coarse_after) = tokio::task::spawn_blocking(move || {
+                diff_git(&root, &table, &status.stdout, same_head && !incomplete, max)
+            })
+            .await
+            .unwrap_or_else(|_| (Changes::new(0), Coarse::default()));
+            let mut notes = Vec::new();
             if incomplete {
-                obs.push(format!(
+                notes.push(format!(
                     "git status printed more than {} MiB: the list of changes is incomplete",
                     GIT_OUTPUT_CAP / (1024 * 1024)
                 ));
             }
+            Found {
+                head_lines,
+                head_total,
+                changes,
+                notes,
+                coarse_after,
+            }
         }
         (
-            Snapshot::Walk {
-                files: f0,
+            Source::Walk {
                 capped: c0,
-                taken_ns,
                 git_error: e0,
             },
-            Snapshot::Walk {
-                files: f1,
-                capped: c1,
-                git_error: e1,
-                ..
-            },
+            Look::Walk { git_error: e1 },
         ) => {
+            let (table, taken, c0) = (Arc::clone(&before.table), before.taken_ns, *c0);
             let root = ws.to_path_buf();
-            let (c0, c1, t0) = (*c0, *c1, *taken_ns);
-            // Paths on one side only need a stat when a cap may hide them: off the runtime.
-            let lines = {
-                let (f0, f1) = (f0.clone(), f1.clone());
-                tokio::task::spawn_blocking(move || diff_walks(&root, &f0, &f1, c0, c1, t0))
+            let (changes, c1, coarse_after) =
+                tokio::task::spawn_blocking(move || diff_walk(&root, &table, c0, taken, limits))
                     .await
-                    .unwrap_or_default()
-            };
-            obs.extend(lines);
+                    .unwrap_or_else(|_| (Changes::new(0), false, Coarse::default()));
+            let mut notes = Vec::new();
             if c0 || c1 {
-                obs.push(format!(
+                notes.push(format!(
                     "the file walk stopped at its cap of {} files: changes past it are not listed",
                     group_digits(limits.walk_cap)
                 ));
             }
             if let Some(e) = e1.as_ref().or(e0.as_ref()) {
-                obs.push(format!(
+                notes.push(format!(
                     "git could not read this work tree ({e}); changes were found by a file walk"
                 ));
             }
+            Found {
+                head_lines: Vec::new(),
+                head_total: 0,
+                changes,
+                notes,
+                coarse_after,
+            }
         }
         (
-            Snapshot::Walk {
+            Source::Walk {
                 git_error: Some(e), ..
             },
             _,
-        )
-        | (
-            _,
-            Snapshot::Walk {
-                git_error: Some(e), ..
-            },
-        ) => {
-            return vec![format!(
-                "{UNAVAILABLE_PREFIX}git could read the work tree at only one end of the attempt: {e}"
-            )];
+        ) => return one_end_only(e),
+        (_, Look::Walk { git_error: Some(e) }) => return one_end_only(&e),
+        _ => {
+            return vec!["workspace became (or stopped being) a git repository".into()];
         }
-        _ => obs.push("workspace became (or stopped being) a git repository".into()),
-    }
-    if obs.is_empty() {
-        obs.push(UNCHANGED.into());
-    }
-    bound_lines(obs, limits.max_lines)
+    };
+    render(before, ws, env, cancel, found, limits).await
 }
 
-/// The diff of two walks. A cap on the later walk hides files, so a path seen only before
-/// is checked on disk before it is called deleted; a cap on the earlier walk means a path
-/// seen only after may have existed unseen, so it is listed only when newer than that walk.
-fn diff_walks(
+/// Git read the work tree at one end of the attempt only: the two ends cannot be compared.
+fn one_end_only(e: &str) -> Vec<String> {
+    vec![format!(
+        "{UNAVAILABLE_PREFIX}git could read the work tree at only one end of the attempt: {e}"
+    )]
+}
+
+/// The snapshot time given to probes of the after side: they keep no hash, so no file is
+/// racy there.
+const AFTER: i128 = i128::MAX;
+
+/// The paths `git status` lists now against the rows from before: O(listed · log rows) with
+/// one `lstat` each, and reads only for racily clean rows.
+fn diff_git(
     root: &Path,
-    f0: &BTreeMap<String, FileState>,
-    f1: &BTreeMap<String, FileState>,
-    capped_before: bool,
-    capped_after: bool,
-    taken_ns: i128,
-) -> Vec<String> {
-    let mut obs = Vec::new();
-    let paths: BTreeSet<&String> = f0.keys().chain(f1.keys()).collect();
-    for path in paths {
-        match (f0.get(path), f1.get(path)) {
-            (None, Some(b)) if !capped_before => {
-                obs.push(format!("added: {path} (+{} lines)", b.lines))
+    table: &Table,
+    status: &str,
+    may_revert: bool,
+    max: usize,
+) -> (Changes, Coarse) {
+    let mut changes = Changes::new(max);
+    let mut seen = Seen::new(table.rows.len());
+    let mut ignored = Vec::new();
+    for e in parse_status(status) {
+        if e.code == *b"!!" {
+            ignored.push(e.path);
+            continue;
+        }
+        let path = root.join(OsStr::from_bytes(&e.path));
+        let now = Probe::at(&path, AFTER);
+        let before = table.find(&e.path).map(|i| {
+            seen.set(i);
+            table.rows[i]
+        });
+        if before.is_some_and(|row| !differs(table, &row, &now, &path)) {
+            continue;
+        }
+        let tracked = e.code != *b"??";
+        let kind = if !now.exists() || e.code.contains(&b'D') {
+            Kind::Deleted
+        } else if !tracked || e.code.contains(&b'A') {
+            // An untracked file already there before and changed since is modified.
+            if before.is_some_and(|r| r.fp != ABSENT) && !tracked {
+                Kind::Modified
+            } else {
+                Kind::Added
             }
-            (None, Some(b)) if b.mtime_ns >= taken_ns => obs.push(format!(
-                "added or changed: {path} ({} lines; not seen by the capped walk before)",
-                b.lines
-            )),
-            (None, Some(_)) => {}
-            (Some(a), None) if capped_after => {
-                let now = file_state(&root.join(path));
-                if !now.exists {
-                    obs.push(format!("deleted: {path} (−{} lines)", a.lines));
-                } else if changed(a, &now) {
-                    obs.push(format!(
-                        "modified: {path} ({} → {} lines)",
-                        a.lines, now.lines
-                    ));
+        } else {
+            Kind::Modified
+        };
+        changes.add(
+            e.path.as_slice(),
+            Change {
+                kind,
+                tracked,
+                size_before: before.map_or(0, |r| u64::from(r.size)),
+                size_after: now.size,
+            },
+        );
+    }
+    // Listed before, not now: gone from disk (an untracked file deleted), or clean again
+    // (reverted, or committed). "Reverted" is not claimed when a listing was cut (the path
+    // may only be missing from it) or HEAD moved (the commit lines say it).
+    for (i, row) in table.rows.iter().enumerate() {
+        if seen.get(i) {
+            continue;
+        }
+        let name = table.name(row);
+        let exists = Probe::at(&root.join(OsStr::from_bytes(name)), AFTER).exists();
+        let kind = match (row.fp != ABSENT, exists) {
+            (true, false) => Kind::Deleted,
+            // A deleted tracked file brought back is clean again too.
+            (_, true) if may_revert => Kind::Reverted,
+            // Deleted before and still gone, now unlisted: the deletion was committed.
+            _ => continue,
+        };
+        changes.add(
+            name,
+            Change {
+                kind,
+                tracked: false,
+                size_before: u64::from(row.size),
+                size_after: 0,
+            },
+        );
+    }
+    (changes, Coarse::of(root, ignored))
+}
+
+/// A walk now against the rows from before. A cap on this walk hides files, so a row not
+/// seen is checked on disk before it is called deleted; a cap on the earlier walk means a
+/// path with no row may have existed unseen, so it is listed only when newer than that walk.
+fn diff_walk(
+    root: &Path,
+    table: &Table,
+    capped_before: bool,
+    taken_ns: i128,
+    limits: Limits,
+) -> (Changes, bool, Coarse) {
+    let mut changes = Changes::new(limits.max_lines);
+    let mut seen = Seen::new(table.rows.len());
+    let (capped_after, coarse) = walk(root, limits.walk_cap, |rel, path, meta| {
+        let now = Probe::of(meta, AFTER);
+        match table.find(rel) {
+            Some(i) => {
+                seen.set(i);
+                let row = table.rows[i];
+                if differs(table, &row, &now, path) {
+                    changes.add(rel, modified(&row, &now));
                 }
             }
-            (Some(a), None) => obs.push(format!("deleted: {path} (−{} lines)", a.lines)),
-            (Some(a), Some(b)) if changed(a, b) => obs.push(format!(
-                "modified: {path} ({} → {} lines)",
-                a.lines, b.lines
-            )),
-            _ => {}
+            None if !capped_before || now.changed_ns >= taken_ns => changes.add(
+                rel,
+                Change {
+                    kind: if capped_before {
+                        Kind::AddedOrChanged
+                    } else {
+                        Kind::Added
+                    },
+                    tracked: false,
+                    size_before: 0,
+                    size_after: now.size,
+                },
+            ),
+            None => {}
+        }
+    });
+    for (i, row) in table.rows.iter().enumerate() {
+        if seen.get(i) {
+            continue;
+        }
+        let name = table.name(row);
+        let now = if capped_after {
+            Probe::at(&root.join(OsStr::from_bytes(name)), AFTER)
+        } else {
+            Probe::ABSENT
+        };
+        if !now.exists() {
+            changes.add(
+                name,
+                Change {
+                    kind: Kind::Deleted,
+                    tracked: false,
+                    size_before: u64::from(row.size),
+                    size_after: 0,
+                },
+            );
+        } else if differs(table, row, &now, &root.join(OsStr::from_bytes(name))) {
+            changes.add(name, modified(row, &now));
         }
     }
-    obs
+    (changes, capped_after, coarse)
+}
+
+fn modified(row: &Row, now: &Probe) -> Change {
+    Change {
+        kind: Kind::Modified,
+        tracked: false,
+        size_before: u64::from(row.size),
+        size_after: now.size,
+    }
+}
+
+/// The lines: HEAD and commits, the kept changes (line counts read for these only, tracked
+/// ones against HEAD with one `git diff` limited to them), a count of the rest, the coarse
+/// view when nothing else changed, and the notes.
+async fn render(
+    before: &Snapshot,
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+    found: Found,
+    limits: Limits,
+) -> Vec<String> {
+    let Found {
+        head_lines,
+        head_total,
+        changes,
+        notes,
+        coarse_after,
+    } = found;
+    let git_root = match &before.source {
+        Source::Git { root, head, .. } => Some((root.clone(), head.is_some())),
+        Source::Walk { .. } => None,
+    };
+    // Line counts of tracked files against HEAD: one diff for the listed paths only, run at
+    // the top level, which the paths are relative to.
+    let mut numstat: BTreeMap<Vec<u8>, (String, String)> = BTreeMap::new();
+    if let Some((root, true)) = &git_root {
+        let touched: Vec<&OsStr> = changes
+            .kept
+            .iter()
+            .filter(|(_, c)| c.tracked && c.kind == Kind::Modified)
+            .map(|(p, _)| OsStr::from_bytes(p))
+            .collect();
+        if !touched.is_empty() {
+            let fixed = [
+                "--literal-pathspecs",
+                "diff",
+                "--no-renames",
+                "--numstat",
+                "HEAD",
+                "--",
+            ];
+            let args = fixed.into_iter().map(OsStr::new).chain(touched);
+            if let Ok(s) = git_os(root, env, cancel, args).await {
+                numstat.extend(parse_numstat(&s.stdout).map(|(p, a, d)| (p, (a, d))));
+            }
+        }
+    }
+    let base = git_root.map_or_else(|| ws.to_path_buf(), |(r, _)| r);
+    let total = head_total + changes.total;
+    let kept = changes.kept;
+    let mut lines = tokio::task::spawn_blocking(move || {
+        let mut out = head_lines;
+        for (path, c) in &kept {
+            out.push(describe(&base, path, c, numstat.get(path)));
+        }
+        out
+    })
+    .await
+    .unwrap_or_default();
+    if lines.len() > limits.max_lines {
+        lines.truncate(limits.max_lines);
+    }
+    if total > lines.len() {
+        lines.push(format!(
+            "… and {} more changes not listed",
+            group_digits(total - lines.len())
+        ));
+    }
+    if lines.is_empty() {
+        // Nothing git or the walk can list: what the ignored paths say decides.
+        let mut coarse = before.coarse.diff(&coarse_after);
+        if coarse.len() > limits.max_lines {
+            let more = coarse.len() - limits.max_lines;
+            coarse.truncate(limits.max_lines);
+            coarse.push(format!(
+                "… and {} more ignored paths changed",
+                group_digits(more)
+            ));
+        }
+        lines = coarse;
+    }
+    lines.extend(notes);
+    if lines.is_empty() {
+        lines.push(UNCHANGED.into());
+    }
+    lines
+}
+
+/// One change as a line.
+fn describe(base: &Path, path: &[u8], c: &Change, numstat: Option<&(String, String)>) -> String {
+    let shown = display_path(path);
+    let lines = || line_count(&base.join(OsStr::from_bytes(path)));
+    let size = |n: u64| {
+        if n >= u64::from(SIZE_SATURATED) {
+            "4 GiB or more".to_string()
+        } else {
+            format!("{} bytes", group_digits(n as usize))
+        }
+    };
+    match c.kind {
+        Kind::Added => match lines() {
+            Some(n) => format!("added: {shown} (+{n} lines)"),
+            None => format!("added: {shown} ({})", size(c.size_after)),
+        },
+        Kind::AddedOrChanged => format!(
+            "added or changed: {shown} ({}; not seen by the capped walk before)",
+            lines().map_or_else(|| size(c.size_after), |n| format!("{n} lines"))
+        ),
+        Kind::Deleted if c.tracked => format!("deleted: {shown}"),
+        Kind::Deleted => format!("deleted: {shown} (−{})", size(c.size_before)),
+        Kind::Reverted => format!("reverted: {shown}"),
+        Kind::Modified => match numstat {
+            Some((a, d)) => format!("modified: {shown} (+{a} −{d} vs HEAD)"),
+            None => {
+                let now = lines().map_or_else(String::new, |n| format!(", {n} lines"));
+                format!(
+                    "modified: {shown} ({} → {}{now})",
+                    size(c.size_before),
+                    size(c.size_after)
+                )
+            }
+        },
+    }
 }
 
 /// What the workspace holds against its baseline, for a verification run with no attempt
 /// before it (`hub-sidecar verify`): in git, the uncommitted changes against HEAD; elsewhere,
-/// every file (as added).
+/// every file (as added). Ignored paths have no baseline, so they are not reported.
 pub async fn against_baseline(
     ws: &Path,
     env: &ChildEnv,
     cancel: &CancellationToken,
 ) -> Vec<String> {
-    let baseline = match snapshot(ws, env, cancel).await {
-        Snapshot::Git { head, .. } => Snapshot::Git {
+    let now = snapshot(ws, env, cancel).await;
+    let source = match now.source {
+        Source::Git { root, head, .. } => Source::Git {
+            root,
             head,
-            dirty: BTreeMap::new(),
             incomplete: false,
         },
-        Snapshot::Walk { git_error, .. } => Snapshot::Walk {
-            files: BTreeMap::new(),
+        Source::Walk { git_error, .. } => Source::Walk {
             capped: false,
-            taken_ns: 0,
             git_error,
         },
     };
+    let baseline = Snapshot {
+        source,
+        table: Arc::new(Table::default()),
+        coarse: now.coarse,
+        taken_ns: 0,
+    };
     observe(&baseline, ws, env, cancel).await
-}
-
-/// At most `max` lines, then one saying how many more there were.
-fn bound_lines(mut obs: Vec<String>, max: usize) -> Vec<String> {
-    if obs.len() > max {
-        let left_out = obs.len() - max;
-        obs.truncate(max);
-        obs.push(format!(
-            "… and {} more changes not listed",
-            group_digits(left_out)
-        ));
-    }
-    obs
 }
 
 /// 4312 → "4,312".
@@ -598,47 +916,6 @@ fn group_digits(n: usize) -> String {
         out.push(c);
     }
     out
-}
-
-fn changed(a: &FileState, b: &FileState) -> bool {
-    if !a.hash.is_empty() && !b.hash.is_empty() {
-        a.hash != b.hash
-    } else {
-        a.size != b.size || a.mtime_ns != b.mtime_ns
-    }
-}
-
-fn describe_git(
-    path: &str,
-    code: &str,
-    now: &FileState,
-    lines_before: u64,
-    numstat: &BTreeMap<String, (String, String)>,
-) -> String {
-    if !now.exists || code.contains('D') {
-        return format!("deleted: {path}");
-    }
-    if code == "??" || code.contains('A') {
-        return format!("added: {path} (+{} lines)", now.lines);
-    }
-    match numstat.get(path) {
-        Some((a, d)) => format!("modified: {path} (+{a} −{d} vs HEAD)"),
-        None => format!("modified: {path} ({lines_before} → {} lines)", now.lines),
-    }
-}
-
-fn parse_numstat(s: &str) -> Vec<(String, String, String)> {
-    s.lines()
-        .filter_map(|l| {
-            let mut it = l.splitn(3, '\t');
-            Some((
-                it.next()?.to_string(),
-                it.next()?.to_string(),
-                it.next()?.to_string(),
-            ))
-        })
-        .map(|(a, d, p)| (p, a, d))
-        .collect()
 }
 
 #[cfg(test)]
