@@ -66,12 +66,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
                     &base.sha[..base.sha.len().min(12)],
                     base.why
                 );
-                let baseline = observe::Snapshot::Git {
-                    head: Some(base.sha),
-                    dirty: Default::default(),
-                    incomplete: false,
-                };
-                observe::observe(&baseline, &ctx.workspace, &ctx.env, &ctx.cancel).await
+                observe::against_commit(&ctx.workspace, &base.sha, &ctx.env, &ctx.cancel).await
             }
             None => {
                 eprintln!("verify: not a git work tree; llm_judge sees every file as added");

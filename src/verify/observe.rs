@@ -884,11 +884,32 @@ pub async fn against_baseline(
     env: &ChildEnv,
     cancel: &CancellationToken,
 ) -> Vec<String> {
+    against(ws, None, env, cancel).await
+}
+
+/// [`against_baseline`] with `base` (a commit) as the baseline in a git work tree: committed
+/// and uncommitted work since `base` (`hub-sidecar verify --base`).
+pub async fn against_commit(
+    ws: &Path,
+    base: &str,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+) -> Vec<String> {
+    against(ws, Some(base.to_string()), env, cancel).await
+}
+
+/// The workspace now against an empty table whose HEAD is `base` (else the HEAD found).
+async fn against(
+    ws: &Path,
+    base: Option<String>,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+) -> Vec<String> {
     let now = snapshot(ws, env, cancel).await;
     let source = match now.source {
         Source::Git { root, head, .. } => Source::Git {
             root,
-            head,
+            head: base.or(head),
             incomplete: false,
         },
         Source::Walk { git_error, .. } => Source::Walk {
