@@ -111,6 +111,11 @@ pub fn display_path(p: &[u8]) -> String {
                 '\\' => out.push_str("\\\\"),
                 '\n' => out.push_str("\\n"),
                 '\t' => out.push_str("\\t"),
+                // As `term::printable` writes them: ASCII controls as `\xNN` (an invalid
+                // byte is always ≥ 0x80, so the two never collide), the rest as `\u{..}`.
+                c if c.is_control() && (c as u32) < 0x80 => {
+                    let _ = write!(out, "\\x{:02x}", c as u32);
+                }
                 c if c.is_control() => {
                     let _ = write!(out, "\\u{{{:x}}}", c as u32);
                 }

@@ -546,7 +546,10 @@ fn quoted_paths_read_back_to_their_bytes_and_display_escaped() {
             (" M".to_string(), b"ok.txt".to_vec()),
         ]
     );
-    assert_eq!(display_path(b"a\\b\xfe\x01"), "a\\\\b\\xfe\\u{1}");
+    assert_eq!(
+        display_path(b"a\\b\xfe\x01\xc2\x9b"),
+        "a\\\\b\\xfe\\x01\\u{9b}"
+    );
 }
 
 #[test]
