@@ -150,6 +150,7 @@ async fn run_recorded(
                 write: git_roots,
                 read: Vec::new(),
                 home: true,
+                caches: false,
             },
         )
         .await?;
@@ -164,6 +165,7 @@ async fn run_recorded(
                 // A managed clone's history, readable for the task's own git, not writable.
                 read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
                 home: false,
+                caches: true,
             },
         )
         .await;

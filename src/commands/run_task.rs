@@ -31,8 +31,9 @@ impl FrameSender for Discard {
 }
 
 /// A config for offline work: file (when given), `HUB_SIDECAR_*` environment and defaults;
-/// the hub keys are optional. State goes to `state_dir` (a temporary directory), never the daemon's.
-pub fn offline_config(file: Option<&Path>, state_dir: &Path) -> anyhow::Result<Config> {
+/// the hub keys are optional. State goes to `state_dir` when given (a temporary directory),
+/// else to the configured one.
+pub fn offline_config(file: Option<&Path>, state_dir: Option<&Path>) -> anyhow::Result<Config> {
     let mut layers = Layers {
         file: file.map(Path::to_path_buf),
         env: std::env::vars().collect(),
@@ -51,8 +52,10 @@ pub fn offline_config(file: Option<&Path>, state_dir: &Path) -> anyhow::Result<C
             Config::load(&layers).map_err(|_| first)?
         }
     };
-    cfg.state_dir = state_dir.to_path_buf();
-    cfg.state_file = None;
+    if let Some(dir) = state_dir {
+        cfg.state_dir = dir.to_path_buf();
+        cfg.state_file = None;
+    }
     Ok(cfg)
 }
 
@@ -66,8 +69,23 @@ pub async fn temp_dir(prefix: &'static str) -> anyhow::Result<tempfile::TempDir>
 /// Run the task and print its result frame.
 pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let task = super::read_task(&args.task).await?;
-    let state = temp_dir("hub-sidecar-state-").await?;
-    let mut cfg = offline_config(args.config.as_deref(), state.path())?;
+    // The configured state directory, so hand-run tasks share the daemon's dependency caches
+    // and records; a temporary one only when none is configured.
+    let configured = Layers::from_process(args.config.clone(), Vec::new()).names_state_dir();
+    let state = if configured {
+        None
+    } else {
+        Some(temp_dir("hub-sidecar-state-").await?)
+    };
+    let mut cfg = offline_config(args.config.as_deref(), state.as_ref().map(|s| s.path()))?;
+    tokio::fs::create_dir_all(&cfg.state_dir)
+        .await
+        .with_context(|| {
+            format!(
+                "creating the configured state_dir {} (run as the user the daemon runs as)",
+                cfg.state_dir.display()
+            )
+        })?;
     let workspace = match &args.workspace {
         Some(w) => {
             tokio::fs::create_dir_all(w)
@@ -115,7 +133,9 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         }
     };
     line.finish().await;
-    tokio::task::spawn_blocking(move || drop(state)).await?;
+    if let Some(state) = state {
+        tokio::task::spawn_blocking(move || drop(state)).await?;
+    }
     let frame = match outcome {
         TaskOutcome::Cancelled => {
             eprintln!("task cancelled: no result");

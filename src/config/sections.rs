@@ -63,6 +63,27 @@ impl Default for RecorderConfig {
     }
 }
 
+/// `[caches]`: per-repository dependency caches under `state_dir/caches/` (see
+/// `sandbox::caches`), which the package managers of a task's children write.
+#[derive(Debug, Clone)]
+pub struct CachesConfig {
+    /// Give tasks per-repository caches at all. Off: the tools find no writable cache and
+    /// download into the workspace or fail, as before.
+    pub enabled: bool,
+    /// Most MiB all repositories' caches may take together; past it the least recently used
+    /// repositories' caches are removed when a task starts. 0: no limit.
+    pub max_size_mb: u64,
+}
+
+impl Default for CachesConfig {
+    fn default() -> Self {
+        CachesConfig {
+            enabled: true,
+            max_size_mb: 10 * 1024,
+        }
+    }
+}
+
 /// `[executor]`: how tasks are run.
 #[derive(Debug, Clone)]
 pub struct ExecutorConfig {

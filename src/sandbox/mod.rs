@@ -28,8 +28,10 @@
 //!
 //! - this file: levels, the probe, per-task policies and [`Sandbox`].
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
+//! - [`caches`]: the per-repository dependency caches a task's package managers write.
 //! - `child.rs`: what runs between `fork` and `exec`.
 
+pub mod caches;
 mod child;
 pub mod landlock;
 
@@ -206,6 +208,14 @@ pub enum ContainmentError {
         /// Why creating it failed.
         source: std::io::Error,
     },
+    /// The repository's dependency caches could not be prepared.
+    #[error("containment_failed: cannot prepare the repository's dependency caches under {}: {source}; check that the state directory is writable, or set [caches] enabled = false", path.display())]
+    Caches {
+        /// The caches' root.
+        path: PathBuf,
+        /// Why preparing them failed.
+        source: std::io::Error,
+    },
     /// The Landlock ruleset could not be built.
     #[error("containment_failed: cannot set up the task's sandbox: {0}")]
     Landlock(#[from] landlock::BuildError),
@@ -253,6 +263,9 @@ pub struct Grants {
     /// Whether the children may read HOME (minus the daemon's own files): the daemon's git
     /// calls need the service user's ssh and credential setup; a task's agent never does.
     pub home: bool,
+    /// Whether the children get the per-repository dependency caches of the workspace
+    /// (`write[0]`), see [`caches`]: a task's children do, the daemon's git calls do not.
+    pub caches: bool,
 }
 
 /// The environment a task's children get beyond the daemon's: the variables the sandbox
@@ -294,6 +307,20 @@ pub fn plan(
     for k in ["TMPDIR", "TMP", "TEMP"] {
         set.push((k.to_string(), tmp_s.clone()));
     }
+    let mut grants = std::borrow::Cow::Borrowed(grants);
+    if let Some(ws) = grants
+        .write
+        .first()
+        .filter(|_| grants.caches && cfg.caches.enabled)
+    {
+        let prepared =
+            caches::prepare(cfg, ws, vars).map_err(|source| ContainmentError::Caches {
+                path: caches::root(cfg),
+                source,
+            })?;
+        set.extend(prepared.set);
+        grants.to_mut().write.push(prepared.dir);
+    }
     let get = |k: &str| var_in(&[vars], k).map(str::to_string);
     // `claude` keeps its login, settings and state in one directory under HOME: pin it
     // there (CLAUDE_CONFIG_DIR), so the sandbox can open that one directory and not HOME.
@@ -310,7 +337,7 @@ pub fn plan(
     }
     let ruleset = if policy.support.landlock_abi > 0 {
         // What the children will see: the variables set here over the inherited ones.
-        let fs = fs_policy(cfg, &[&set, vars], tmp, grants);
+        let fs = fs_policy(cfg, &[&set, vars], tmp, &grants);
         Some(landlock::build(&fs)?)
     } else {
         None
@@ -357,17 +384,28 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     if let Some(path) = get("PATH") {
         read.extend(std::env::split_paths(path).filter(|p| p.is_absolute()));
     }
+    // Every list is asked, not only the first that names the variable: the sandbox points
+    // CARGO_HOME at the repository's cache, and cargo's rustup proxies still live in the
+    // operator's.
+    let toolchain_homes = |k: &str, under_home: &str| -> Vec<PathBuf> {
+        let named: Vec<PathBuf> = env
+            .iter()
+            .filter_map(|l| var_in(&[l], k))
+            .map(PathBuf::from)
+            .collect();
+        let inherited = env.last().and_then(|l| var_in(&[l], k));
+        match (inherited, &home) {
+            (None, Some(h)) => named.into_iter().chain([h.join(under_home)]).collect(),
+            _ => named,
+        }
+    };
     for (k, under_home) in [
         ("CARGO_HOME", ".cargo"),
         ("RUSTUP_HOME", ".rustup"),
         ("PYENV_ROOT", ".pyenv"),
         ("NVM_DIR", ".nvm"),
     ] {
-        match (var(k), &home) {
-            (Some(p), _) => read.push(p),
-            (None, Some(h)) => read.push(h.join(under_home)),
-            _ => {}
-        }
+        read.extend(toolchain_homes(k, under_home));
     }
     // The executables the daemon was told to use, wherever they live.
     for exe in [&cfg.executor.claude_path, &cfg.git.gh_path]
@@ -408,9 +446,10 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     }
     deny.extend(cfg.origin.clone());
     // Credentials that live beside toolchains and in HOME.
-    for base in [var("CARGO_HOME"), home.as_ref().map(|h| h.join(".cargo"))]
+    let cargo_homes = toolchain_homes("CARGO_HOME", ".cargo");
+    for base in cargo_homes
         .into_iter()
-        .flatten()
+        .chain(home.as_ref().map(|h| h.join(".cargo")))
     {
         deny.push(base.join("credentials.toml"));
         deny.push(base.join("credentials"));

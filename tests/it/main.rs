@@ -6,6 +6,7 @@
 // (`clippy::unwrap_used` in Cargo.toml).
 #![allow(clippy::unwrap_used)]
 
+mod caches;
 mod containment;
 mod daemon;
 mod e2e;
@@ -16,6 +17,7 @@ mod faults;
 mod git;
 mod harness;
 mod hub_restart;
+mod loopback;
 mod manifest;
 mod ops;
 mod outbox;
