@@ -29,10 +29,12 @@
 //! - this file: levels, the probe, per-task policies and [`Sandbox`].
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`caches`]: the per-repository dependency caches a task's package managers write.
+//! - [`denial`]: telling from a failed child's output that containment refused it a path.
 //! - `child.rs`: what runs between `fork` and `exec`.
 
 pub mod caches;
 mod child;
+pub mod denial;
 pub mod landlock;
 
 use std::path::{Path, PathBuf};
@@ -232,6 +234,10 @@ pub struct Sandbox {
     _ruleset: Option<landlock::Built>,
     /// The private TMPDIR.
     tmp: PathBuf,
+    /// The filesystem policy enforced (None without Landlock), to recognise its refusals.
+    fs: Option<FsPolicy>,
+    /// The config file a grant would go into, for messages.
+    config: Option<PathBuf>,
 }
 
 impl Sandbox {
@@ -250,6 +256,13 @@ impl Sandbox {
     /// The task's private temp directory.
     pub fn tmp(&self) -> &Path {
         &self.tmp
+    }
+
+    /// Whether `output` (of a child that failed) shows that this sandbox refused it a path
+    /// the task needed: an infrastructure error, not a fault of the task's code (see
+    /// [`denial`]). Blocking (stats the paths named): for a failed child's output only.
+    pub fn denial(&self, output: &str) -> Option<denial::Denial> {
+        denial::find(output, self.fs.as_ref()?, self.config.as_deref())
     }
 }
 
@@ -335,12 +348,12 @@ pub fn plan(
             ));
         }
     }
-    let ruleset = if policy.support.landlock_abi > 0 {
+    let (ruleset, fs) = if policy.support.landlock_abi > 0 {
         // What the children will see: the variables set here over the inherited ones.
         let fs = fs_policy(cfg, &[&set, vars], tmp, &grants);
-        Some(landlock::build(&fs)?)
+        (Some(landlock::build(&fs)?), Some(fs))
     } else {
-        None
+        (None, None)
     };
     let plan = ChildPlan {
         rlimits: rlimits(&cfg.sandbox),
@@ -353,6 +366,8 @@ pub fn plan(
             plan,
             _ruleset: ruleset,
             tmp: tmp.to_path_buf(),
+            fs,
+            config: cfg.origin.clone(),
         })),
     })
 }
@@ -517,6 +532,8 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         plan,
         _ruleset: None,
         tmp: PathBuf::new(),
+        fs: None,
+        config: None,
     });
     let true_bin = ["/usr/bin/true", "/bin/true"]
         .into_iter()

@@ -9,6 +9,7 @@
 mod caches;
 mod containment;
 mod daemon;
+mod denials;
 mod e2e;
 mod executors;
 mod fake_anthropic;
