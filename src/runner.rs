@@ -150,7 +150,7 @@ async fn run_recorded(
                 write: git_roots,
                 read: Vec::new(),
                 home: true,
-                caches: false,
+                task: false,
             },
         )
         .await?;
@@ -165,7 +165,7 @@ async fn run_recorded(
                 // A managed clone's history, readable for the task's own git, not writable.
                 read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
                 home: false,
-                caches: true,
+                task: true,
             },
         )
         .await;

@@ -36,6 +36,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let policy = crate::sandbox::Policy::probe_and_decide(&cfg).await;
     let grants = crate::sandbox::Grants {
         write: vec![workspace.clone()],
+        task: true,
         ..Default::default()
     };
     let tmp = state.path().join("tmp");

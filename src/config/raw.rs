@@ -109,6 +109,8 @@ pub(crate) struct RawConfig {
     pub recorder: RawRecorder,
     #[serde(skip)]
     pub caches: RawCaches,
+    #[serde(skip)]
+    pub network: RawNetwork,
     /// Keys no struct names, dotted (`wake_command`, `executor.claude_modle`).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
@@ -230,6 +232,14 @@ pub(crate) struct RawCaches {
     pub unknown: BTreeMap<String, Value>,
 }
 
+/// `[network]` as written.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawNetwork {
+    pub mode: Option<super::NetworkMode>,
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, Value>,
+}
+
 impl RawConfig {
     /// Read the file (if any), lay the environment and the flags over it and deserialize.
     pub(crate) fn from_layers(layers: &Layers, origin: &str) -> Result<RawConfig, ConfigError> {
@@ -270,6 +280,7 @@ impl RawConfig {
         let sandbox = take_section(&mut tree, "sandbox", origin)?;
         let recorder = take_section(&mut tree, "recorder", origin)?;
         let caches = take_section(&mut tree, "caches", origin)?;
+        let network = take_section(&mut tree, "network", origin)?;
         let mut raw: RawConfig = parse_table(None, tree, origin)?;
         raw.progress = progress;
         raw.executor = executor;
@@ -279,6 +290,7 @@ impl RawConfig {
         raw.sandbox = sandbox;
         raw.recorder = recorder;
         raw.caches = caches;
+        raw.network = network;
         Ok(raw)
     }
 }

@@ -242,6 +242,26 @@ pub enum Containment {
     Off,
 }
 
+/// `[network] mode`: what network a task's own children (executor, checks) get. The
+/// daemon's own connections (hub, Ollama, judge, its git calls) are never affected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkMode {
+    /// The host's network as the daemon has it, loopback services included.
+    #[default]
+    Open,
+    /// None at all: a network namespace of the task's own with only its own loopback.
+    /// Enforced by the kernel; needs user namespaces (`RestrictNamespaces=user pid net`).
+    None,
+}
+
+/// `[network]`: the network policy of a task's children.
+#[derive(Debug, Clone, Default)]
+pub struct NetworkConfig {
+    /// `open` (default) or `none`.
+    pub mode: NetworkMode,
+}
+
 /// `[sandbox]`: the paths and limits of containment.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {

@@ -9,12 +9,12 @@ use reqwest::Url;
 use crate::task::MAX_VERIFICATION_RETRIES;
 
 use super::raw::{
-    RawCaches, RawConfig, RawEnv, RawExecutor, RawGit, RawProgress, RawRecorder, RawSandbox,
-    RawVerification,
+    RawCaches, RawConfig, RawEnv, RawExecutor, RawGit, RawNetwork, RawProgress, RawRecorder,
+    RawSandbox, RawVerification,
 };
 use super::{
     warm_cache_entry, CachesConfig, Config, ConfigError, EnvConfig, ExecutorConfig, GitConfig,
-    JudgeBackend, ProgressConfig, RecorderConfig, SandboxConfig, VerificationConfig,
+    JudgeBackend, NetworkConfig, ProgressConfig, RecorderConfig, SandboxConfig, VerificationConfig,
 };
 
 /// Fill in defaults, then check. `origin` says where the keys were looked for.
@@ -33,6 +33,7 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
         ("sandbox", std::mem::take(&mut raw.sandbox.unknown)),
         ("recorder", std::mem::take(&mut raw.recorder.unknown)),
         ("caches", std::mem::take(&mut raw.caches.unknown)),
+        ("network", std::mem::take(&mut raw.network.unknown)),
     ];
     for (section, keys) in sections {
         unknown.extend(keys.into_iter().map(|(k, v)| (format!("{section}.{k}"), v)));
@@ -85,6 +86,7 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
         sandbox: sandbox(raw.sandbox),
         recorder: recorder(raw.recorder),
         caches: caches(raw.caches),
+        network: network(raw.network),
         unknown,
         origin: None::<PathBuf>,
     };
@@ -199,6 +201,13 @@ fn caches(r: RawCaches) -> CachesConfig {
     CachesConfig {
         enabled: r.enabled.unwrap_or(d.enabled),
         max_size_mb: r.max_size_mb.unwrap_or(d.max_size_mb),
+    }
+}
+
+fn network(r: RawNetwork) -> NetworkConfig {
+    let d = NetworkConfig::default();
+    NetworkConfig {
+        mode: r.mode.unwrap_or(d.mode),
     }
 }
 

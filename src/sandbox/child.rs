@@ -1,5 +1,6 @@
-//! The code that runs in a forked child between `fork` and `exec`: limits, namespaces,
-//! `no_new_privs` and the Landlock domain.
+//! The code that runs in a forked child between `fork` and `exec`: limits, namespaces
+//! (user, PID and, for `[network] mode = "none"`, network), `no_new_privs` and the Landlock
+//! domain.
 //!
 //! It runs in a copy of a multi-threaded process, so it only makes raw system calls on data
 //! prepared by the parent (no allocation, no locks): async-signal-safe by construction.
@@ -26,6 +27,9 @@ pub(crate) struct ChildPlan {
     pub rlimits: Vec<(libc::__rlimit_resource_t, libc::rlim_t)>,
     /// New user + PID namespace with these `uid_map` / `gid_map` contents.
     pub namespaces: Option<IdMaps>,
+    /// Also a network namespace of its own, with only a loopback interface (up): the
+    /// command reaches no other host and none of the host's loopback services.
+    pub own_network: bool,
     /// A Landlock ruleset to enforce (the parent keeps it open; `restrict_self` never
     /// consumes it, so one ruleset serves every child of a task).
     pub landlock_fd: Option<i32>,
@@ -76,7 +80,7 @@ impl ChildPlan {
             }
         }
         if let Some(maps) = &self.namespaces {
-            enter_namespaces(maps)?;
+            enter_namespaces(maps, self.own_network)?;
         }
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(io::Error::last_os_error());
@@ -90,9 +94,11 @@ impl ChildPlan {
     }
 }
 
-/// New user and PID namespaces; returns in the namespace's PID 1 (see the module docs).
-unsafe fn enter_namespaces(maps: &IdMaps) -> io::Result<()> {
-    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) != 0 {
+/// New user and PID namespaces (and a network namespace when `own_network`); returns in the
+/// namespace's PID 1 (see the module docs).
+unsafe fn enter_namespaces(maps: &IdMaps, own_network: bool) -> io::Result<()> {
+    let net = if own_network { libc::CLONE_NEWNET } else { 0 };
+    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | net) != 0 {
         return Err(io::Error::last_os_error());
     }
     // The daemon is non-dumpable (`protect_daemon`), and so is this fork of it: the kernel
@@ -109,6 +115,10 @@ unsafe fn enter_namespaces(maps: &IdMaps) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     mapped?;
+    if own_network {
+        // As the new user namespace's owner we hold CAP_NET_ADMIN over its network namespace.
+        loopback_up()?;
+    }
     // A pipe whose write end only the supervisor keeps: when it reads as hung up, the
     // supervisor is gone (pids are useless for this: the supervisor is outside the new
     // namespace and its pid means nothing inside).
@@ -138,6 +148,26 @@ unsafe fn enter_namespaces(maps: &IdMaps) -> io::Result<()> {
         libc::_exit(137);
     }
     // alive[0] is close-on-exec: the command never sees it.
+    Ok(())
+}
+
+/// Bring `lo` up in a fresh network namespace (it starts down): tools that talk to
+/// themselves over 127.0.0.1 (test servers, language servers) keep working.
+unsafe fn loopback_up() -> io::Result<()> {
+    let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut req: libc::ifreq = std::mem::zeroed();
+    req.ifr_name[0] = b'l' as libc::c_char;
+    req.ifr_name[1] = b'o' as libc::c_char;
+    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    let r = libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &req);
+    let err = io::Error::last_os_error();
+    libc::close(fd);
+    if r != 0 {
+        return Err(err);
+    }
     Ok(())
 }
 

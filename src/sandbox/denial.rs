@@ -1,6 +1,9 @@
 //! Recognising, in a failed child's output, that containment (not the task's code) is why it
 //! failed: an EACCES/EPERM on a path outside the task's grants.
 //!
+//! Under `[network] mode = "none"` the same goes for a child that found no network (no
+//! resolver, no route): [`find_network`].
+//!
 //! Owns the classification only. A failed check or shell command whose output names such a
 //! path becomes an infrastructure error (`check_error`, the task's `error`) naming the path
 //! and the config line that would grant it, rather than a failure the corrective loop would
@@ -34,38 +37,92 @@ const LOOKBACK: usize = 4;
 /// How many lines below (npm: `code EACCES`, then `syscall`, then `path`).
 const LOOKAHEAD: usize = 3;
 
-/// A path containment kept from a task's child.
+/// What containment kept from a task's child.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denial {
-    /// The path the child was refused.
-    pub path: PathBuf,
-    /// Whether the task may at least read it (then it was refused a write).
-    pub readable: bool,
-    /// The config file the grant would go into, when known.
-    pub config: Option<PathBuf>,
+pub enum Denial {
+    /// A path outside the task's grants.
+    Path {
+        /// The path the child was refused.
+        path: PathBuf,
+        /// Whether the task may at least read it (then it was refused a write).
+        readable: bool,
+        /// The config file the grant would go into, when known.
+        config: Option<PathBuf>,
+    },
+    /// The network, under `[network] mode = "none"`.
+    Network {
+        /// The line of output that says so.
+        line: String,
+        /// The config file the mode is set in, when known.
+        config: Option<PathBuf>,
+    },
 }
 
 impl std::fmt::Display for Denial {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (what, read_only) = if self.readable {
-            ("write", "")
-        } else {
-            ("reach", " (`read_paths` to let tasks only read it)")
+        let file = |c: &Option<PathBuf>| {
+            c.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "the config file".into())
         };
-        let file = self
-            .config
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "the config file".into());
-        write!(
-            f,
-            "infrastructure_error: containment denied {}, which a task may not {what}; \
-             not a fault of the task's code, so it is not retried. If tasks need it, grant it with \
-             `[sandbox] write_paths = [\"{}\"]`{read_only} in {file}",
-            self.path.display(),
-            grant_for(&self.path).display()
-        )
+        match self {
+            Denial::Path {
+                path,
+                readable,
+                config,
+            } => {
+                let (what, read_only) = if *readable {
+                    ("write", "")
+                } else {
+                    ("reach", " (`read_paths` to let tasks only read it)")
+                };
+                write!(
+                    f,
+                    "infrastructure_error: containment denied {}, which a task may not {what}; \
+                     not a fault of the task's code, so it is not retried. If tasks need it, grant \
+                     it with `[sandbox] write_paths = [\"{}\"]`{read_only} in {}",
+                    path.display(),
+                    grant_for(path).display(),
+                    file(config)
+                )
+            }
+            Denial::Network { line, config } => write!(
+                f,
+                "infrastructure_error: the task has no network ([network] mode = \"none\") and \
+                 needed it: {line}; not a fault of the task's code, so it is not retried. If \
+                 tasks need the network, set `[network] mode = \"open\"` in {}",
+                file(config)
+            ),
+        }
     }
+}
+
+/// Words tools print when there is no network at all (no resolver, no route), lower case.
+const NO_NETWORK: &[&str] = &[
+    "could not resolve host",
+    "temporary failure in name resolution",
+    "name or service not known",
+    "eai_again",
+    "enotfound",
+    "network is unreachable",
+    "enetunreach",
+    "failed to lookup address",
+    "failed to resolve",
+];
+
+/// The first line of `output` that says a child found no network (for a sandbox whose
+/// children have none: there, that is the reason).
+pub fn find_network(output: &str, config: Option<&Path>) -> Option<Denial> {
+    output
+        .lines()
+        .find(|l| {
+            let lower = l.to_ascii_lowercase();
+            NO_NETWORK.iter().any(|m| lower.contains(m))
+        })
+        .map(|l| Denial::Network {
+            line: l.trim().chars().take(300).collect(),
+            config: config.map(Path::to_path_buf),
+        })
 }
 
 /// The first path in `output` that containment (as `fs` grants) refused, if any.
@@ -106,7 +163,7 @@ fn judge(path: &Path, fs: &FsPolicy, config: Option<&Path>) -> Option<Denial> {
     if !daemon_may(&real, mode) {
         return None;
     }
-    Some(Denial {
+    Some(Denial::Path {
         path: path.to_path_buf(),
         readable,
         config: config.map(Path::to_path_buf),
@@ -228,7 +285,10 @@ mod tests {
         ] {
             let d = find(&output, &fs, Some(Path::new("/etc/hub-sidecar.toml")))
                 .unwrap_or_else(|| panic!("not recognised: {output}"));
-            assert!(d.path.starts_with(&outside), "{output}: {d:?}");
+            let Denial::Path { path, .. } = &d else {
+                panic!("{d:?}")
+            };
+            assert!(path.starts_with(&outside), "{output}: {d:?}");
             let msg = d.to_string();
             assert!(msg.starts_with("infrastructure_error:"), "{msg}");
             assert!(msg.contains("[sandbox]") && msg.contains("/etc/hub-sidecar.toml"), "{msg}");
@@ -256,6 +316,20 @@ mod tests {
             find("test result: FAILED. 1 passed; 1 failed", &fs, None),
             None
         );
+    }
+
+    #[test]
+    fn no_network_is_recognised_in_curl_git_and_cargo_words() {
+        for output in [
+            "curl: (6) Could not resolve host: example.test",
+            "fatal: unable to access 'https://example.test/r.git/': Could not resolve host: example.test",
+            "npm error code EAI_AGAIN",
+            "warning: spurious network error: [6] Couldn't resolve host name (Could not resolve host: index.crates.io)",
+        ] {
+            let d = find_network(output, None).unwrap_or_else(|| panic!("{output}"));
+            assert!(d.to_string().contains("[network] mode"), "{d}");
+        }
+        assert_eq!(find_network("test result: FAILED", None), None);
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //! - **Processes (user + PID namespace)**: the command is PID 1 of a fresh namespace, so
 //!   nothing it starts (`setsid`, double fork) outlives it, and the daemon is not even
 //!   addressable by pid from inside. See `child.rs`.
+//! - **Network** (`[network] mode`): `open`, or `none`: a network namespace of the task's
+//!   own with only its loopback, so it reaches no host and none of the host's loopback
+//!   services (Ollama, a database, the hub). Only the task's children; the daemon's own
+//!   connections and git calls keep the host's network.
 //! - **Limits (rlimits)**: memory, processes, file size, open files, no core dumps.
 //! - **The daemon itself** is not dumpable ([`protect_daemon`]): its memory and
 //!   `/proc/<pid>/environ` are closed to other processes of the same user.
@@ -45,7 +49,7 @@ use crate::config::Config;
 use child::{ChildPlan, IdMaps};
 use landlock::FsPolicy;
 
-pub use crate::config::{Containment, SandboxConfig};
+pub use crate::config::{Containment, NetworkMode, SandboxConfig};
 
 /// Trees every child may read: the system, never anyone's home or the daemon's state.
 const SYSTEM_READ: &[&str] = &[
@@ -210,6 +214,9 @@ pub enum ContainmentError {
         /// Why creating it failed.
         source: std::io::Error,
     },
+    /// `[network] mode = "none"` needs a network namespace, and this machine gives none.
+    #[error("containment_unavailable: [network] mode = \"none\" needs user namespaces, which this machine refuses ({0}); fix the machine or set [network] mode = \"open\"")]
+    NoNetworkNamespace(String),
     /// The repository's dependency caches could not be prepared.
     #[error("containment_failed: cannot prepare the repository's dependency caches under {}: {source}; check that the state directory is writable, or set [caches] enabled = false", path.display())]
     Caches {
@@ -236,6 +243,8 @@ pub struct Sandbox {
     tmp: PathBuf,
     /// The filesystem policy enforced (None without Landlock), to recognise its refusals.
     fs: Option<FsPolicy>,
+    /// Whether the children have no network (`[network] mode = "none"`).
+    network_cut: bool,
     /// The config file a grant would go into, for messages.
     config: Option<PathBuf>,
 }
@@ -262,7 +271,12 @@ impl Sandbox {
     /// the task needed: an infrastructure error, not a fault of the task's code (see
     /// [`denial`]). Blocking (stats the paths named): for a failed child's output only.
     pub fn denial(&self, output: &str) -> Option<denial::Denial> {
-        denial::find(output, self.fs.as_ref()?, self.config.as_deref())
+        let cut = self.network_cut;
+        let config = self.config.as_deref();
+        self.fs
+            .as_ref()
+            .and_then(|fs| denial::find(output, fs, config))
+            .or_else(|| cut.then(|| denial::find_network(output, config)).flatten())
     }
 }
 
@@ -276,9 +290,10 @@ pub struct Grants {
     /// Whether the children may read HOME (minus the daemon's own files): the daemon's git
     /// calls need the service user's ssh and credential setup; a task's agent never does.
     pub home: bool,
-    /// Whether the children get the per-repository dependency caches of the workspace
-    /// (`write[0]`), see [`caches`]: a task's children do, the daemon's git calls do not.
-    pub caches: bool,
+    /// Whether the children are the task's own (executor, checks): they get the
+    /// per-repository dependency caches of the workspace (`write[0]`, see [`caches`]) and the
+    /// network policy (`[network]`). The daemon's own git calls are not.
+    pub task: bool,
 }
 
 /// The environment a task's children get beyond the daemon's: the variables the sandbox
@@ -324,7 +339,7 @@ pub fn plan(
     if let Some(ws) = grants
         .write
         .first()
-        .filter(|_| grants.caches && cfg.caches.enabled)
+        .filter(|_| grants.task && cfg.caches.enabled)
     {
         let prepared =
             caches::prepare(cfg, ws, vars).map_err(|source| ContainmentError::Caches {
@@ -355,9 +370,14 @@ pub fn plan(
     } else {
         (None, None)
     };
+    let own_network = grants.task && cfg.network.mode == NetworkMode::None;
+    if let (true, Err(e)) = (own_network, &policy.support.namespaces) {
+        return Err(ContainmentError::NoNetworkNamespace(e.to_string()));
+    }
     let plan = ChildPlan {
         rlimits: rlimits(&cfg.sandbox),
         namespaces: policy.support.namespaces.is_ok().then(IdMaps::current),
+        own_network,
         landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
     };
     Ok(Confined {
@@ -367,6 +387,7 @@ pub fn plan(
             _ruleset: ruleset,
             tmp: tmp.to_path_buf(),
             fs,
+            network_cut: own_network,
             config: cfg.origin.clone(),
         })),
     })
@@ -526,6 +547,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
     let plan = ChildPlan {
         rlimits: Vec::new(),
         namespaces: Some(IdMaps::current()),
+        own_network: false,
         landlock_fd: None,
     };
     let sb = Arc::new(Sandbox {
@@ -533,6 +555,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         _ruleset: None,
         tmp: PathBuf::new(),
         fs: None,
+        network_cut: false,
         config: None,
     });
     let true_bin = ["/usr/bin/true", "/bin/true"]
