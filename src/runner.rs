@@ -226,6 +226,9 @@ async fn run_recorded(
             };
             let lo = retry_loop::run_with(&mut attempter, is_llm, &ctx, &opts).await;
             record_loop(record, &lo);
+            if let Some(sb) = ctx.env.sandbox() {
+                record.network(&sb.network_use());
+            }
             record_metrics(&deps.ops, &lo);
             if cancel.is_cancelled() || lo.last_exec.status == ExecStatus::Cancelled {
                 None

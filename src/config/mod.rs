@@ -31,7 +31,7 @@ pub use raw::Layers;
 pub use sections::{
     warm_cache_entry, CachesConfig, Containment, EnvConfig, ExecutorConfig, GitConfig,
     JudgeBackend, NetworkConfig, NetworkMode, ProgressConfig, RecorderConfig, SandboxConfig,
-    VerificationConfig, DEFAULT_MAX_COST_USD_PER_DAY, DEFAULT_RETRY_CEILING,
+    VerificationConfig, DEFAULT_MAX_COST_USD_PER_DAY, DEFAULT_NETWORK_ALLOW, DEFAULT_RETRY_CEILING,
 };
 
 /// Why the configuration cannot be used. Every message names the key (or the file), where it

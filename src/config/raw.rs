@@ -236,6 +236,7 @@ pub(crate) struct RawCaches {
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct RawNetwork {
     pub mode: Option<super::NetworkMode>,
+    pub allow: Option<Vec<String>>,
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
 }

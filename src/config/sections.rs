@@ -250,16 +250,52 @@ pub enum NetworkMode {
     /// The host's network as the daemon has it, loopback services included.
     #[default]
     Open,
+    /// Only the hosts in `[network] allow`, through an HTTP proxy the daemon runs: the
+    /// task's network namespace has no other way out (see `sandbox::proxy`).
+    Allowlist,
     /// None at all: a network namespace of the task's own with only its own loopback.
     /// Enforced by the kernel; needs user namespaces (`RestrictNamespaces=user pid net`).
     None,
 }
 
 /// `[network]`: the network policy of a task's children.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct NetworkConfig {
-    /// `open` (default) or `none`.
+    /// `open` (default), `allowlist` or `none`.
     pub mode: NetworkMode,
+    /// Hosts a task may reach under `allowlist`: exact names, or `*.example.com` for a domain
+    /// and its subdomains.
+    pub allow: Vec<String>,
+}
+
+/// The hosts `allowlist` lets through by default: Claude's API and the public registries of
+/// the ecosystems the caches cover.
+pub const DEFAULT_NETWORK_ALLOW: &[&str] = &[
+    "*.anthropic.com",
+    "crates.io",
+    "index.crates.io",
+    "static.crates.io",
+    "registry.npmjs.org",
+    "registry.yarnpkg.com",
+    "pypi.org",
+    "files.pythonhosted.org",
+    "proxy.golang.org",
+    "sum.golang.org",
+    "github.com",
+    "codeload.github.com",
+    "objects.githubusercontent.com",
+];
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            mode: NetworkMode::default(),
+            allow: DEFAULT_NETWORK_ALLOW
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
 }
 
 /// `[sandbox]`: the paths and limits of containment.

@@ -208,6 +208,7 @@ fn network(r: RawNetwork) -> NetworkConfig {
     let d = NetworkConfig::default();
     NetworkConfig {
         mode: r.mode.unwrap_or(d.mode),
+        allow: r.allow.unwrap_or(d.allow),
     }
 }
 

@@ -49,6 +49,13 @@ pub enum Denial {
         /// The config file the grant would go into, when known.
         config: Option<PathBuf>,
     },
+    /// A host the network proxy refused (`[network] mode = "allowlist"`).
+    Host {
+        /// `host:port`.
+        target: String,
+        /// The config file the allowlist is in, when known.
+        config: Option<PathBuf>,
+    },
     /// The network, under `[network] mode = "none"`.
     Network {
         /// The line of output that says so.
@@ -83,6 +90,16 @@ impl std::fmt::Display for Denial {
                      it with `[sandbox] write_paths = [\"{}\"]`{read_only} in {}",
                     path.display(),
                     grant_for(path).display(),
+                    file(config)
+                )
+            }
+            Denial::Host { target, config } => {
+                let host = target.rsplit_once(':').map_or(target.as_str(), |(h, _)| h);
+                write!(
+                    f,
+                    "infrastructure_error: the network allowlist refused {target}; not a fault of \
+                     the task's code, so it is not retried. If tasks need it, add \"{host}\" to \
+                     `[network] allow` in {}",
                     file(config)
                 )
             }

@@ -15,9 +15,11 @@
 //! - **Processes (user + PID namespace)**: the command is PID 1 of a fresh namespace, so
 //!   nothing it starts (`setsid`, double fork) outlives it, and the daemon is not even
 //!   addressable by pid from inside. See `child.rs`.
-//! - **Network** (`[network] mode`): `open`, or `none`: a network namespace of the task's
+//! - **Network** (`[network] mode`): `open`; `none`: a network namespace of the task's
 //!   own with only its loopback, so it reaches no host and none of the host's loopback
-//!   services (Ollama, a database, the hub). Only the task's children; the daemon's own
+//!   services (Ollama, a database, the hub); `allowlist`: the same namespace, whose only
+//!   way out is the daemon's HTTP proxy ([`proxy`]) letting through the hosts in
+//!   `[network] allow`. Only the task's children; the daemon's own
 //!   connections and git calls keep the host's network.
 //! - **Limits (rlimits)**: memory, processes, file size, open files, no core dumps.
 //! - **The daemon itself** is not dumpable ([`protect_daemon`]): its memory and
@@ -34,19 +36,21 @@
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`caches`]: the per-repository dependency caches a task's package managers write.
 //! - [`denial`]: telling from a failed child's output that containment refused it a path.
+//! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`.
 //! - `child.rs`: what runs between `fork` and `exec`.
 
 pub mod caches;
 mod child;
 pub mod denial;
 pub mod landlock;
+pub mod proxy;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::Config;
 
-use child::{ChildPlan, IdMaps};
+use child::{ChildPlan, IdMaps, UnixPath};
 use landlock::FsPolicy;
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
@@ -217,6 +221,14 @@ pub enum ContainmentError {
     /// `[network] mode = "none"` needs a network namespace, and this machine gives none.
     #[error("containment_unavailable: [network] mode = \"none\" needs user namespaces, which this machine refuses ({0}); fix the machine or set [network] mode = \"open\"")]
     NoNetworkNamespace(String),
+    /// The network proxy of `[network] mode = "allowlist"` could not start.
+    #[error("containment_failed: cannot start the task's network proxy on {}: {source}", path.display())]
+    Proxy {
+        /// Its unix socket.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
     /// The repository's dependency caches could not be prepared.
     #[error("containment_failed: cannot prepare the repository's dependency caches under {}: {source}; check that the state directory is writable, or set [caches] enabled = false", path.display())]
     Caches {
@@ -245,6 +257,8 @@ pub struct Sandbox {
     fs: Option<FsPolicy>,
     /// Whether the children have no network (`[network] mode = "none"`).
     network_cut: bool,
+    /// The proxy that is their only way out (`[network] mode = "allowlist"`).
+    proxy: Option<proxy::Proxy>,
     /// The config file a grant would go into, for messages.
     config: Option<PathBuf>,
 }
@@ -277,6 +291,24 @@ impl Sandbox {
             .as_ref()
             .and_then(|fs| denial::find(output, fs, config))
             .or_else(|| cut.then(|| denial::find_network(output, config)).flatten())
+            .or_else(|| {
+                let refused = self
+                    .proxy
+                    .as_ref()?
+                    .hosts()
+                    .into_iter()
+                    .find(|h| !h.allowed)?;
+                Some(denial::Denial::Host {
+                    target: refused.target,
+                    config: config.map(Path::to_path_buf),
+                })
+            })
+    }
+
+    /// What the task's children asked of the network proxy (`[network] mode = "allowlist"`),
+    /// allowed and refused, with bytes; empty without one.
+    pub fn network_use(&self) -> Vec<proxy::HostUse> {
+        self.proxy.as_ref().map(|p| p.hosts()).unwrap_or_default()
     }
 }
 
@@ -370,14 +402,49 @@ pub fn plan(
     } else {
         (None, None)
     };
-    let own_network = grants.task && cfg.network.mode == NetworkMode::None;
+    let own_network = grants.task && cfg.network.mode != NetworkMode::Open;
     if let (true, Err(e)) = (own_network, &policy.support.namespaces) {
         return Err(ContainmentError::NoNetworkNamespace(e.to_string()));
     }
+    let proxy = if own_network && cfg.network.mode == NetworkMode::Allowlist {
+        let sock = tmp.with_extension("proxy");
+        let relay = UnixPath::new(&sock).ok_or_else(|| ContainmentError::Proxy {
+            path: sock.clone(),
+            source: std::io::Error::other("the path is too long for a unix socket"),
+        })?;
+        let p = proxy::Proxy::start(&sock, cfg.network.allow.clone()).map_err(|source| {
+            ContainmentError::Proxy {
+                path: sock.clone(),
+                source,
+            }
+        })?;
+        let url = format!("http://127.0.0.1:{}", child::RELAY_PORT);
+        for k in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+        ] {
+            set.push((k.to_string(), url.clone()));
+        }
+        for k in ["NO_PROXY", "no_proxy"] {
+            set.push((k.to_string(), "localhost,127.0.0.1,::1".to_string()));
+        }
+        Some((p, relay))
+    } else {
+        None
+    };
+    let (proxy, relay_to) = match proxy {
+        Some((p, r)) => (Some(p), Some(r)),
+        None => (None, None),
+    };
     let plan = ChildPlan {
         rlimits: rlimits(&cfg.sandbox),
         namespaces: policy.support.namespaces.is_ok().then(IdMaps::current),
         own_network,
+        relay_to,
         landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
     };
     Ok(Confined {
@@ -387,7 +454,8 @@ pub fn plan(
             _ruleset: ruleset,
             tmp: tmp.to_path_buf(),
             fs,
-            network_cut: own_network,
+            network_cut: own_network && proxy.is_none(),
+            proxy,
             config: cfg.origin.clone(),
         })),
     })
@@ -548,6 +616,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         rlimits: Vec::new(),
         namespaces: Some(IdMaps::current()),
         own_network: false,
+        relay_to: None,
         landlock_fd: None,
     };
     let sb = Arc::new(Sandbox {
@@ -556,6 +625,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         tmp: PathBuf::new(),
         fs: None,
         network_cut: false,
+        proxy: None,
         config: None,
     });
     let true_bin = ["/usr/bin/true", "/bin/true"]

@@ -20,6 +20,7 @@ mod harness;
 mod hub_restart;
 mod loopback;
 mod manifest;
+mod network;
 mod ops;
 mod outbox;
 mod procfs;
