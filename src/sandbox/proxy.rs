@@ -45,13 +45,18 @@ type Tally = Arc<Mutex<Vec<HostUse>>>;
 #[derive(Debug)]
 pub struct Proxy {
     path: PathBuf,
+    /// The socket file's inode: a later proxy on the same path is not ours to remove.
+    ino: u64,
     tally: Tally,
     _stop: DropGuard,
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -63,6 +68,7 @@ impl Proxy {
         let _enter = handle.enter();
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path)?;
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(path)?);
         let stop = CancellationToken::new();
         let tally: Tally = Arc::default();
         let allow = Arc::new(allow);
@@ -85,6 +91,7 @@ impl Proxy {
         });
         Ok(Proxy {
             path: path.to_path_buf(),
+            ino,
             tally,
             _stop: stop.drop_guard(),
         })
