@@ -218,8 +218,9 @@ pub enum ContainmentError {
         /// Why creating it failed.
         source: std::io::Error,
     },
-    /// `[network] mode = "none"` needs a network namespace, and this machine gives none.
-    #[error("containment_unavailable: [network] mode = \"none\" needs user namespaces, which this machine refuses ({0}); fix the machine or set [network] mode = \"open\"")]
+    /// `[network] mode = "none"` or `"allowlist"` needs a network namespace, and this machine
+    /// gives none.
+    #[error("containment_unavailable: [network] mode = \"none\" or \"allowlist\" needs user namespaces, which this machine refuses ({0}); fix the machine or set [network] mode = \"open\"")]
     NoNetworkNamespace(String),
     /// The network proxy of `[network] mode = "allowlist"` could not start.
     #[error("containment_failed: cannot start the task's network proxy on {}: {source}", path.display())]
@@ -677,6 +678,27 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("best-effort"), "says what to do: {msg}");
+    }
+
+    #[test]
+    fn a_network_policy_without_namespaces_refuses_the_task_even_in_best_effort() {
+        let mut cfg = Config::default();
+        cfg.network.mode = NetworkMode::Allowlist;
+        let policy = Policy::decide(Some(Containment::BestEffort), without_kernel_support());
+        let dir = tempfile::tempdir().unwrap();
+        let grants = Grants {
+            write: vec![dir.path().to_path_buf()],
+            task: true,
+            ..Grants::default()
+        };
+        let err = plan(&cfg, &policy, &[], &dir.path().join("tmp"), &grants).unwrap_err();
+        assert!(err.to_string().contains("[network] mode"), "{err}");
+        // The daemon's own git calls are not the task's: they keep the host's network.
+        let git = Grants {
+            task: false,
+            ..grants
+        };
+        assert!(plan(&cfg, &policy, &[], &dir.path().join("tmp"), &git).is_ok());
     }
 
     #[test]
