@@ -682,10 +682,13 @@ mod tests {
 
     #[test]
     fn a_network_policy_without_namespaces_refuses_the_task_even_in_best_effort() {
-        let mut cfg = Config::default();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config {
+            state_dir: dir.path().join("state"),
+            ..Config::default()
+        };
         cfg.network.mode = NetworkMode::Allowlist;
         let policy = Policy::decide(Some(Containment::BestEffort), without_kernel_support());
-        let dir = tempfile::tempdir().unwrap();
         let grants = Grants {
             write: vec![dir.path().to_path_buf()],
             task: true,
