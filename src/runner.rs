@@ -151,6 +151,7 @@ async fn run_recorded(
                 read: Vec::new(),
                 home: true,
                 task: false,
+                hosts: Vec::new(),
             },
         )
         .await?;
@@ -166,6 +167,13 @@ async fn run_recorded(
                 read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
                 home: false,
                 task: true,
+                // The task's own git may fetch from its remote.
+                hosts: task
+                    .repo
+                    .as_deref()
+                    .and_then(crate::sandbox::proxy::remote_host)
+                    .into_iter()
+                    .collect(),
             },
         )
         .await;

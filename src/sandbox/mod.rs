@@ -327,6 +327,9 @@ pub struct Grants {
     /// per-repository dependency caches of the workspace (`write[0]`, see [`caches`]) and the
     /// network policy (`[network]`). The daemon's own git calls are not.
     pub task: bool,
+    /// Hosts the task's children may reach under `[network] mode = "allowlist"` beyond
+    /// `[network] allow`: the repository's remote.
+    pub hosts: Vec<String>,
 }
 
 /// The environment a task's children get beyond the daemon's: the variables the sandbox
@@ -413,11 +416,16 @@ pub fn plan(
             path: sock.clone(),
             source: std::io::Error::other("the path is too long for a unix socket"),
         })?;
-        let p = proxy::Proxy::start(&sock, cfg.network.allow.clone()).map_err(|source| {
-            ContainmentError::Proxy {
-                path: sock.clone(),
-                source,
-            }
+        let allow = cfg
+            .network
+            .allow
+            .iter()
+            .chain(&grants.hosts)
+            .cloned()
+            .collect();
+        let p = proxy::Proxy::start(&sock, allow).map_err(|source| ContainmentError::Proxy {
+            path: sock.clone(),
+            source,
         })?;
         let url = format!("http://127.0.0.1:{}", child::RELAY_PORT);
         for k in [

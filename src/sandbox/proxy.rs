@@ -115,6 +115,25 @@ pub fn allowed(host: &str, allow: &[String]) -> bool {
     })
 }
 
+/// The host of a git remote URL (`https://user@host:port/path`, `ssh://host/path`,
+/// `git@host:path`), for the allowlist; `None` for a local path.
+pub fn remote_host(url: &str) -> Option<String> {
+    let url = url.trim();
+    let rest = match url.split_once("://") {
+        Some(("file", _)) => return None,
+        Some((_, rest)) => rest,
+        // scp-like `user@host:path`; a path has no `:` before its first `/`.
+        None => match url.split_once(':') {
+            Some((before, _)) if !before.contains('/') => before,
+            _ => return None,
+        },
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, _) = split_host_port(hostport, 0)?;
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
 fn note(tally: &Tally, target: &str, allowed: bool, up: u64, down: u64) {
     let Ok(mut t) = tally.lock() else { return };
     match t
@@ -243,6 +262,28 @@ mod tests {
         assert!(allowed("registry.npmjs.org", &allow));
         assert!(allowed("npmjs.org", &allow));
         assert!(!allowed("npmjs.org.evil.test", &allow));
+    }
+
+    #[test]
+    fn a_remotes_host_is_found_in_every_url_form_git_takes() {
+        for (url, host) in [
+            (
+                "https://user:pw@Git.Example.test:8443/org/repo.git",
+                Some("git.example.test"),
+            ),
+            (
+                "ssh://git@git.example.test/org/repo",
+                Some("git.example.test"),
+            ),
+            (
+                "git@git.example.test:org/repo.git",
+                Some("git.example.test"),
+            ),
+            ("/srv/git/repo.git", None),
+            ("file:///srv/git/repo.git", None),
+        ] {
+            assert_eq!(remote_host(url).as_deref(), host, "{url}");
+        }
     }
 
     #[test]
