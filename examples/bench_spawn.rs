@@ -1,7 +1,9 @@
 //! What containment costs per child: `true` spawned through the daemon's one spawn path
 //! (`process::run`), unconfined and inside a task sandbox (Landlock ruleset, user + PID
-//! namespace with its supervisor, rlimits), plus the one-off cost of building a task's
-//! sandbox. Prints min / median / p99 / max in microseconds.
+//! namespace with its supervisor, rlimits), and with `[network] mode = "none"` (a network
+//! namespace of its own with `lo` up), plus the one-off cost of building a task's sandbox
+//! (with the per-repository dependency caches for a task's own children). Prints min /
+//! median / p99 / max in microseconds.
 //!
 //! `cargo run --release --example bench_spawn -- [--runs N]` (or `bash scripts/bench-containment.sh`).
 
@@ -82,8 +84,25 @@ async fn main() {
         confined = Some(env);
     }
     let confined = confined.expect("built");
+    // A task's own children: its repository's caches and, here, no network.
+    let mut cfg_net = cfg.clone();
+    cfg_net.network.mode = hub_sidecar::config::NetworkMode::None;
+    let task_grants = Grants {
+        task: true,
+        ..grants.clone()
+    };
+    let mut task_builds = Vec::new();
+    let mut no_net = None;
+    for _ in 0..50 {
+        let t = Instant::now();
+        let env = process::confine(&cfg_net, &policy, &base, &tmp, &task_grants).expect("confine");
+        task_builds.push(t.elapsed());
+        no_net = Some(env);
+    }
+    let no_net = no_net.expect("built");
     let plain = spawn_times(&base, &ws, runs).await;
     let boxed = spawn_times(&confined, &ws, runs).await;
+    let netns = spawn_times(&no_net, &ws, runs).await;
     let med = |v: &[Duration]| {
         let mut s = v.to_vec();
         s.sort();
@@ -96,10 +115,23 @@ async fn main() {
         "spawn + wait `/bin/true`, in the task sandbox",
         boxed.clone(),
     );
+    stats(
+        "spawn + wait `/bin/true`, in the task sandbox, `[network] mode = \"none\"`",
+        netns.clone(),
+    );
     stats("build a task's sandbox (once per task)", builds);
+    stats(
+        "build a task's sandbox with its repository's caches (once per task)",
+        task_builds,
+    );
     let overhead = med(&boxed).saturating_sub(med(&plain));
     println!(
         "\noverhead per child (median difference): {:.0} µs",
         overhead.as_secs_f64() * 1e6
+    );
+    let net = med(&netns).saturating_sub(med(&boxed));
+    println!(
+        "network namespace per child (median difference): {:.0} µs",
+        net.as_secs_f64() * 1e6
     );
 }

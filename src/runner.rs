@@ -155,6 +155,8 @@ async fn run_recorded(
             Grants {
                 write: git_roots,
                 read: vec![git_home],
+                task: false,
+                hosts: Vec::new(),
             },
         )
         .await?;
@@ -168,6 +170,14 @@ async fn run_recorded(
                 write: vec![ws.path.clone()],
                 // A managed clone's history, readable for the task's own git, not writable.
                 read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
+                task: true,
+                // The task's own git may fetch from its remote.
+                hosts: task
+                    .repo
+                    .as_deref()
+                    .and_then(crate::sandbox::proxy::remote_host)
+                    .into_iter()
+                    .collect(),
             },
         )
         .await;
@@ -266,6 +276,9 @@ async fn run_loop(
     };
     let lo = retry_loop::run_with(&mut attempter, is_llm, ctx, &opts).await;
     record_loop(record, &lo);
+    if let Some(sb) = ctx.env.sandbox() {
+        record.network(&sb.network_use());
+    }
     record_metrics(&deps.ops, &lo);
     Ok(lo)
 }

@@ -32,11 +32,14 @@ impl FrameSender for Discard {
 }
 
 /// A config for offline work: file (when given), `HUB_SIDECAR_*` environment and defaults;
-/// the hub keys are optional. State goes to `state_dir` (a temporary directory), never the daemon's.
-pub fn offline_config(file: Option<&Path>, state_dir: &Path) -> anyhow::Result<Config> {
+/// the hub keys are optional. State goes to `state_dir` when given (a temporary directory),
+/// else to the configured one.
+pub fn offline_config(file: Option<&Path>, state_dir: Option<&Path>) -> anyhow::Result<Config> {
     let mut cfg = load_offline(file)?;
-    cfg.state_dir = state_dir.to_path_buf();
-    cfg.state_file = None;
+    if let Some(dir) = state_dir {
+        cfg.state_dir = dir.to_path_buf();
+        cfg.state_file = None;
+    }
     Ok(cfg)
 }
 
@@ -73,16 +76,32 @@ pub async fn temp_dir(prefix: &'static str) -> anyhow::Result<tempfile::TempDir>
 /// Run the task and print its result frame.
 pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let task = super::read_task(&args.task).await?;
-    // The flight record goes where `tasks` and `show` look: the configured state directory
-    // (the run's own state below is temporary). Only one that exists: a hand run must not
-    // create the daemon's state directory (as root, it would then belong to root).
+    // The configured state directory, so hand-run tasks share the daemon's dependency caches
+    // and records; a temporary one only when none is configured. Records then go to the
+    // default state directory, and only if it exists: a hand run must not create the
+    // daemon's state directory (as root, it would then belong to root).
+    let names_state_dir = Layers::from_process(args.config.clone(), Vec::new()).names_state_dir();
     let configured = load_offline(args.config.as_deref())?.state_dir;
+    let state = if names_state_dir {
+        None
+    } else {
+        Some(temp_dir("hub-sidecar-state-").await?)
+    };
+    let mut cfg = offline_config(args.config.as_deref(), state.as_ref().map(|s| s.path()))?;
+    if names_state_dir {
+        tokio::fs::create_dir_all(&cfg.state_dir)
+            .await
+            .with_context(|| {
+                format!(
+                    "creating the configured state_dir {} (run as the user the daemon runs as)",
+                    cfg.state_dir.display()
+                )
+            })?;
+    }
     let records = tokio::fs::metadata(&configured)
         .await
         .is_ok_and(|m| m.is_dir())
         .then(|| crate::recorder::root(&configured));
-    let state = temp_dir("hub-sidecar-state-").await?;
-    let mut cfg = offline_config(args.config.as_deref(), state.path())?;
     let workspace = match &args.workspace {
         Some(w) => {
             tokio::fs::create_dir_all(w)
@@ -149,7 +168,9 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         ),
         _ => {}
     }
-    tokio::task::spawn_blocking(move || drop(state)).await?;
+    if let Some(state) = state {
+        tokio::task::spawn_blocking(move || drop(state)).await?;
+    }
     let frame = match outcome {
         TaskOutcome::Cancelled => {
             eprintln!("task cancelled: no result");

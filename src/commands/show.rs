@@ -177,6 +177,25 @@ fn render_raw(s: &TaskStory, verbose: bool) -> String {
             stop["reason"].as_str().unwrap_or("")
         );
     }
+    if !s.network.is_empty() {
+        let _ = writeln!(o, "network (through the allowlist proxy):");
+        for h in &s.network {
+            let kib = |k: &str| h[k].as_u64().unwrap_or(0) as f64 / 1024.0;
+            let _ = writeln!(
+                o,
+                "  {} {}  {} connection(s), {:.1} KiB up, {:.1} KiB down",
+                if h["allowed"].as_bool() == Some(true) {
+                    "allowed"
+                } else {
+                    "REFUSED"
+                },
+                h["target"].as_str().unwrap_or("?"),
+                h["connections"],
+                kib("bytes_up"),
+                kib("bytes_down")
+            );
+        }
+    }
     match (&s.terminal, &s.cancelled) {
         (Some(t), _) => {
             let frame = &t["frame"];

@@ -1,5 +1,6 @@
 //! `hub-sidecar status`: ask the running daemon for the link state, the current task and
-//! attempt with their elapsed time, and today's spend against the daily budget.
+//! attempt with their elapsed time, and today's spend against the daily budget; then list the
+//! dependency caches in its state directory.
 //!
 //! It asks `GET /status` on the daemon's unix socket `state_dir/status.sock` (mode 0600:
 //! run it as the service user), else on its loopback HTTP endpoint (`metrics_addr`).
@@ -69,8 +70,21 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&snap)?);
     } else {
         print!("{}", render(&snap));
+        print!("{}", caches(&args.config).await);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The per-repository dependency caches: read from the state directory, not asked of the
+/// daemon (walking them is not the daemon's work).
+async fn caches(args: &ConfigArgs) -> String {
+    let mut cfg = args.load().unwrap_or_default();
+    if let Some(d) = &args.state_dir {
+        cfg.state_dir = d.clone();
+    }
+    tokio::task::spawn_blocking(move || crate::sandbox::caches::describe(&cfg))
+        .await
+        .unwrap_or_default()
 }
 
 /// `GET /status` from the daemon at `target`.

@@ -26,7 +26,7 @@ use crate::verify::{checks, observe};
 pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let task = super::read_task(&args.task).await?;
     let state = super::run_task::temp_dir("hub-sidecar-state-").await?;
-    let cfg = super::run_task::offline_config(args.config.as_deref(), state.path())?;
+    let cfg = super::run_task::offline_config(args.config.as_deref(), Some(state.path()))?;
     let workspace = tokio::fs::canonicalize(&args.workspace)
         .await
         .with_context(|| {
@@ -39,6 +39,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let policy = crate::sandbox::Policy::probe_and_decide(&cfg).await;
     let grants = crate::sandbox::Grants {
         write: vec![workspace.clone()],
+        task: true,
         ..Default::default()
     };
     let tmp = state.path().join("tmp");

@@ -11,7 +11,7 @@
 //! - `mod.rs`: [`Config`], [`Config::load`], [`ConfigError`], the start-up warnings.
 //! - `raw`: [`Layers`] and the merge of file, environment and flags into raw tables.
 //! - `validate`: raw → [`Config`]; every default and every check is there.
-//! - `sections`: the validated `[progress]`, `[executor]`, … sections and their defaults.
+//! - `sections`: the validated `[progress]`, `[executor]`, `[caches]`, `[network]`, … sections and their defaults.
 
 mod raw;
 mod sections;
@@ -29,9 +29,9 @@ use serde_json::Value;
 
 pub use raw::Layers;
 pub use sections::{
-    warm_cache_entry, Containment, EnvConfig, ExecutorConfig, GitConfig, JudgeBackend,
-    ProgressConfig, RecorderConfig, SandboxConfig, VerificationConfig,
-    DEFAULT_MAX_COST_USD_PER_DAY, DEFAULT_RETRY_CEILING,
+    warm_cache_entry, CachesConfig, Containment, EnvConfig, ExecutorConfig, GitConfig,
+    JudgeBackend, NetworkConfig, NetworkMode, ProgressConfig, RecorderConfig, SandboxConfig,
+    VerificationConfig, DEFAULT_MAX_COST_USD_PER_DAY, DEFAULT_NETWORK_ALLOW, DEFAULT_RETRY_CEILING,
 };
 
 /// Why the configuration cannot be used. Every message names the key (or the file), where it
@@ -171,6 +171,10 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     /// `[recorder]`: the per-task flight record under `state_dir/tasks`.
     pub recorder: RecorderConfig,
+    /// `[caches]`: per-repository dependency caches under `state_dir/caches`.
+    pub caches: CachesConfig,
+    /// `[network]`: what network a task's children get.
+    pub network: NetworkConfig,
     /// Keys this build does not know, dotted (`wake_command` from a Node sidecar's
     /// `config.json`, a misspelt `executor.claude_modle`): warned about at start, ignored.
     pub unknown: BTreeMap<String, Value>,
@@ -226,6 +230,8 @@ impl Default for Config {
             containment: None,
             sandbox: SandboxConfig::default(),
             recorder: RecorderConfig::default(),
+            caches: CachesConfig::default(),
+            network: NetworkConfig::default(),
             unknown: BTreeMap::new(),
             origin: None,
         }

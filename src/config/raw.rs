@@ -38,6 +38,15 @@ impl Layers {
             flags,
         }
     }
+
+    /// Whether the file, the environment or the flags name `state_dir` (an operator's
+    /// choice to honour, rather than the built-in default). False when they cannot be read:
+    /// loading them reports that.
+    pub fn names_state_dir(&self) -> bool {
+        RawConfig::from_layers(self, "")
+            .map(|r| r.state_dir.is_some())
+            .unwrap_or(false)
+    }
 }
 
 /// Top-level keys whose env/flag values are always strings, even when they look like numbers
@@ -98,6 +107,10 @@ pub(crate) struct RawConfig {
     pub sandbox: RawSandbox,
     #[serde(skip)]
     pub recorder: RawRecorder,
+    #[serde(skip)]
+    pub caches: RawCaches,
+    #[serde(skip)]
+    pub network: RawNetwork,
     /// Keys no struct names, dotted (`wake_command`, `executor.claude_modle`).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
@@ -212,6 +225,24 @@ pub(crate) struct RawRecorder {
     pub unknown: BTreeMap<String, Value>,
 }
 
+/// `[caches]` as written.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawCaches {
+    pub enabled: Option<bool>,
+    pub max_size_mb: Option<u64>,
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, Value>,
+}
+
+/// `[network]` as written.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawNetwork {
+    pub mode: Option<super::NetworkMode>,
+    pub allow: Option<Vec<String>>,
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, Value>,
+}
+
 impl RawConfig {
     /// Read the file (if any), lay the environment and the flags over it and deserialize.
     pub(crate) fn from_layers(layers: &Layers, origin: &str) -> Result<RawConfig, ConfigError> {
@@ -251,6 +282,8 @@ impl RawConfig {
         let git = take_section(&mut tree, "git", origin)?;
         let sandbox = take_section(&mut tree, "sandbox", origin)?;
         let recorder = take_section(&mut tree, "recorder", origin)?;
+        let caches = take_section(&mut tree, "caches", origin)?;
+        let network = take_section(&mut tree, "network", origin)?;
         let mut raw: RawConfig = parse_table(None, tree, origin)?;
         raw.progress = progress;
         raw.executor = executor;
@@ -259,6 +292,8 @@ impl RawConfig {
         raw.git = git;
         raw.sandbox = sandbox;
         raw.recorder = recorder;
+        raw.caches = caches;
+        raw.network = network;
         Ok(raw)
     }
 }

@@ -63,6 +63,27 @@ impl Default for RecorderConfig {
     }
 }
 
+/// `[caches]`: per-repository dependency caches under `state_dir/caches/` (see
+/// `sandbox::caches`), which the package managers of a task's children write.
+#[derive(Debug, Clone)]
+pub struct CachesConfig {
+    /// Give tasks per-repository caches at all. Off: the tools find no writable cache and
+    /// download into the workspace or fail, as before.
+    pub enabled: bool,
+    /// Most MiB all repositories' caches may take together; past it the least recently used
+    /// repositories' caches are removed when a task starts. 0: no limit.
+    pub max_size_mb: u64,
+}
+
+impl Default for CachesConfig {
+    fn default() -> Self {
+        CachesConfig {
+            enabled: true,
+            max_size_mb: 10 * 1024,
+        }
+    }
+}
+
 /// `[executor]`: how tasks are run.
 #[derive(Debug, Clone)]
 pub struct ExecutorConfig {
@@ -230,6 +251,62 @@ impl Containment {
             Containment::Strict => "strict",
             Containment::BestEffort => "best-effort",
             Containment::Off => "off",
+        }
+    }
+}
+
+/// `[network] mode`: what network a task's own children (executor, checks) get. The
+/// daemon's own connections (hub, Ollama, judge, its git calls) are never affected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkMode {
+    /// The host's network as the daemon has it, loopback services included.
+    #[default]
+    Open,
+    /// Only the hosts in `[network] allow`, through an HTTP proxy the daemon runs: the
+    /// task's network namespace has no other way out (see `sandbox::proxy`).
+    Allowlist,
+    /// None at all: a network namespace of the task's own with only its own loopback.
+    /// Enforced by the kernel; needs user namespaces (`RestrictNamespaces=user pid net`).
+    None,
+}
+
+/// `[network]`: the network policy of a task's children.
+#[derive(Debug, Clone)]
+pub struct NetworkConfig {
+    /// `open` (default), `allowlist` or `none`.
+    pub mode: NetworkMode,
+    /// Hosts a task may reach under `allowlist`: exact names, or `*.example.com` for a domain
+    /// and its subdomains.
+    pub allow: Vec<String>,
+}
+
+/// The hosts `allowlist` lets through by default: Claude's API and the public registries of
+/// the ecosystems the caches cover.
+pub const DEFAULT_NETWORK_ALLOW: &[&str] = &[
+    "*.anthropic.com",
+    "crates.io",
+    "index.crates.io",
+    "static.crates.io",
+    "registry.npmjs.org",
+    "registry.yarnpkg.com",
+    "pypi.org",
+    "files.pythonhosted.org",
+    "proxy.golang.org",
+    "sum.golang.org",
+    "github.com",
+    "codeload.github.com",
+    "objects.githubusercontent.com",
+];
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            mode: NetworkMode::default(),
+            allow: DEFAULT_NETWORK_ALLOW
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         }
     }
 }

@@ -9,11 +9,12 @@ use reqwest::Url;
 use crate::task::MAX_VERIFICATION_RETRIES;
 
 use super::raw::{
-    RawConfig, RawEnv, RawExecutor, RawGit, RawProgress, RawRecorder, RawSandbox, RawVerification,
+    RawCaches, RawConfig, RawEnv, RawExecutor, RawGit, RawNetwork, RawProgress, RawRecorder,
+    RawSandbox, RawVerification,
 };
 use super::{
-    warm_cache_entry, Config, ConfigError, EnvConfig, ExecutorConfig, GitConfig, JudgeBackend,
-    ProgressConfig, RecorderConfig, SandboxConfig, VerificationConfig,
+    warm_cache_entry, CachesConfig, Config, ConfigError, EnvConfig, ExecutorConfig, GitConfig,
+    JudgeBackend, NetworkConfig, ProgressConfig, RecorderConfig, SandboxConfig, VerificationConfig,
 };
 
 /// Fill in defaults, then check. `origin` says where the keys were looked for.
@@ -31,6 +32,8 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
         ("git", std::mem::take(&mut raw.git.unknown)),
         ("sandbox", std::mem::take(&mut raw.sandbox.unknown)),
         ("recorder", std::mem::take(&mut raw.recorder.unknown)),
+        ("caches", std::mem::take(&mut raw.caches.unknown)),
+        ("network", std::mem::take(&mut raw.network.unknown)),
     ];
     for (section, keys) in sections {
         unknown.extend(keys.into_iter().map(|(k, v)| (format!("{section}.{k}"), v)));
@@ -82,6 +85,8 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
         containment: raw.containment.or(d.containment),
         sandbox: sandbox(raw.sandbox),
         recorder: recorder(raw.recorder),
+        caches: caches(raw.caches),
+        network: network(raw.network),
         unknown,
         origin: None::<PathBuf>,
     };
@@ -190,6 +195,22 @@ fn sandbox(r: RawSandbox) -> SandboxConfig {
         max_processes: r.max_processes.unwrap_or(d.max_processes),
         max_file_size_mb: r.max_file_size_mb.unwrap_or(d.max_file_size_mb),
         max_open_files: r.max_open_files.unwrap_or(d.max_open_files),
+    }
+}
+
+fn caches(r: RawCaches) -> CachesConfig {
+    let d = CachesConfig::default();
+    CachesConfig {
+        enabled: r.enabled.unwrap_or(d.enabled),
+        max_size_mb: r.max_size_mb.unwrap_or(d.max_size_mb),
+    }
+}
+
+fn network(r: RawNetwork) -> NetworkConfig {
+    let d = NetworkConfig::default();
+    NetworkConfig {
+        mode: r.mode.unwrap_or(d.mode),
+        allow: r.allow.unwrap_or(d.allow),
     }
 }
 

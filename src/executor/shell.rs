@@ -77,11 +77,15 @@ impl ShellExecutor {
             Exit::Cancelled => (ExecStatus::Cancelled, Some("cancelled".into())),
             other => (
                 ExecStatus::Failed,
-                Some(format!(
-                    "shell command failed with {}; stderr tail: {}",
-                    other.describe(),
-                    crate::util::tail_bytes(out.stderr.trim_end(), 1000)
-                )),
+                // Containment refused it a path (sandbox/denial.rs): say which and how to grant it.
+                Some(match ctx.env.sandbox().and_then(|sb| sb.denial(&out.combined())) {
+                    Some(denied) => format!("shell command failed with {}: {denied}", other.describe()),
+                    None => format!(
+                        "shell command failed with {}; stderr tail: {}",
+                        other.describe(),
+                        crate::util::tail_bytes(out.stderr.trim_end(), 1000)
+                    ),
+                }),
             ),
         };
         ExecOutcome::new(status, out.into_combined(), error)

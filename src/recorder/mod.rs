@@ -334,6 +334,15 @@ impl TaskRecord {
         );
     }
 
+    /// What the task's children asked of the network proxy (`[network] mode =
+    /// "allowlist"`): every host allowed or refused, with connections and bytes. Nothing
+    /// is written when there was no proxy or nothing asked of it.
+    pub fn network(&self, hosts: &[crate::sandbox::proxy::HostUse]) {
+        if !hosts.is_empty() {
+            self.write("network", json!({ "hosts": hosts }));
+        }
+    }
+
     /// The terminal frame the runner hands to the outbox (already redacted; scrubbed again).
     pub fn terminal(&self, frame: &crate::hub::proto::Outbound) {
         self.end_output();

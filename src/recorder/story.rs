@@ -79,6 +79,9 @@ pub struct TaskStory {
     pub runs: u32,
     /// Lines that could not be read (a torn last line after a crash).
     pub unreadable_lines: u32,
+    /// Hosts the task's children asked the network proxy for: `{target, allowed,
+    /// connections, bytes_up, bytes_down}` (`[network] mode = "allowlist"` only).
+    pub network: Vec<Value>,
 }
 
 /// One line of `hub-sidecar tasks`.
@@ -249,6 +252,9 @@ impl TaskStory {
             }
             "acked" => {
                 self.acked = Some(serde_json::json!({"ts": ts, "status": v["status"]}));
+            }
+            "network" => {
+                self.network = v["hosts"].as_array().cloned().unwrap_or_default();
             }
             "truncated" => self.truncated = true,
             _ => {}

@@ -16,6 +16,12 @@
 //! - **Processes (user + PID namespace)**: the command is PID 1 of a fresh namespace, so
 //!   nothing it starts (`setsid`, double fork) outlives it, and the daemon is not even
 //!   addressable by pid from inside. See `child.rs`.
+//! - **Network** (`[network] mode`): `open`; `none`: a network namespace of the task's
+//!   own with only its loopback, so it reaches no host and none of the host's loopback
+//!   services (Ollama, a database, the hub); `allowlist`: the same namespace, whose only
+//!   way out is the daemon's HTTP proxy ([`proxy`]) letting through the hosts in
+//!   `[network] allow`. Only the task's children; the daemon's own
+//!   connections and git calls keep the host's network.
 //! - **Limits (rlimits)**: memory, processes, file size, open files, no core dumps.
 //! - **The daemon itself** is not dumpable ([`protect_daemon`]): its memory and
 //!   `/proc/<pid>/environ` are closed to other processes of the same user.
@@ -32,21 +38,27 @@
 //! - this file: levels, the probe, per-task policies and [`Sandbox`].
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`agent_home`]: the agent CLI's per-task configuration directory.
+//! - [`caches`]: the per-repository dependency caches a task's package managers write.
+//! - [`denial`]: telling from a failed child's output that containment refused it a path.
+//! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`.
 //! - `child.rs`: what runs between `fork` and `exec`.
 
 pub mod agent_home;
+pub mod caches;
 mod child;
+pub mod denial;
 pub mod landlock;
+pub mod proxy;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::Config;
 
-use child::{ChildPlan, IdMaps};
+use child::{ChildPlan, IdMaps, UnixPath};
 use landlock::FsPolicy;
 
-pub use crate::config::{Containment, SandboxConfig};
+pub use crate::config::{Containment, NetworkMode, SandboxConfig};
 
 /// Trees every child may read: the system, never anyone's home or the daemon's state.
 const SYSTEM_READ: &[&str] = &[
@@ -269,6 +281,26 @@ pub enum ContainmentError {
         /// Why making it failed.
         source: std::io::Error,
     },
+    /// `[network] mode = "none"` or `"allowlist"` needs a network namespace, and this machine
+    /// gives none.
+    #[error("containment_unavailable: [network] mode = \"none\" or \"allowlist\" needs user namespaces, which this machine refuses ({0}); fix the machine or set [network] mode = \"open\"")]
+    NoNetworkNamespace(String),
+    /// The network proxy of `[network] mode = "allowlist"` could not start.
+    #[error("containment_failed: cannot start the task's network proxy on {}: {source}", path.display())]
+    Proxy {
+        /// Its unix socket.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The repository's dependency caches could not be prepared.
+    #[error("containment_failed: cannot prepare the repository's dependency caches under {}: {source}; check that the state directory is writable, or set [caches] enabled = false", path.display())]
+    Caches {
+        /// The caches' root.
+        path: PathBuf,
+        /// Why preparing them failed.
+        source: std::io::Error,
+    },
     /// The Landlock ruleset could not be built.
     #[error("containment_failed: cannot set up the task's sandbox: {0}")]
     Landlock(#[from] landlock::BuildError),
@@ -287,6 +319,14 @@ pub struct Sandbox {
     tmp: PathBuf,
     /// The operator's agent configuration the task's copies are made from (never granted).
     agent_template: Option<PathBuf>,
+    /// The filesystem policy enforced (None without Landlock), to recognise its refusals.
+    fs: Option<FsPolicy>,
+    /// Whether the children have no network (`[network] mode = "none"`).
+    network_cut: bool,
+    /// The proxy that is their only way out (`[network] mode = "allowlist"`).
+    proxy: Option<proxy::Proxy>,
+    /// The config file a grant would go into, for messages.
+    config: Option<PathBuf>,
 }
 
 impl Sandbox {
@@ -311,6 +351,36 @@ impl Sandbox {
     pub fn agent_template(&self) -> Option<&Path> {
         self.agent_template.as_deref()
     }
+
+    /// Whether `output` (of a child that failed) shows that this sandbox refused it a path
+    /// the task needed: an infrastructure error, not a fault of the task's code (see
+    /// [`denial`]). Blocking (stats the paths named): for a failed child's output only.
+    pub fn denial(&self, output: &str) -> Option<denial::Denial> {
+        let cut = self.network_cut;
+        let config = self.config.as_deref();
+        self.fs
+            .as_ref()
+            .and_then(|fs| denial::find(output, fs, config))
+            .or_else(|| cut.then(|| denial::find_network(output, config)).flatten())
+            .or_else(|| {
+                let refused = self
+                    .proxy
+                    .as_ref()?
+                    .hosts()
+                    .into_iter()
+                    .find(|h| !h.allowed)?;
+                Some(denial::Denial::Host {
+                    target: refused.target,
+                    config: config.map(Path::to_path_buf),
+                })
+            })
+    }
+
+    /// What the task's children asked of the network proxy (`[network] mode = "allowlist"`),
+    /// allowed and refused, with bytes; empty without one.
+    pub fn network_use(&self) -> Vec<proxy::HostUse> {
+        self.proxy.as_ref().map(|p| p.hosts()).unwrap_or_default()
+    }
 }
 
 /// What one sandbox lets its children write, beyond the system's read-only trees.
@@ -321,6 +391,13 @@ pub struct Grants {
     /// Extra read-only trees (a managed clone's git directory, the daemon git's empty
     /// HOME). There is no HOME grant: no child class reads the service user's HOME.
     pub read: Vec<PathBuf>,
+    /// Whether the children are the task's own (executor, checks): they get the
+    /// per-repository dependency caches of the workspace (`write[0]`, see [`caches`]) and the
+    /// network policy (`[network]`). The daemon's own git calls are not.
+    pub task: bool,
+    /// Hosts the task's children may reach under `[network] mode = "allowlist"` beyond
+    /// `[network] allow`: the repository's remote.
+    pub hosts: Vec<String>,
 }
 
 /// The environment a task's children get beyond the daemon's: the variables the sandbox
@@ -361,6 +438,20 @@ pub fn plan(
     for k in ["TMPDIR", "TMP", "TEMP"] {
         set.push((k.to_string(), tmp_s.clone()));
     }
+    let mut grants = std::borrow::Cow::Borrowed(grants);
+    if let Some(ws) = grants
+        .write
+        .first()
+        .filter(|_| grants.task && cfg.caches.enabled)
+    {
+        let prepared =
+            caches::prepare(cfg, ws, vars).map_err(|source| ContainmentError::Caches {
+                path: caches::root(cfg),
+                source,
+            })?;
+        set.extend(prepared.set);
+        grants.to_mut().write.push(prepared.dir);
+    }
     set.extend(safe_directory(grants.write.first(), vars));
     // `claude`'s configuration is the task's own: a fresh copy of the operator's template
     // under the task's private directory, removed with it (see `agent_home`).
@@ -376,16 +467,61 @@ pub fn plan(
             dir.to_string_lossy().into_owned(),
         ));
     }
-    let ruleset = if policy.support.landlock_abi > 0 {
+    let (ruleset, fs) = if policy.support.landlock_abi > 0 {
         // What the children will see: the variables set here over the inherited ones.
-        let fs = fs_policy(cfg, &[&set, vars], tmp, grants);
-        Some(landlock::build(&fs)?)
+        let fs = fs_policy(cfg, &[&set, vars], tmp, &grants);
+        (Some(landlock::build(&fs)?), Some(fs))
+    } else {
+        (None, None)
+    };
+    let own_network = grants.task && cfg.network.mode != NetworkMode::Open;
+    if let (true, Err(e)) = (own_network, &policy.support.namespaces) {
+        return Err(ContainmentError::NoNetworkNamespace(e.to_string()));
+    }
+    let proxy = if own_network && cfg.network.mode == NetworkMode::Allowlist {
+        let sock = tmp.with_extension("proxy");
+        let relay = UnixPath::new(&sock).ok_or_else(|| ContainmentError::Proxy {
+            path: sock.clone(),
+            source: std::io::Error::other("the path is too long for a unix socket"),
+        })?;
+        let allow = cfg
+            .network
+            .allow
+            .iter()
+            .chain(&grants.hosts)
+            .cloned()
+            .collect();
+        let p = proxy::Proxy::start(&sock, allow).map_err(|source| ContainmentError::Proxy {
+            path: sock.clone(),
+            source,
+        })?;
+        let url = format!("http://127.0.0.1:{}", child::RELAY_PORT);
+        for k in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+        ] {
+            set.push((k.to_string(), url.clone()));
+        }
+        for k in ["NO_PROXY", "no_proxy"] {
+            set.push((k.to_string(), "localhost,127.0.0.1,::1".to_string()));
+        }
+        Some((p, relay))
     } else {
         None
+    };
+    let (proxy, relay_to) = match proxy {
+        Some((p, r)) => (Some(p), Some(r)),
+        None => (None, None),
     };
     let plan = ChildPlan {
         rlimits: rlimits(&cfg.sandbox),
         namespaces: policy.support.namespaces.is_ok().then(IdMaps::current),
+        own_network,
+        relay_to,
         landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
     };
     Ok(Confined {
@@ -395,6 +531,10 @@ pub fn plan(
             _ruleset: ruleset,
             tmp: tmp.to_path_buf(),
             agent_template,
+            fs,
+            network_cut: own_network && proxy.is_none(),
+            proxy,
+            config: cfg.origin.clone(),
         })),
     })
 }
@@ -451,17 +591,28 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     if let Some(path) = get("PATH") {
         read.extend(std::env::split_paths(path).filter(|p| p.is_absolute()));
     }
+    // Every list is asked, not only the first that names the variable: the sandbox points
+    // CARGO_HOME at the repository's cache, and cargo's rustup proxies still live in the
+    // operator's.
+    let toolchain_homes = |k: &str, under_home: &str| -> Vec<PathBuf> {
+        let named: Vec<PathBuf> = env
+            .iter()
+            .filter_map(|l| var_in(&[l], k))
+            .map(PathBuf::from)
+            .collect();
+        let inherited = env.last().and_then(|l| var_in(&[l], k));
+        match (inherited, &home) {
+            (None, Some(h)) => named.into_iter().chain([h.join(under_home)]).collect(),
+            _ => named,
+        }
+    };
     for (k, under_home) in [
         ("CARGO_HOME", ".cargo"),
         ("RUSTUP_HOME", ".rustup"),
         ("PYENV_ROOT", ".pyenv"),
         ("NVM_DIR", ".nvm"),
     ] {
-        match (var(k), &home) {
-            (Some(p), _) => read.push(p),
-            (None, Some(h)) => read.push(h.join(under_home)),
-            _ => {}
-        }
+        read.extend(toolchain_homes(k, under_home));
     }
     // The executables the daemon was told to use, wherever they live.
     for exe in [&cfg.executor.claude_path, &cfg.git.gh_path]
@@ -496,9 +647,10 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     let mut deny = vec![cfg.state_file(), cfg.state_dir.clone()];
     deny.extend(cfg.origin.clone());
     // Credentials that live beside toolchains and in HOME.
-    for base in [var("CARGO_HOME"), home.as_ref().map(|h| h.join(".cargo"))]
+    let cargo_homes = toolchain_homes("CARGO_HOME", ".cargo");
+    for base in cargo_homes
         .into_iter()
-        .flatten()
+        .chain(home.as_ref().map(|h| h.join(".cargo")))
     {
         deny.push(base.join("credentials.toml"));
         deny.push(base.join("credentials"));
@@ -587,6 +739,8 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
     let plan = ChildPlan {
         rlimits: Vec::new(),
         namespaces: Some(IdMaps::current()),
+        own_network: false,
+        relay_to: None,
         landlock_fd: None,
     };
     let sb = Arc::new(Sandbox {
@@ -594,6 +748,10 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         _ruleset: None,
         tmp: PathBuf::new(),
         agent_template: None,
+        fs: None,
+        network_cut: false,
+        proxy: None,
+        config: None,
     });
     let true_bin = ["/usr/bin/true", "/bin/true"]
         .into_iter()
@@ -644,6 +802,30 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("best-effort"), "says what to do: {msg}");
+    }
+
+    #[test]
+    fn a_network_policy_without_namespaces_refuses_the_task_even_in_best_effort() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config {
+            state_dir: dir.path().join("state"),
+            ..Config::default()
+        };
+        cfg.network.mode = NetworkMode::Allowlist;
+        let policy = Policy::decide(Some(Containment::BestEffort), without_kernel_support());
+        let grants = Grants {
+            write: vec![dir.path().to_path_buf()],
+            task: true,
+            ..Grants::default()
+        };
+        let err = plan(&cfg, &policy, &[], &dir.path().join("tmp"), &grants).unwrap_err();
+        assert!(err.to_string().contains("[network] mode"), "{err}");
+        // The daemon's own git calls are not the task's: they keep the host's network.
+        let git = Grants {
+            task: false,
+            ..grants
+        };
+        assert!(plan(&cfg, &policy, &[], &dir.path().join("tmp"), &git).is_ok());
     }
 
     #[test]

@@ -455,7 +455,11 @@ async fn command_result(
             CheckStatus::Error,
             format!("`{program}` is not installed: {text}"),
         ),
-        other => (CheckStatus::Fail, format!("{text}\n[{}]", other.describe())),
+        // Containment refused it a path (sandbox/denial.rs): no edit can fix that.
+        other => match ctx.env.sandbox().and_then(|sb| sb.denial(&text)) {
+            Some(denied) => (CheckStatus::Error, format!("{denied}\n{text}")),
+            None => (CheckStatus::Fail, format!("{text}\n[{}]", other.describe())),
+        },
     }
 }
 

@@ -7,8 +7,10 @@
 #![allow(clippy::unwrap_used)]
 
 mod agent_config;
+mod caches;
 mod containment;
 mod daemon;
+mod denials;
 mod e2e;
 mod executors;
 mod fake_anthropic;
@@ -19,7 +21,9 @@ mod harness;
 mod hub_restart;
 mod leaks;
 mod loop_spec;
+mod loopback;
 mod manifest;
+mod network;
 mod ops;
 mod outbox;
 mod procfs;

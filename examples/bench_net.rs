@@ -1,0 +1,204 @@
+//! What `[network] mode = "allowlist"` costs: building a task's sandbox with its proxy, a
+//! confined child's spawn with its own network namespace and relay, and the throughput of a
+//! 100 MB download by `curl` inside the task sandbox, straight (`mode = "open"`) and through
+//! the relay and the daemon's proxy (`mode = "allowlist"`), from a loopback server.
+//!
+//! `cargo run --release --example bench_net -- [--runs N]` (or `bash scripts/bench-net.sh`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hub_sidecar::config::{Config, NetworkMode};
+use hub_sidecar::process::{self, ChildEnv, CommandSpec, Limits};
+use hub_sidecar::sandbox::{Grants, Policy, Support};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+const SIZE: usize = 100 * 1024 * 1024;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// A loopback server answering every request with `SIZE` bytes.
+async fn serve() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        let body = vec![b'x'; 1024 * 1024];
+        while let Ok((mut s, _)) = l.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let h = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\nConnection: close\r\n\r\n"
+                );
+                if s.write_all(h.as_bytes()).await.is_err() {
+                    return;
+                }
+                for _ in 0..SIZE / body.len() {
+                    if s.write_all(&body).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+async fn run(env: &ChildEnv, ws: &Path, program: &str, args: &[&str]) -> Duration {
+    let spec = CommandSpec::new(program, ws, env.clone()).args(args.iter().copied());
+    let limits = Limits {
+        timeout: Some(Duration::from_secs(120)),
+        ..Limits::default()
+    };
+    let t = Instant::now();
+    let out = process::run(&spec, &limits, &CancellationToken::new(), None)
+        .await
+        .expect("spawn");
+    let took = t.elapsed();
+    assert!(out.exit.success(), "{:?}: {}", out.exit, out.combined());
+    took
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let runs: usize = std::env::args()
+        .skip_while(|a| a != "--runs")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5);
+    let support = Support::probe();
+    if !support.missing().is_empty() {
+        eprintln!(
+            "bench_net: this machine cannot confine: {:?}",
+            support.missing()
+        );
+        std::process::exit(2);
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).expect("workspace");
+    let policy = Policy::decide(None, support);
+    let grants = Grants {
+        write: vec![ws.clone()],
+        task: true,
+        ..Grants::default()
+    };
+    let tmp = dir.path().join("state/tmp/t");
+    let mut open_cfg = Config::for_hub("ws://127.0.0.1:9/ws", &dir.path().join("state"));
+    open_cfg.network.mode = NetworkMode::Open;
+    let mut allow_cfg = open_cfg.clone();
+    allow_cfg.network.mode = NetworkMode::Allowlist;
+    allow_cfg.network.allow = vec!["127.0.0.1".into()];
+    let mut base = ChildEnv::from_config(&open_cfg);
+    // The server is on loopback, which NO_PROXY would otherwise send around the proxy.
+    base.set("NO_PROXY", "");
+
+    let build = |cfg: &Config| {
+        let mut times = Vec::new();
+        let mut env = None;
+        for _ in 0..30 {
+            let t = Instant::now();
+            let e = process::confine(cfg, &policy, &base, &tmp, &grants).expect("confine");
+            times.push(t.elapsed());
+            env = Some(e);
+        }
+        (median(times), env.expect("built"))
+    };
+    let (open_build, open_env) = build(&open_cfg);
+    let (allow_build, mut allow_env) = build(&allow_cfg);
+    allow_env.set("NO_PROXY", "");
+    allow_env.set("no_proxy", "");
+
+    let mut spawn_open = Vec::new();
+    let mut spawn_allow = Vec::new();
+    for _ in 0..100 {
+        spawn_open.push(run(&open_env, &ws, "/bin/true", &[]).await);
+        spawn_allow.push(run(&allow_env, &ws, "/bin/true", &[]).await);
+    }
+
+    let port = serve().await;
+    let url = format!("http://127.0.0.1:{port}/big");
+    let curl = ["-sS", "-o", "/dev/null", url.as_str()];
+    let direct_url = url.clone();
+    let direct = [
+        "-sS",
+        "--noproxy",
+        "*",
+        "-o",
+        "/dev/null",
+        direct_url.as_str(),
+    ];
+    let (mut d, mut p) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        d.push(run(&open_env, &ws, "curl", &direct).await);
+        p.push(run(&allow_env, &ws, "curl", &curl).await);
+    }
+    // The same at a link speed a registry download sees (curl's own rate limit, 50 MB/s).
+    let limited = ["--limit-rate", "50M"];
+    let (mut dl, mut pl) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let a: Vec<&str> = direct.iter().chain(&limited).copied().collect();
+        dl.push(run(&open_env, &ws, "curl", &a).await);
+        let b: Vec<&str> = curl.iter().chain(&limited).copied().collect();
+        pl.push(run(&allow_env, &ws, "curl", &b).await);
+    }
+    let mbps = |t: Duration| SIZE as f64 / (1024.0 * 1024.0) / t.as_secs_f64();
+    let (dm, pm) = (median(d), median(p));
+    println!("| what | median |");
+    println!("|---|---|");
+    println!(
+        "| build a task's sandbox, `open` | {:.0} µs |",
+        open_build.as_secs_f64() * 1e6
+    );
+    println!(
+        "| build a task's sandbox, `allowlist` (starts its proxy) | {:.0} µs |",
+        allow_build.as_secs_f64() * 1e6
+    );
+    println!(
+        "| spawn + wait `/bin/true`, `open` | {:.0} µs |",
+        median(spawn_open).as_secs_f64() * 1e6
+    );
+    println!(
+        "| spawn + wait `/bin/true`, `allowlist` (own netns, `lo` up, relay) | {:.0} µs |",
+        median(spawn_allow).as_secs_f64() * 1e6
+    );
+    println!(
+        "| curl 100 MB, direct (`open`), {runs} runs | {:.0} ms, {:.0} MiB/s |",
+        dm.as_secs_f64() * 1e3,
+        mbps(dm)
+    );
+    println!(
+        "| curl 100 MB through relay + proxy (`allowlist`), {runs} runs | {:.0} ms, {:.0} MiB/s |",
+        pm.as_secs_f64() * 1e3,
+        mbps(pm)
+    );
+    let (dlm, plm) = (median(dl), median(pl));
+    println!(
+        "| curl 100 MB at 50 MB/s, direct, 3 runs | {:.0} ms, {:.0} MiB/s |",
+        dlm.as_secs_f64() * 1e3,
+        mbps(dlm)
+    );
+    println!(
+        "| curl 100 MB at 50 MB/s, through relay + proxy, 3 runs | {:.0} ms, {:.0} MiB/s |",
+        plm.as_secs_f64() * 1e3,
+        mbps(plm)
+    );
+    println!(
+        "\nthroughput through the proxy: {:.0} % of direct at loopback speed, {:.0} % at 50 MB/s",
+        100.0 * mbps(pm) / mbps(dm),
+        100.0 * mbps(plm) / mbps(dlm)
+    );
+}

@@ -1,0 +1,428 @@
+//! Per-repository dependency caches: where a task's package managers keep what they download,
+//! so the second task on a repository does not fetch everything again.
+//!
+//! Owns `state_dir/caches/`: one directory per repository, `caches/<repo key>/`, holding one
+//! subdirectory per ecosystem (cargo's registry and git checkouts, npm, pnpm, yarn, pip, uv,
+//! go, gradle, deno, bun and the XDG cache most other tools fall back to). A task's children
+//! get that one directory read-write (a Landlock write grant) and are pointed into it through
+//! each tool's own variable ([`Prepared::set`], set by the sandbox, so an environment
+//! allowlist cannot drop them). Toolchains stay read-only where they are: `CARGO_HOME` moves
+//! to the cache, the `rustup` proxies on PATH still find their toolchains in `RUSTUP_HOME`.
+//!
+//! **Why per repository** and not one shared store: whatever a task writes into a cache, the
+//! next task that reads it loads and often executes (a build script in cargo's registry
+//! source, an npm package's install script, a wheel). A shared cache would let one
+//! repository's task change what every other repository builds with; a per-repository one
+//! confines that to the repository the task could change anyway. The price is disk: the
+//! same crate is stored once per repository, which the size bound keeps in check. (The
+//! alternative, a shared store only the daemon writes after checking content hashes, would
+//! need the daemon to speak every registry's protocol.)
+//!
+//! **Bounded**: `[caches] max_size_mb` over all repositories. When a task starts, the
+//! directories of the least recently used repositories (by the time their last task
+//! started, `<key>/.last-used`) are removed until the rest fits; the starting task's own
+//! directory is never removed.
+//!
+//! **The operator's own settings**: cargo's `config.toml` (mirrors, source replacement, net
+//! settings) is copied into the repository's `CARGO_HOME` for every task, never its
+//! `credentials.toml`. npm's user config `~/.npmrc` is where registry logins live: it stays
+//! unreadable, and npm and pnpm are pointed at an empty per-repository `npmrc` instead
+//! (`npm_config_userconfig`), rewritten for every task, so they neither fail on the denied
+//! file nor see its tokens. Yarn 1 reads `$HOME/.npmrc` by name whatever the variables say:
+//! where that file exists, yarn's error is reported as an infrastructure error naming it
+//! (see `denial.rs`), and the fix is the project's own `.npmrc` or a token-free copy
+//! granted with `[sandbox] read_paths`.
+//!
+//! Layout of one repository's directory:
+//!
+//! ```text
+//! caches/<key>/.last-used     when its last task started (the LRU clock)
+//! caches/<key>/cargo/         CARGO_HOME (registry, git, config.toml copied in)
+//! caches/<key>/npmrc          npm_config_userconfig, empty
+//! caches/<key>/npm/ pnpm-store/ pnpm/ yarn/ yarn-berry/ pip/ uv/ go/{mod,build,path}/
+//! caches/<key>/gradle/ deno/ bun/ xdg/
+//! ```
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use sha2::Digest as _;
+
+use crate::config::Config;
+
+/// The caches' root under the state directory.
+const ROOT: &str = "caches";
+
+/// The file whose modification time says when the repository's last task started.
+const LAST_USED: &str = ".last-used";
+
+/// The file npm and pnpm read as the user's config instead of `~/.npmrc`.
+const NPMRC: &str = "npmrc";
+
+/// Each tool's variable and the directory (under the repository's cache) it names.
+const VARS: &[(&str, &str)] = &[
+    ("CARGO_HOME", "cargo"),
+    ("npm_config_cache", "npm"),
+    ("npm_config_store_dir", "pnpm-store"),
+    ("npm_config_cache_dir", "pnpm"),
+    ("YARN_CACHE_FOLDER", "yarn"),
+    ("YARN_GLOBAL_FOLDER", "yarn-berry"),
+    ("PIP_CACHE_DIR", "pip"),
+    ("UV_CACHE_DIR", "uv"),
+    ("GOMODCACHE", "go/mod"),
+    ("GOCACHE", "go/build"),
+    ("GOPATH", "go/path"),
+    ("GRADLE_USER_HOME", "gradle"),
+    ("DENO_DIR", "deno"),
+    ("BUN_INSTALL_CACHE_DIR", "bun"),
+    ("XDG_CACHE_HOME", "xdg"),
+];
+
+/// One repository's caches, ready for a task.
+#[derive(Debug)]
+pub struct Prepared {
+    /// `caches/<key>`: the one tree the children get read-write for their caches.
+    pub dir: PathBuf,
+    /// The variables pointing each tool into it.
+    pub set: Vec<(String, String)>,
+    /// Other repositories' caches removed to stay under the size limit.
+    pub pruned: Vec<PathBuf>,
+}
+
+/// The directory holding every repository's caches.
+pub fn root(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join(ROOT)
+}
+
+/// The key of the repository worked on in `workspace`: its last path component (for people
+/// reading `status`) and a hash of the whole canonical path (so two repositories never
+/// share a key). A managed clone's workspace is `workspaces/<slug of its URL>`, one per
+/// repository; `repo_dir` is one repository too.
+pub fn key_for(workspace: &Path) -> String {
+    let path = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
+    let hash = sha2::Sha256::digest(path.as_os_str().as_encoded_bytes());
+    let hex: String = hash.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let name: String = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    let name = name.trim_start_matches('.');
+    if name.is_empty() {
+        hex
+    } else {
+        format!("{name}-{hex}")
+    }
+}
+
+/// Create (or reuse) the caches of the repository in `workspace`, mark them used now and
+/// prune other repositories' past the limit. `inherited` is the environment the children
+/// would otherwise get: it names the operator's `CARGO_HOME` and `HOME`. Blocking.
+pub fn prepare(
+    cfg: &Config,
+    workspace: &Path,
+    inherited: &[(String, String)],
+) -> io::Result<Prepared> {
+    let root = root(cfg);
+    let dir = root.join(key_for(workspace));
+    let mut set = Vec::with_capacity(VARS.len() + 1);
+    for (var, sub) in VARS {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d)?;
+        set.push((var.to_string(), d.to_string_lossy().into_owned()));
+    }
+    // Rewritten every time: the task may write here, the next task starts from the
+    // operator's settings again.
+    std::fs::write(dir.join(NPMRC), b"")?;
+    set.push((
+        "npm_config_userconfig".to_string(),
+        dir.join(NPMRC).to_string_lossy().into_owned(),
+    ));
+    copy_cargo_config(inherited, &dir.join("cargo"))?;
+    // The LRU clock: a write sets the modification time to now.
+    std::fs::write(dir.join(LAST_USED), b"")?;
+    let pruned = match cfg.caches.max_size_mb {
+        0 => Vec::new(),
+        mb => prune(&root, mb.saturating_mul(1024 * 1024), &dir),
+    };
+    Ok(Prepared { dir, set, pruned })
+}
+
+/// The operator's cargo settings (not credentials) into the repository's `CARGO_HOME`.
+fn copy_cargo_config(inherited: &[(String, String)], cargo_home: &Path) -> io::Result<()> {
+    let get = |k: &str| {
+        inherited
+            .iter()
+            .find(|(n, v)| n == k && !v.is_empty())
+            .map(|(_, v)| PathBuf::from(v))
+    };
+    let operator = get("CARGO_HOME").or_else(|| get("HOME").map(|h| h.join(".cargo")));
+    for name in ["config.toml", "config"] {
+        let to = cargo_home.join(name);
+        match operator.as_ref().map(|o| o.join(name)) {
+            Some(from) if from.is_file() => {
+                std::fs::copy(&from, &to)?;
+            }
+            // Whatever a task left there is not the operator's.
+            _ => match std::fs::remove_file(&to) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            },
+        }
+    }
+    Ok(())
+}
+
+/// One repository's cache directory as `status` shows it.
+#[derive(Debug, Clone)]
+pub struct Usage {
+    /// The repository's key (`caches/<key>`).
+    pub key: String,
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// When its last task started.
+    pub last_used: Option<SystemTime>,
+}
+
+/// Every repository's caches under `root`, least recently used first. Blocking (walks every
+/// file).
+pub fn usage(root: &Path) -> Vec<Usage> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Usage> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| Usage {
+            key: e.file_name().to_string_lossy().into_owned(),
+            bytes: disk_usage(&e.path()),
+            last_used: std::fs::metadata(e.path().join(LAST_USED))
+                .and_then(|m| m.modified())
+                .ok(),
+        })
+        .collect();
+    out.sort_by_key(|u| u.last_used);
+    out
+}
+
+/// Remove the least recently used repositories' caches under `root` until all of them
+/// take at most `max_bytes`; `keep` (the starting task's) is never removed. Returns what
+/// was removed.
+pub fn prune(root: &Path, max_bytes: u64, keep: &Path) -> Vec<PathBuf> {
+    let all = usage(root);
+    let mut total: u64 = all.iter().map(|u| u.bytes).sum();
+    let mut removed = Vec::new();
+    for u in &all {
+        if total <= max_bytes {
+            break;
+        }
+        let path = root.join(&u.key);
+        if path == keep {
+            continue;
+        }
+        match remove_tree(&path) {
+            Ok(()) => {
+                total = total.saturating_sub(u.bytes);
+                tracing::info!(cache = %path.display(), bytes = u.bytes, "removed the least recently used repository cache");
+                removed.push(path);
+            }
+            Err(e) => {
+                tracing::warn!(cache = %path.display(), error = %e, "cannot remove a repository cache; delete it by hand");
+            }
+        }
+    }
+    removed
+}
+
+/// One line for `status`: how many repositories, how much of the limit.
+pub fn describe(cfg: &Config) -> String {
+    if !cfg.caches.enabled {
+        return "caches: off ([caches] enabled = false)\n".to_string();
+    }
+    let root = root(cfg);
+    let all = usage(&root);
+    let total: u64 = all.iter().map(|u| u.bytes).sum();
+    let limit = match cfg.caches.max_size_mb {
+        0 => "no limit".to_string(),
+        mb => format!("limit {mb} MiB"),
+    };
+    let mut s = format!(
+        "caches: {} repositories, {:.1} MiB ({limit}) in {}\n",
+        all.len(),
+        total as f64 / (1024.0 * 1024.0),
+        root.display()
+    );
+    // Most recently used first: what an operator looks for.
+    for u in all.iter().rev() {
+        let age = u
+            .last_used
+            .and_then(|t| t.elapsed().ok())
+            .map(|d| format!("{} min ago", d.as_secs() / 60))
+            .unwrap_or_else(|| "never".into());
+        s.push_str(&format!(
+            "  {:<52} {:>10.1} MiB  used {age}\n",
+            u.key,
+            u.bytes as f64 / (1024.0 * 1024.0)
+        ));
+    }
+    s
+}
+
+/// Bytes `path` takes on disk (allocated blocks), not following symlinks.
+fn disk_usage(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    let own = m.blocks().saturating_mul(512);
+    if !m.is_dir() {
+        return own;
+    }
+    let children: u64 = std::fs::read_dir(path)
+        .map(|rd| rd.flatten().map(|e| disk_usage(&e.path())).sum())
+        .unwrap_or(0);
+    own + children
+}
+
+/// `remove_dir_all`, also where a tool made its cache read-only (Go's module cache is).
+fn remove_tree(path: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            make_writable(path);
+            std::fs::remove_dir_all(path)
+        }
+        r => r,
+    }
+}
+
+fn make_writable(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(m) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if !m.is_dir() {
+        return;
+    }
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
+    if let Ok(rd) = std::fs::read_dir(path) {
+        for e in rd.flatten() {
+            make_writable(&e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(state: &Path, max_mb: u64) -> Config {
+        let mut c = Config {
+            state_dir: state.to_path_buf(),
+            ..Config::default()
+        };
+        c.caches.max_size_mb = max_mb;
+        c
+    }
+
+    #[test]
+    fn each_repository_gets_its_own_directory_and_the_same_one_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("ws/a"), dir.path().join("ws/b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let c = cfg(dir.path(), 0);
+        let pa = prepare(&c, &a, &[]).unwrap();
+        let pb = prepare(&c, &b, &[]).unwrap();
+        assert_ne!(pa.dir, pb.dir);
+        assert_eq!(prepare(&c, &a, &[]).unwrap().dir, pa.dir);
+        assert!(pa.dir.starts_with(dir.path().join("caches")));
+        let cargo = pa.set.iter().find(|(k, _)| k == "CARGO_HOME").unwrap();
+        assert_eq!(Path::new(&cargo.1), pa.dir.join("cargo"));
+        for (_, v) in &pa.set {
+            assert!(Path::new(v).starts_with(&pa.dir), "{v}");
+            assert!(Path::new(v).exists(), "{v}");
+        }
+    }
+
+    #[test]
+    fn the_operators_cargo_config_is_copied_and_its_credentials_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let op = dir.path().join("home/.cargo");
+        std::fs::create_dir_all(&op).unwrap();
+        std::fs::write(op.join("config.toml"), "[net]\noffline = true\n").unwrap();
+        std::fs::write(op.join("credentials.toml"), "token = \"secret\"\n").unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let home = dir.path().join("home").to_string_lossy().into_owned();
+        let p = prepare(&cfg(dir.path(), 0), &ws, &[("HOME".into(), home)]).unwrap();
+        let cargo = p.dir.join("cargo");
+        assert_eq!(
+            std::fs::read_to_string(cargo.join("config.toml")).unwrap(),
+            "[net]\noffline = true\n"
+        );
+        assert!(!cargo.join("credentials.toml").exists());
+        // A task's own edit does not survive into the next task.
+        std::fs::write(cargo.join("config.toml"), "[source]\n").unwrap();
+        std::fs::write(p.dir.join(NPMRC), "registry=http://elsewhere/\n").unwrap();
+        let home = dir.path().join("home").to_string_lossy().into_owned();
+        prepare(&cfg(dir.path(), 0), &ws, &[("HOME".into(), home)]).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(cargo.join("config.toml")).unwrap(),
+            "[net]\noffline = true\n"
+        );
+        assert_eq!(std::fs::read_to_string(p.dir.join(NPMRC)).unwrap(), "");
+    }
+
+    #[test]
+    fn the_least_recently_used_repositories_go_first_and_the_current_one_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(dir.path(), 0);
+        let mut prepared = Vec::new();
+        for name in ["old", "mid", "new"] {
+            let ws = dir.path().join("ws").join(name);
+            std::fs::create_dir_all(&ws).unwrap();
+            let p = prepare(&c, &ws, &[]).unwrap();
+            // 400 KiB each (and the directories): two fit under 1 MiB, three do not.
+            std::fs::write(p.dir.join("pip/blob"), vec![7u8; 400 * 1024]).unwrap();
+            let t = SystemTime::now() - std::time::Duration::from_secs(3600);
+            let t = match name {
+                "old" => t,
+                "mid" => t + std::time::Duration::from_secs(60),
+                _ => t + std::time::Duration::from_secs(120),
+            };
+            std::fs::File::options()
+                .write(true)
+                .open(p.dir.join(LAST_USED))
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+            prepared.push(p.dir);
+        }
+        // Go-style read-only trees are removed too.
+        let ro = prepared[0].join("go/mod/x");
+        std::fs::create_dir_all(&ro).unwrap();
+        std::fs::write(ro.join("f"), "x").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+        // The oldest is the current task's: kept; the next oldest goes.
+        let removed = prune(&root(&c), 1024 * 1024, &prepared[0]);
+        assert_eq!(removed, vec![prepared[1].clone()]);
+        assert!(prepared[0].exists() && prepared[2].exists());
+        // "new" grows past the limit: "old" is now the least recently used.
+        std::fs::write(prepared[2].join("npm/blob"), vec![7u8; 400 * 1024]).unwrap();
+        let removed = prune(&root(&c), 1024 * 1024, &prepared[2]);
+        assert_eq!(removed, vec![prepared[0].clone()]);
+        let text = describe(&c);
+        assert!(text.starts_with("caches: 1 repositories"), "{text}");
+    }
+}

@@ -1,0 +1,363 @@
+//! Recognising, in a failed child's output, that containment (not the task's code) is why it
+//! failed: an EACCES/EPERM on a path outside the task's grants.
+//!
+//! Under `[network] mode = "none"` the same goes for a child that found no network (no
+//! resolver, no route): [`find_network`].
+//!
+//! Owns the classification only. A failed check or shell command whose output names such a
+//! path becomes an infrastructure error (`check_error`, the task's `error`) naming the path
+//! and the config line that would grant it, rather than a failure the corrective loop would
+//! ask the model to fix: no edit of the workspace can change a sandbox grant.
+//!
+//! A path counts as denied by containment when three things hold: a line of the output says
+//! "permission denied" / "operation not permitted" (in the words of sh, coreutils, node,
+//! python, cargo or Go) and names it, on that line or a few lines around it (cargo puts the
+//! path above its `Caused by:`, npm below its `code EACCES`); the path is outside the task's write grants (inside
+//! them the refusal is the project's own file modes, e.g. a test of a read-only file); and
+//! the daemon itself, unconfined, may access it (otherwise ordinary Unix permissions refused
+//! it, as they would anywhere).
+
+use std::path::{Path, PathBuf};
+
+use super::landlock::FsPolicy;
+
+/// Phrases that report a refused access, lower case.
+const MARKERS: &[&str] = &[
+    "permission denied",
+    "operation not permitted",
+    "eacces",
+    "eperm",
+    "os error 13",
+    "errno 13",
+];
+
+/// How many lines above a marker may name its path (cargo: path, blank, `Caused by:`, reason).
+const LOOKBACK: usize = 4;
+
+/// How many lines below (npm: `code EACCES`, then `syscall`, then `path`).
+const LOOKAHEAD: usize = 3;
+
+/// What containment kept from a task's child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// A path outside the task's grants.
+    Path {
+        /// The path the child was refused.
+        path: PathBuf,
+        /// Whether the task may at least read it (then it was refused a write).
+        readable: bool,
+        /// The config file the grant would go into, when known.
+        config: Option<PathBuf>,
+    },
+    /// A host the network proxy refused (`[network] mode = "allowlist"`).
+    Host {
+        /// `host:port`.
+        target: String,
+        /// The config file the allowlist is in, when known.
+        config: Option<PathBuf>,
+    },
+    /// The network, under `[network] mode = "none"`.
+    Network {
+        /// The line of output that says so.
+        line: String,
+        /// The config file the mode is set in, when known.
+        config: Option<PathBuf>,
+    },
+}
+
+impl std::fmt::Display for Denial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let file = |c: &Option<PathBuf>| {
+            c.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "the config file".into())
+        };
+        match self {
+            Denial::Path {
+                path,
+                readable,
+                config,
+            } => {
+                let (what, read_only) = if *readable {
+                    ("write", "")
+                } else {
+                    ("reach", " (`read_paths` to let tasks only read it)")
+                };
+                write!(
+                    f,
+                    "infrastructure_error: containment denied {}, which a task may not {what}; \
+                     not a fault of the task's code, so it is not retried. If tasks need it, grant \
+                     it with `[sandbox] write_paths = [\"{}\"]`{read_only} in {}",
+                    path.display(),
+                    grant_for(path).display(),
+                    file(config)
+                )
+            }
+            Denial::Host { target, config } => {
+                let host = target.rsplit_once(':').map_or(target.as_str(), |(h, _)| h);
+                write!(
+                    f,
+                    "infrastructure_error: the network allowlist refused {target}; not a fault of \
+                     the task's code, so it is not retried. If tasks need it, add \"{host}\" to \
+                     `[network] allow` in {}",
+                    file(config)
+                )
+            }
+            Denial::Network { line, config } => write!(
+                f,
+                "infrastructure_error: the task has no network ([network] mode = \"none\") and \
+                 needed it: {line}; not a fault of the task's code, so it is not retried. If \
+                 tasks need the network, set `[network] mode = \"open\"` in {}",
+                file(config)
+            ),
+        }
+    }
+}
+
+/// Words tools print when there is no network at all (no resolver, no route), lower case.
+const NO_NETWORK: &[&str] = &[
+    "could not resolve host",
+    "temporary failure in name resolution",
+    "name or service not known",
+    "eai_again",
+    "enotfound",
+    "network is unreachable",
+    "enetunreach",
+    "failed to lookup address",
+    "failed to resolve",
+];
+
+/// The first line of `output` that says a child found no network (for a sandbox whose
+/// children have none: there, that is the reason).
+pub fn find_network(output: &str, config: Option<&Path>) -> Option<Denial> {
+    output
+        .lines()
+        .find(|l| {
+            let lower = l.to_ascii_lowercase();
+            NO_NETWORK.iter().any(|m| lower.contains(m))
+        })
+        .map(|l| Denial::Network {
+            line: l.trim().chars().take(300).collect(),
+            config: config.map(Path::to_path_buf),
+        })
+}
+
+/// The first path in `output` that containment (as `fs` grants) refused, if any.
+/// `config` is where the operator would grant it.
+pub fn find(output: &str, fs: &FsPolicy, config: Option<&Path>) -> Option<Denial> {
+    let lines: Vec<&str> = output.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let lower = line.to_ascii_lowercase();
+        if !MARKERS.iter().any(|m| lower.contains(m)) {
+            continue;
+        }
+        // The marker's own line first, then upwards, then downwards.
+        let from = i.saturating_sub(LOOKBACK);
+        let to = (i + LOOKAHEAD).min(lines.len() - 1);
+        let near = lines[from..=i].iter().rev().chain(&lines[i + 1..=to]);
+        for l in near {
+            for p in paths_in(l) {
+                if let Some(d) = judge(&p, fs, config) {
+                    return Some(d);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Whether containment explains a refusal of `path`.
+fn judge(path: &Path, fs: &FsPolicy, config: Option<&Path>) -> Option<Denial> {
+    let real = resolve(path);
+    let under = |list: &[PathBuf]| list.iter().any(|g| real.starts_with(g));
+    let denied = under(&fs.deny);
+    if under(&fs.write) && !denied {
+        return None;
+    }
+    let readable = under(&fs.read) && !denied;
+    // Refused by ordinary permissions too? Then containment is not the reason.
+    let mode = if readable { libc::W_OK } else { libc::R_OK };
+    if !daemon_may(&real, mode) {
+        return None;
+    }
+    Some(Denial::Path {
+        path: path.to_path_buf(),
+        readable,
+        config: config.map(Path::to_path_buf),
+    })
+}
+
+/// Absolute paths on one line: tokens starting with `/` after a separator, cut at quotes,
+/// backticks, whitespace, commas, parentheses and a trailing colon or period.
+fn paths_in(line: &str) -> Vec<PathBuf> {
+    // coreutils quotes with ‘…’ in a UTF-8 locale.
+    let line = &line.replace(['‘', '’', '“', '”'], "'");
+    let mut out = Vec::new();
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts = bytes[i] == b'/'
+            && (i == 0 || b" \t'\"`(=:[".contains(&bytes[i - 1]))
+            // Not a URL's `//`.
+            && bytes.get(i + 1).is_some_and(|c| *c != b'/' && *c != b' ');
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let end = line[i..]
+            .find(|c: char| c.is_whitespace() || "'\"`,()[]".contains(c))
+            .map_or(line.len(), |n| i + n);
+        let tok = line[i..end].trim_end_matches([':', '.', ';']);
+        if tok.len() > 1 {
+            out.push(PathBuf::from(tok));
+        }
+        i = end.max(i + 1);
+    }
+    out
+}
+
+/// `path` canonical, or (for one that does not exist yet) its nearest existing ancestor's
+/// canonical form with the rest appended: grants are canonical paths.
+fn resolve(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut cur = path;
+    loop {
+        if let Ok(c) = std::fs::canonicalize(cur) {
+            let mut c = c;
+            c.extend(rest.iter().rev());
+            return c;
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(p), Some(n)) => {
+                rest.push(n.to_os_string());
+                cur = p;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
+/// Whether this (unconfined) process may access `path`, or for a path that does not exist,
+/// write its nearest existing ancestor: `access(2)` with the real ids.
+fn daemon_may(path: &Path, mode: libc::c_int) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let (target, mode) = if path.exists() {
+        (path, mode)
+    } else {
+        match path.ancestors().find(|a| a.exists()) {
+            Some(a) => (a, libc::W_OK),
+            None => return false,
+        }
+    };
+    let Ok(c) = std::ffi::CString::new(target.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call; access(2) only
+    // reads it.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::access(c.as_ptr(), mode) };
+    r == 0
+}
+
+/// What to suggest granting: an existing directory (the path, or its nearest existing
+/// ancestor), never `/`.
+fn grant_for(path: &Path) -> PathBuf {
+    path.ancestors()
+        .find(|a| a.is_dir() && a.parent().is_some())
+        .unwrap_or(path)
+        .to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A policy granting `ws` read-write and `/usr` read-only, as canonical paths.
+    fn policy(ws: &Path) -> FsPolicy {
+        FsPolicy {
+            read: vec![PathBuf::from("/usr")],
+            write: vec![std::fs::canonicalize(ws).unwrap()],
+            deny: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_tools_own_words_name_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let outside = dir.path().join("home/.npm");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let o = outside.display();
+        let fs = policy(&ws);
+        for output in [
+            format!("npm error code EACCES\nnpm error syscall mkdir\nnpm error path {o}/_cacache\nnpm error errno -13"),
+            format!("Error: EACCES: permission denied, mkdir '{o}/_cacache'"),
+            format!("PermissionError: [Errno 13] Permission denied: '{o}/x'"),
+            format!("error: failed to create directory `{o}/registry/index`\n\nCaused by:\n  Permission denied (os error 13)"),
+            format!("sh: 1: cannot create {o}/f: Permission denied"),
+            format!("mkdir {o}/go-build: permission denied"),
+            format!("touch: cannot touch '{o}/f': Operation not permitted"),
+            format!("mkdir: cannot create directory ‘{o}/x’: Permission denied"),
+        ] {
+            let d = find(&output, &fs, Some(Path::new("/etc/hub-sidecar.toml")))
+                .unwrap_or_else(|| panic!("not recognised: {output}"));
+            let Denial::Path { path, .. } = &d else {
+                panic!("{d:?}")
+            };
+            assert!(path.starts_with(&outside), "{output}: {d:?}");
+            let msg = d.to_string();
+            assert!(msg.starts_with("infrastructure_error:"), "{msg}");
+            assert!(msg.contains("[sandbox]") && msg.contains("/etc/hub-sidecar.toml"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_inside_the_workspace_or_by_plain_permissions_is_the_tasks_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let fs = policy(&ws);
+        let w = ws.display();
+        // The project's own read-only file: its test failed, containment had no part in it.
+        assert_eq!(
+            find(
+                &format!("sh: 1: cannot create {w}/ro.txt: Permission denied"),
+                &fs,
+                None
+            ),
+            None
+        );
+        // No denial at all.
+        assert_eq!(
+            find("test result: FAILED. 1 passed; 1 failed", &fs, None),
+            None
+        );
+    }
+
+    #[test]
+    fn no_network_is_recognised_in_curl_git_and_cargo_words() {
+        for output in [
+            "curl: (6) Could not resolve host: example.test",
+            "fatal: unable to access 'https://example.test/r.git/': Could not resolve host: example.test",
+            "npm error code EAI_AGAIN",
+            "warning: spurious network error: [6] Couldn't resolve host name (Could not resolve host: index.crates.io)",
+        ] {
+            let d = find_network(output, None).unwrap_or_else(|| panic!("{output}"));
+            assert!(d.to_string().contains("[network] mode"), "{d}");
+        }
+        assert_eq!(find_network("test result: FAILED", None), None);
+    }
+
+    #[test]
+    fn urls_and_relative_paths_are_not_paths() {
+        assert_eq!(
+            paths_in("GET https://example.test/a/b: permission denied"),
+            Vec::<PathBuf>::new()
+        );
+        assert_eq!(
+            paths_in("open 'rel/x' and `/abs/y`: EACCES"),
+            vec![PathBuf::from("/abs/y")]
+        );
+    }
+}

@@ -1,0 +1,299 @@
+//! The daemon's HTTP proxy for one task under `[network] mode = "allowlist"`: the task's only
+//! way out of its network namespace.
+//!
+//! Owns the proxy's unix socket (`state_dir/tmp/<task>.proxy`), the allowlist check and the
+//! per-host tally of what was allowed or refused. Inside the task's namespace a relay (see
+//! `child.rs`) forwards `127.0.0.1:3128` to this socket; `HTTP_PROXY`/`HTTPS_PROXY` point the
+//! tools there. It speaks `CONNECT host:port` (HTTPS and anything tunnelled: the bytes pass
+//! through untouched, no TLS interception) and plain `http://` requests in absolute form;
+//! the host is checked before anything is connected, so a refused host never sees a packet.
+//!
+//! Why a namespace and a proxy rather than Landlock's TCP rules: Landlock (ABI ≥ 4) filters
+//! by port only, so a task allowed the proxy's port could reach any host on that port, and it
+//! does not cover UDP (DNS) or other socket families without a seccomp filter beside it. A
+//! network namespace has no route out at all; the proxy decides by host name.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+/// Most bytes of a request head (request line and headers).
+const MAX_HEAD: usize = 16 * 1024;
+
+/// One host's use through the proxy.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HostUse {
+    /// `host:port` as asked for.
+    pub target: String,
+    /// Whether the allowlist let it through.
+    pub allowed: bool,
+    /// Connections made (or refused).
+    pub connections: u64,
+    /// Bytes from the task to the host.
+    pub bytes_up: u64,
+    /// Bytes from the host to the task.
+    pub bytes_down: u64,
+}
+
+type Tally = Arc<Mutex<Vec<HostUse>>>;
+
+/// A running proxy; it stops, and its socket goes, when dropped.
+#[derive(Debug)]
+pub struct Proxy {
+    path: PathBuf,
+    /// The socket file's inode: a later proxy on the same path is not ours to remove.
+    ino: u64,
+    tally: Tally,
+    _stop: DropGuard,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Proxy {
+    /// Listen on `path` and serve `allow` (host names; `*.example.com` or `.example.com` for
+    /// a domain and its subdomains). Needs a Tokio runtime (the blocking pool's is fine).
+    pub fn start(path: &Path, allow: Vec<String>) -> io::Result<Proxy> {
+        let handle = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
+        let _enter = handle.enter();
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)?;
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(path)?);
+        let stop = CancellationToken::new();
+        let tally: Tally = Arc::default();
+        let allow = Arc::new(allow);
+        let (s, t) = (stop.clone(), tally.clone());
+        handle.spawn(async move {
+            loop {
+                let conn = tokio::select! {
+                    _ = s.cancelled() => break,
+                    c = listener.accept() => c,
+                };
+                let Ok((conn, _)) = conn else { continue };
+                let (allow, t, s) = (allow.clone(), t.clone(), s.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = s.cancelled() => {}
+                        _ = serve(conn, &allow, &t) => {}
+                    }
+                });
+            }
+        });
+        Ok(Proxy {
+            path: path.to_path_buf(),
+            ino,
+            tally,
+            _stop: stop.drop_guard(),
+        })
+    }
+
+    /// Every host asked for so far, in order of first use.
+    pub fn hosts(&self) -> Vec<HostUse> {
+        self.tally.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+}
+
+/// Whether `host` is on `allow`.
+pub fn allowed(host: &str, allow: &[String]) -> bool {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    allow.iter().any(|a| {
+        let a = a.to_ascii_lowercase();
+        match a.strip_prefix("*.").or_else(|| a.strip_prefix('.')) {
+            Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
+            None => host == a,
+        }
+    })
+}
+
+/// The host of a git remote URL (`https://user@host:port/path`, `ssh://host/path`,
+/// `git@host:path`), for the allowlist; `None` for a local path.
+pub fn remote_host(url: &str) -> Option<String> {
+    let url = url.trim();
+    let rest = match url.split_once("://") {
+        Some(("file", _)) => return None,
+        Some((_, rest)) => rest,
+        // scp-like `user@host:path`; a path has no `:` before its first `/`.
+        None => match url.split_once(':') {
+            Some((before, _)) if !before.contains('/') => before,
+            _ => return None,
+        },
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, _) = split_host_port(hostport, 0)?;
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+fn note(tally: &Tally, target: &str, allowed: bool, up: u64, down: u64) {
+    let Ok(mut t) = tally.lock() else { return };
+    match t
+        .iter_mut()
+        .find(|h| h.target == target && h.allowed == allowed)
+    {
+        Some(h) => {
+            h.connections += 1;
+            h.bytes_up += up;
+            h.bytes_down += down;
+        }
+        None => t.push(HostUse {
+            target: target.to_string(),
+            allowed,
+            connections: 1,
+            bytes_up: up,
+            bytes_down: down,
+        }),
+    }
+}
+
+/// `host` and `port` of `host:port` (`[v6]:port` too).
+fn split_host_port(s: &str, default_port: u16) -> Option<(String, u16)> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (h, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None => default_port,
+        };
+        return Some((h.to_string(), port));
+    }
+    match s.rsplit_once(':') {
+        Some((h, p)) => Some((h.to_string(), p.parse().ok()?)),
+        None => Some((s.to_string(), default_port)),
+    }
+}
+
+async fn serve(mut conn: UnixStream, allow: &[String], tally: &Tally) {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        if head.len() > MAX_HEAD {
+            return;
+        }
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let line = String::from_utf8_lossy(&head[..head.iter().position(|b| *b == b'\r').unwrap_or(0)])
+        .into_owned();
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let connect = method.eq_ignore_ascii_case("CONNECT");
+    let hostport = if connect {
+        split_host_port(target, 443)
+    } else {
+        target
+            .strip_prefix("http://")
+            .map(|rest| rest.split(['/', '?']).next().unwrap_or(rest))
+            .and_then(|hp| split_host_port(hp, 80))
+    };
+    let Some((host, port)) = hostport else {
+        let _ = conn
+            .write_all(
+                b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+            )
+            .await;
+        return;
+    };
+    let shown = format!("{host}:{port}");
+    if !allowed(&host, allow) {
+        note(tally, &shown, false, 0, 0);
+        let body = format!(
+            "hub-sidecar: {host} is not in the task's network allowlist; add it to [network] allow in the daemon's config if tasks need it\n"
+        );
+        let reply = format!(
+            "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = conn.write_all(reply.as_bytes()).await;
+        return;
+    }
+    let mut up = match TcpStream::connect((host.as_str(), port)).await {
+        Ok(u) => u,
+        Err(e) => {
+            note(tally, &shown, true, 0, 0);
+            let body = format!("hub-sidecar: cannot connect to {shown}: {e}\n");
+            let reply = format!(
+                "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(reply.as_bytes()).await;
+            return;
+        }
+    };
+    let _ = up.set_nodelay(true);
+    let sent = if connect {
+        conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+    } else {
+        // The request as the tool wrote it (absolute form, which servers must accept).
+        up.write_all(&head).await
+    };
+    if sent.is_err() {
+        return;
+    }
+    let first = if connect { 0 } else { head.len() as u64 };
+    let (a, b) = tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut up, 64 * 1024, 64 * 1024)
+        .await
+        .unwrap_or((0, 0));
+    note(tally, &shown, true, first + a, b);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_match_exactly_or_by_domain() {
+        let allow = vec!["crates.io".to_string(), "*.npmjs.org".to_string()];
+        assert!(allowed("crates.io", &allow));
+        assert!(allowed("CRATES.IO.", &allow));
+        assert!(!allowed("static.crates.io", &allow));
+        assert!(!allowed("evilcrates.io", &allow));
+        assert!(allowed("registry.npmjs.org", &allow));
+        assert!(allowed("npmjs.org", &allow));
+        assert!(!allowed("npmjs.org.evil.test", &allow));
+    }
+
+    #[test]
+    fn a_remotes_host_is_found_in_every_url_form_git_takes() {
+        for (url, host) in [
+            (
+                "https://user:pw@Git.Example.test:8443/org/repo.git",
+                Some("git.example.test"),
+            ),
+            (
+                "ssh://git@git.example.test/org/repo",
+                Some("git.example.test"),
+            ),
+            (
+                "git@git.example.test:org/repo.git",
+                Some("git.example.test"),
+            ),
+            ("/srv/git/repo.git", None),
+            ("file:///srv/git/repo.git", None),
+        ] {
+            assert_eq!(remote_host(url).as_deref(), host, "{url}");
+        }
+    }
+
+    #[test]
+    fn host_and_port_are_split_for_names_and_v6() {
+        assert_eq!(
+            split_host_port("a.test:8443", 443),
+            Some(("a.test".into(), 8443))
+        );
+        assert_eq!(split_host_port("a.test", 80), Some(("a.test".into(), 80)));
+        assert_eq!(split_host_port("[::1]:81", 80), Some(("::1".into(), 81)));
+        assert_eq!(split_host_port("a.test:x", 80), None);
+    }
+}
