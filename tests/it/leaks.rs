@@ -75,7 +75,9 @@ async fn no_common_credential_in_the_daemons_environment_reaches_a_task() {
     let dir = s.dir().to_path_buf();
     let dump = crate::util::probe(&dir).join("env.txt");
     let mut envs: Vec<(&str, &str)> = CREDS.iter().map(|k| (*k, "cred-value-91c2")).collect();
-    envs.push(("CARGO_HOME", "/opt/cargo-home"));
+    // A toolchain's home passes (CARGO_HOME itself is the repository's cache under
+    // `[caches]`, set by the sandbox).
+    envs.push(("RUSTUP_HOME", "/opt/rustup-home"));
     let mut h = s.start_bin("test-token", "", &envs).await;
     let mut t = sample_shell_task("env", &format!("env > '{}'", dump.display()));
     t["verification_steps"] = json!([]);
@@ -87,7 +89,7 @@ async fn no_common_credential_in_the_daemons_environment_reaches_a_task() {
         !env.contains("cred-value-91c2"),
         "a credential reached the task:\n{env}"
     );
-    assert!(env.contains("CARGO_HOME=/opt/cargo-home"), "{env}");
+    assert!(env.contains("RUSTUP_HOME=/opt/rustup-home"), "{env}");
     assert!(env.contains("PATH="), "{env}");
     h.bin().signal("TERM");
     h.bin_mut().wait(crate::util::T).await;
