@@ -261,10 +261,10 @@ impl Containment {
 #[serde(rename_all = "kebab-case")]
 pub enum NetworkMode {
     /// The host's network as the daemon has it, loopback services included.
-    #[default]
     Open,
     /// Only the hosts in `[network] allow`, through an HTTP proxy the daemon runs: the
     /// task's network namespace has no other way out (see `sandbox::proxy`).
+    #[default]
     Allowlist,
     /// None at all: a network namespace of the task's own with only its own loopback.
     /// Enforced by the kernel; needs user namespaces (`RestrictNamespaces=user pid net`).

@@ -490,6 +490,7 @@ pub fn plan(
             .iter()
             .chain(&grants.hosts)
             .cloned()
+            .chain(executor_api_host(cfg, vars))
             .collect();
         let p = proxy::Proxy::start(&sock, allow).map_err(|source| ContainmentError::Proxy {
             path: sock.clone(),
@@ -537,6 +538,22 @@ pub fn plan(
             config: cfg.origin.clone(),
         })),
     })
+}
+
+/// The host of the agent's LLM API when the operator points it elsewhere
+/// (`ANTHROPIC_BASE_URL`, passed to the agent through `[env] allow` or `[env] agent`):
+/// under the allowlist the task's executor must reach its API wherever it is.
+fn executor_api_host(cfg: &Config, vars: &[(String, String)]) -> Option<String> {
+    const KEY: &str = "ANTHROPIC_BASE_URL";
+    let url = var_in(&[vars], KEY).map(str::to_string).or_else(|| {
+        cfg.env
+            .agent
+            .iter()
+            .any(|k| k == KEY)
+            .then(|| std::env::var(KEY).ok())
+            .flatten()
+    })?;
+    proxy::remote_host(&url)
 }
 
 /// The workspace named a safe directory for the children's own git.
@@ -802,6 +819,20 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("best-effort"), "says what to do: {msg}");
+    }
+
+    #[test]
+    fn the_allowlist_lets_the_agent_reach_the_api_the_operator_points_it_at() {
+        let cfg = Config::default();
+        let vars = vec![(
+            "ANTHROPIC_BASE_URL".to_string(),
+            "https://llm-gw.example.internal:8443/v1".to_string(),
+        )];
+        assert_eq!(
+            executor_api_host(&cfg, &vars).as_deref(),
+            Some("llm-gw.example.internal")
+        );
+        assert_eq!(executor_api_host(&cfg, &[]), None);
     }
 
     #[test]

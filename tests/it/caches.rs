@@ -177,7 +177,10 @@ async fn npm_installs_from_a_registry_and_the_next_task_installs_from_the_cache(
         ])
     })
     .await;
-    let (c, ws) = s.cfg_with_workspace();
+    let (mut c, ws) = s.cfg_with_workspace();
+    // The registry stands in on this host's loopback, which only `open` reaches (under
+    // the default allowlist a task's own namespace has its own loopback).
+    c.network.mode = hub_sidecar::config::NetworkMode::Open;
     std::fs::write(
         ws.join("package.json"),
         r#"{"name":"app","version":"1.0.0","dependencies":{"tinydep":"1.0.0"},
@@ -270,7 +273,9 @@ async fn pip_installs_from_an_index_with_its_cache_in_the_repositorys() {
         ])
     })
     .await;
-    let (c, _ws) = s.cfg_with_workspace();
+    let (mut c, _ws) = s.cfg_with_workspace();
+    // The index stands in on this host's loopback, which only `open` reaches.
+    c.network.mode = hub_sidecar::config::NetworkMode::Open;
     let h = s.start(c).await;
     let cmd = format!(
         "python3 -m venv .venv && .venv/bin/pip install -q --disable-pip-version-check --index-url {}/simple/ tinywheel 2>&1 && .venv/bin/python -c 'import tinywheel; assert tinywheel.VALUE == 7' && .venv/bin/pip cache dir",

@@ -88,9 +88,10 @@ async fn with_network_none_a_task_reaches_no_host_service_but_its_own_loopback()
     })
     .await;
     let url = format!("{}/x", server.url());
-    // Open (the default): the host's loopback service answers.
+    // Open: the host's loopback service answers.
     let s = Harness::setup().await;
-    let (c, _ws) = s.cfg_with_workspace();
+    let (mut c, _ws) = s.cfg_with_workspace();
+    c.network.mode = hub_sidecar::config::NetworkMode::Open;
     let h = s.start(c).await;
     h.assign(sample_shell_task("open", &fetch(&url)));
     let done = terminal(h.hub(), "open").await;
