@@ -21,6 +21,17 @@ use crate::mock_hub::{MockHub, MockHubOptions};
 use crate::ops::Ops;
 use crate::sandbox::Policy;
 
+/// `println!`, with every control character escaped: the demo prints task data (agent
+/// output, check output, file names, reasons) that must not drive the terminal.
+macro_rules! say {
+    () => {
+        println!()
+    };
+    ($($arg:tt)*) => {
+        println!("{}", crate::term::printable(&format!($($arg)*)))
+    };
+}
+
 /// The stand-in CLI, embedded so the demo works from any directory.
 const STAND_IN_CLAUDE: &str = include_str!("../../examples/stand-in-claude/claude");
 
@@ -63,11 +74,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     cfg.executor.claude_path = Some(claude);
     cfg.progress.min_interval_ms = 100;
 
-    println!(
+    say!(
         "hub-sidecar demo: the real daemon against an embedded mock hub at {}",
         hub.url()
     );
-    println!(
+    say!(
         "workspace {}\n(the `claude` here is a labelled stand-in: examples/stand-in-claude/claude)",
         workspace.display()
     );
@@ -78,7 +89,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .await
         .context("probing what containment this kernel allows")?;
     match policy.refusal() {
-        None => println!(
+        None => say!(
             "containment: {} ({})\n",
             policy.level_name(),
             policy.support.describe()
@@ -87,7 +98,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             // The demo shows the loop; it chooses the weaker level out loud, as an operator
             // would have to in the config, rather than fail on such a machine.
             cfg.containment = Some(crate::sandbox::Containment::BestEffort);
-            println!(
+            say!(
                 "containment: best-effort, chosen by the demo because this machine cannot confine: {why}\nA daemon with the default config (strict) takes no task here.\n"
             );
         }
@@ -136,13 +147,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     }
     print_report(&complete);
     let violations = hub.violations();
-    println!(
+    say!(
         "\nschema violations recorded by the mock hub: {}",
         violations.len()
     );
     if args.keep {
         let kept = dir.keep();
-        println!("kept {}", kept.display());
+        say!("kept {}", kept.display());
     }
     let verified = complete["result"]["verification_status"] == "verified";
     Ok(if verified && violations.is_empty() {
@@ -184,9 +195,9 @@ fn print_frame(from_sidecar: bool, f: &Value) {
             let e = &f["execution_event"];
             if let Some(merged) = e["merged_events"].as_array() {
                 // One frame carried several events (coalesced under the hub's budget).
-                println!("  {arrow} {ty:<16} {} events in one frame:", merged.len());
+                say!("  {arrow} {ty:<16} {} events in one frame:", merged.len());
                 for m in merged {
-                    println!("  {:<18} {}", "", event_line(m));
+                    say!("  {:<18} {}", "", event_line(m));
                 }
                 return;
             }
@@ -209,7 +220,7 @@ fn print_frame(from_sidecar: bool, f: &Value) {
             f["status"].as_str().unwrap_or("")
         ),
         "<close>" => {
-            println!(
+            say!(
                 "  {arrow} {:<16} {} {}",
                 "close",
                 f["code"],
@@ -220,7 +231,7 @@ fn print_frame(from_sidecar: bool, f: &Value) {
         "ping" | "pong" | "identified" | "resource_report" => return,
         _ => short(&f.to_string(), 80),
     };
-    println!("  {arrow} {ty:<16} {detail}");
+    say!("  {arrow} {ty:<16} {detail}");
 }
 
 /// One progress event: its type, the fields that matter for it, its text.
@@ -254,49 +265,50 @@ fn event_line(e: &Value) -> String {
 
 /// The final report, readable.
 fn print_report(done: &Value) {
-    println!();
+    say!();
     if done["type"] == "task_failed" {
-        println!(
+        say!(
             "Result: task_failed: {}",
             done["reason"].as_str().unwrap_or("")
         );
         return;
     }
     let r = &done["result"];
-    println!("Result for {}", done["task_id"].as_str().unwrap_or(""));
-    println!(
+    say!("Result for {}", done["task_id"].as_str().unwrap_or(""));
+    say!(
         "  verification_status  {}",
         r["verification_status"].as_str().unwrap_or("")
     );
-    println!(
+    say!(
         "  termination_reason   {}",
         r["termination_reason"].as_str().unwrap_or("")
     );
-    println!("  attempts             {}", r["verification_attempts"]);
-    println!(
+    say!("  attempts             {}", r["verification_attempts"]);
+    say!(
         "  containment          {}",
         r["containment"].as_str().unwrap_or("-")
     );
-    println!(
+    say!(
         "  model                {}",
         r["model_used"].as_str().unwrap_or("-")
     );
-    println!(
+    say!(
         "  tokens in/out        {} / {}",
-        r["tokens_in"], r["tokens_out"]
+        r["tokens_in"],
+        r["tokens_out"]
     );
-    println!(
+    say!(
         "  estimated cost       ${:.4}",
         r["estimated_cost_usd"].as_f64().unwrap_or(0.0)
     );
-    println!("  execution            {} ms", r["execution_ms"]);
+    say!("  execution            {} ms", r["execution_ms"]);
     for rep in done["verification_history"]
         .as_array()
         .into_iter()
         .flatten()
     {
         let s = &rep["summary"];
-        println!(
+        say!(
             "\n  Attempt {}: {}  ({} passed, {} failed, {} errors, {} timed out)",
             rep["run_number"],
             rep["status"].as_str().unwrap_or(""),
@@ -307,7 +319,7 @@ fn print_report(done: &Value) {
         );
         for c in rep["checks"].as_array().into_iter().flatten() {
             let mark = if c["status"] == "pass" { "✓" } else { "✗" };
-            println!(
+            say!(
                 "    {mark} {:<17} {:<40} {}",
                 c["type"].as_str().unwrap_or(""),
                 short(c["target"].as_str().unwrap_or(""), 40),
@@ -315,7 +327,7 @@ fn print_report(done: &Value) {
             );
         }
         for o in rep["observations"].as_array().into_iter().flatten() {
-            println!("    · {}", o.as_str().unwrap_or(""));
+            say!("    · {}", o.as_str().unwrap_or(""));
         }
     }
 }
