@@ -129,71 +129,7 @@ async fn run_recorded(
     };
     let pump = tokio::spawn(pump.run(pump_cancel.clone()));
     let tmp = workspace::task_tmp_dir(&cfg, &task);
-    let prepared = async {
-        // The daemon's own git calls are children too: confined to the workspaces, never
-        // the state file, and with no HOME but an empty one of the daemon's (see
-        // `git::home_dir`): nothing of the service user's reaches them.
-        let git_roots = workspace::git_write_roots(&cfg, &task);
-        let git_home = crate::git::home_dir(&cfg);
-        for root in git_roots
-            .iter()
-            .filter(|r| r.starts_with(&cfg.state_dir))
-            .chain([&git_home])
-        {
-            // A Landlock rule needs an existing directory.
-            tokio::fs::create_dir_all(root)
-                .await
-                .map_err(|source| PrepareError::GitRoot {
-                    path: root.clone(),
-                    source,
-                })?;
-        }
-        let git_env = confine_off_runtime(
-            &cfg,
-            deps,
-            &tmp,
-            Grants {
-                write: git_roots,
-                read: vec![git_home],
-                task: false,
-                hosts: Vec::new(),
-            },
-        )
-        .await?;
-        let git = GitRunner::new(&cfg, &git_env, cancel.clone());
-        let (ws, branch) = prepare_workspace(&cfg, &task, &git, &progress).await?;
-        let env = confine_off_runtime(
-            &cfg,
-            deps,
-            &tmp,
-            Grants {
-                write: vec![ws.path.clone()],
-                // A managed clone's history, readable for the task's own git, not writable.
-                read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
-                task: true,
-                // The task's own git may fetch from its remote.
-                hosts: task
-                    .repo
-                    .as_deref()
-                    .and_then(crate::sandbox::proxy::remote_host)
-                    .into_iter()
-                    .collect(),
-            },
-        )
-        .await;
-        let git = match ws.git_dir() {
-            Some(dir) => git.trusting(&ws.path, dir),
-            None => git,
-        };
-        match env {
-            Ok(env) => Ok((git, ws, branch, env)),
-            Err(e) => {
-                ws.release().await;
-                Err(PrepareError::Containment(e))
-            }
-        }
-    };
-    let (git, ws, branch, env) = match prepared.await {
+    let (git, ws, branch, env) = match prepare(&task, deps, &tmp, &progress, &cancel).await {
         Ok(prepared) => prepared,
         Err(reason) => {
             deps.ops.metrics().task_finished("execution_failed");
@@ -237,6 +173,84 @@ async fn run_recorded(
             attach_containment(&mut frame, &containment);
             redact_frame(&redactor, &mut frame);
             TaskOutcome::Terminal(frame)
+        }
+    }
+}
+
+/// What a task runs with, ready: the daemon's git (confined, no HOME), the workspace and its
+/// task branch, and the task's children's environment with its sandbox.
+type Prepared = (GitRunner, Workspace, Option<TaskBranch>, ChildEnv);
+
+/// Prepare: the workspace (clone, branch) with the daemon's confined git, then the task's
+/// sandbox over it. The first phase of a task, before anything of the task runs.
+async fn prepare(
+    task: &Task,
+    deps: &RunnerDeps,
+    tmp: &Path,
+    progress: &ProgressSink,
+    cancel: &CancellationToken,
+) -> Result<Prepared, PrepareError> {
+    let cfg = &deps.config;
+    // The daemon's own git calls are children too: confined to the workspaces, never
+    // the state file, and with no HOME but an empty one of the daemon's (see
+    // `git::home_dir`): nothing of the service user's reaches them.
+    let git_roots = workspace::git_write_roots(cfg, task);
+    let git_home = crate::git::home_dir(cfg);
+    for root in git_roots
+        .iter()
+        .filter(|r| r.starts_with(&cfg.state_dir))
+        .chain([&git_home])
+    {
+        // A Landlock rule needs an existing directory.
+        tokio::fs::create_dir_all(root)
+            .await
+            .map_err(|source| PrepareError::GitRoot {
+                path: root.clone(),
+                source,
+            })?;
+    }
+    let git_env = confine_off_runtime(
+        cfg,
+        deps,
+        tmp,
+        Grants {
+            write: git_roots,
+            read: vec![git_home],
+            task: false,
+            hosts: Vec::new(),
+        },
+    )
+    .await?;
+    let git = GitRunner::new(cfg, &git_env, cancel.clone());
+    let (ws, branch) = prepare_workspace(cfg, task, &git, progress).await?;
+    let env = confine_off_runtime(
+        cfg,
+        deps,
+        tmp,
+        Grants {
+            write: vec![ws.path.clone()],
+            // A managed clone's history, readable for the task's own git, not writable.
+            read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
+            task: true,
+            // The task's own git may fetch from its remote.
+            hosts: task
+                .repo
+                .as_deref()
+                .and_then(crate::sandbox::proxy::remote_host)
+                .into_iter()
+                .collect(),
+        },
+    )
+    .await;
+    let git = match ws.git_dir() {
+        Some(dir) => git.trusting(&ws.path, dir),
+        None => git,
+    };
+    match env {
+        Ok(env) => Ok((git, ws, branch, env)),
+        Err(e) => {
+            ws.release().await;
+            Err(PrepareError::Containment(e))
         }
     }
 }
