@@ -171,6 +171,58 @@ fn split_host_port(s: &str, default_port: u16) -> Option<(String, u16)> {
     }
 }
 
+/// A plain-HTTP request as a proxy forwards it to the origin: the target in origin form
+/// (`/path?query`; many servers do not take the absolute form a client sends a proxy),
+/// hop-by-hop connection headers dropped and `Connection: close` set, so the next request
+/// comes as a new proxy request and has its host checked. Bytes after the head (a body's
+/// start) are kept as they are.
+fn to_origin(head: &[u8]) -> Vec<u8> {
+    let end = head
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(head.len(), |p| p + 4);
+    let (top, rest) = head.split_at(end);
+    let mut lines = top
+        .split(|b| *b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+    let mut out = Vec::with_capacity(head.len() + 20);
+    if let Some(first) = lines.next() {
+        let mut words = first.splitn(3, |b| *b == b' ');
+        let (method, target, version) = (words.next(), words.next(), words.next());
+        let path = target.and_then(|t| t.strip_prefix(b"http://")).map(|rest| {
+            match rest.iter().position(|b| *b == b'/' || *b == b'?') {
+                Some(i) if rest[i] == b'/' => rest[i..].to_vec(),
+                Some(i) => [b"/".as_slice(), &rest[i..]].concat(),
+                None => b"/".to_vec(),
+            }
+        });
+        match (method, path, version) {
+            (Some(m), Some(p), Some(v)) => {
+                out.extend_from_slice(m);
+                out.push(b' ');
+                out.extend_from_slice(&p);
+                out.push(b' ');
+                out.extend_from_slice(v);
+            }
+            _ => out.extend_from_slice(first),
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    for line in lines.filter(|l| !l.is_empty()) {
+        let name = line.split(|b| *b == b':').next().unwrap_or(b"");
+        let hop = [b"connection".as_slice(), b"proxy-connection", b"keep-alive"]
+            .iter()
+            .any(|h| name.trim_ascii().eq_ignore_ascii_case(h));
+        if !hop {
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out.extend_from_slice(rest);
+    out
+}
+
 async fn serve(mut conn: UnixStream, allow: &[String], tally: &Tally) {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
@@ -235,13 +287,16 @@ async fn serve(mut conn: UnixStream, allow: &[String], tally: &Tally) {
         conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await
     } else {
-        // The request as the tool wrote it (absolute form, which servers must accept).
-        up.write_all(&head).await
+        up.write_all(&to_origin(&head)).await
     };
     if sent.is_err() {
         return;
     }
-    let first = if connect { 0 } else { head.len() as u64 };
+    let first = if connect {
+        0
+    } else {
+        to_origin(&head).len() as u64
+    };
     let (a, b) = tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut up, 64 * 1024, 64 * 1024)
         .await
         .unwrap_or((0, 0));
@@ -251,6 +306,19 @@ async fn serve(mut conn: UnixStream, allow: &[String], tally: &Tally) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plain_request_reaches_the_origin_in_origin_form_and_closes() {
+        let head = b"POST http://api.example:8080/v1/messages?beta=1 HTTP/1.1\r\nHost: api.example:8080\r\nProxy-Connection: keep-alive\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n{}";
+        assert_eq!(
+            String::from_utf8(to_origin(head)).unwrap(),
+            "POST /v1/messages?beta=1 HTTP/1.1\r\nHost: api.example:8080\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+        );
+        let bare = b"GET http://h.example HTTP/1.1\r\nHost: h.example\r\n\r\n";
+        assert!(String::from_utf8(to_origin(bare))
+            .unwrap()
+            .starts_with("GET / HTTP/1.1\r\n"));
+    }
 
     #[test]
     fn hosts_match_exactly_or_by_domain() {

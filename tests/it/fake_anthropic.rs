@@ -40,7 +40,13 @@ impl Drop for FakeAnthropic {
 
 impl FakeAnthropic {
     pub(crate) async fn start(script: Script) -> FakeAnthropic {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        FakeAnthropic::start_at("127.0.0.1", script).await
+    }
+
+    /// [`FakeAnthropic::start`] on another loopback address (`127.0.0.2`: not the
+    /// `127.0.0.1` that `NO_PROXY` names, so a client under a proxy goes through it).
+    pub(crate) async fn start_at(ip: &str, script: Script) -> FakeAnthropic {
+        let listener = TcpListener::bind((ip, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let requests: Arc<Mutex<Vec<(String, Value)>>> = Arc::default();
         let recorded = requests.clone();

@@ -158,6 +158,74 @@ async fn real_cli_works_inside_the_task_sandbox() {
     );
 }
 
+/// The real CLI under the default network policy (`allowlist`): in a network namespace of
+/// its own, it reaches its API only through the daemon's proxy (it reads `HTTPS_PROXY` /
+/// `HTTP_PROXY`), and the proxy lets the API's host through because the agent was pointed
+/// at it (`ANTHROPIC_BASE_URL`). The fake API listens on `127.0.0.2` of the host, which the
+/// task's own namespace cannot reach directly.
+#[tokio::test]
+async fn real_cli_reaches_its_api_through_the_proxy_under_the_allowlist() {
+    let Some(claude) = real_claude() else { return };
+    let support = hub_sidecar::sandbox::Support::probe();
+    if !support.missing().is_empty() {
+        eprintln!(
+            "SKIPPED: this machine cannot confine: {:?}",
+            support.missing()
+        );
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let target = ws.path().join("hello.txt");
+    let api = FakeAnthropic::start_at(
+        "127.0.0.2",
+        Script::Write {
+            file_path: target.display().to_string(),
+            content: "hi\n".into(),
+        },
+    )
+    .await;
+    let mut ctx = context(&claude, &api, ws.path(), home.path());
+    let mut cfg = (*ctx.config).clone();
+    cfg.state_dir = state.path().to_path_buf();
+    assert_eq!(
+        cfg.network.mode,
+        hub_sidecar::config::NetworkMode::Allowlist
+    );
+    let policy = hub_sidecar::sandbox::Policy::decide(None, support);
+    ctx.env = hub_sidecar::process::confine(
+        &cfg,
+        &policy,
+        &ctx.env,
+        &state.path().join("tmp/t"),
+        &hub_sidecar::sandbox::Grants {
+            write: vec![ws.path().to_path_buf()],
+            task: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    ctx.config = Arc::new(cfg);
+    let out = ClaudeExecutor::new(&ctx)
+        .unwrap()
+        .execute(&ctx, &Attempt::new(1, "Write hello.txt containing hi."))
+        .await;
+    let used = ctx.env.sandbox().unwrap().network_use();
+    assert_eq!(
+        out.status,
+        ExecStatus::Succeeded,
+        "{:?}\nproxy: {used:?}",
+        out.error
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "hi\n");
+    assert!(
+        used.iter()
+            .any(|h| h.allowed && h.target.starts_with("127.0.0.2")),
+        "the API was not reached through the proxy: {used:?}"
+    );
+}
+
 #[tokio::test]
 async fn real_cli_a_write_inside_the_workspace_happens_and_no_transcript_is_left() {
     let Some(claude) = real_claude() else { return };
