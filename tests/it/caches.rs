@@ -341,3 +341,67 @@ async fn run_task_uses_the_configured_state_dir_so_hand_run_tasks_share_caches()
         Some(state.join("caches").as_path())
     );
 }
+
+/// uv installs from a (loopback) index under containment into the repository's cache, and
+/// the next task on the repository installs the same wheel with the index no longer serving
+/// it: from the cache.
+#[tokio::test]
+async fn uv_installs_from_an_index_and_the_next_task_installs_from_the_cache() {
+    if !can_run(&["uv", "python3"]) {
+        return;
+    }
+    let s = Harness::setup().await;
+    let dir = s.dir().to_path_buf();
+    let wheel = make_wheel(&dir);
+    let sha = {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(&wheel)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let file = "/files/tinywheel-1.0-py3-none-any.whl";
+    let index = Loopback::serve(|url| {
+        let page = format!(
+            "<html><body><a href=\"{url}{file}#sha256={sha}\">tinywheel-1.0-py3-none-any.whl</a></body></html>"
+        );
+        HashMap::from([
+            ("/simple/tinywheel/".to_string(), page.into_bytes()),
+            (file.to_string(), wheel),
+        ])
+    })
+    .await;
+    let (mut c, _ws) = s.cfg_with_workspace();
+    // The index stands in on this host's loopback, which only `open` reaches.
+    c.network.mode = hub_sidecar::config::NetworkMode::Open;
+    let h = s.start(c).await;
+    let install = |venv: &str| {
+        format!(
+            "rm -rf {venv} && uv venv -q --python python3 {venv} 2>&1 && uv pip install -q --python {venv}/bin/python --index-url {}/simple/ tinywheel 2>&1 && {venv}/bin/python -c 'import tinywheel; assert tinywheel.VALUE == 7' && echo \"cache=$UV_CACHE_DIR\"",
+            index.url()
+        )
+    };
+    let first = run(h.hub(), "uv-1", &install(".venv-a")).await;
+    assert!(completed(&first), "{first}");
+    assert!(
+        index.hits().iter().any(|p| p == file),
+        "the wheel came from the index"
+    );
+    let uv_cache = only_cache(&dir).join("uv");
+    let out = first["result"]["output"].as_str().unwrap_or_default();
+    assert!(
+        out.contains(&format!("cache={}", uv_cache.display())),
+        "uv's cache is the repository's ({}): {out}",
+        uv_cache.display()
+    );
+    index.remove(file);
+    let fetched = index.hits().iter().filter(|p| *p == file).count();
+    let second = run(h.hub(), "uv-2", &install(".venv-b")).await;
+    assert!(completed(&second), "installed from the cache: {second}");
+    assert_eq!(
+        index.hits().iter().filter(|p| *p == file).count(),
+        fetched,
+        "the second task fetched the wheel again"
+    );
+    h.finish().await;
+}
