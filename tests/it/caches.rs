@@ -130,7 +130,37 @@ async fn cargo_fetches_a_git_dependency_once_and_the_next_task_builds_offline() 
 
 #[tokio::test]
 async fn npm_installs_from_a_registry_and_the_next_task_installs_from_the_cache() {
-    if !can_run(&["npm", "node", "tar"]) {
+    js_installs_then_reuses_the_cache(
+        &["npm", "node", "tar"],
+        "npm install --no-audit --no-fund 2>&1 && npm test 2>&1",
+        "package-lock.json",
+        "npm/_cacache",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn pnpm_installs_from_a_registry_and_the_next_task_installs_from_its_store() {
+    js_installs_then_reuses_the_cache(
+        &["pnpm", "node", "tar"],
+        "pnpm install 2>&1 && pnpm test 2>&1",
+        "pnpm-lock.yaml",
+        "pnpm-store",
+    )
+    .await;
+}
+
+/// A JavaScript package manager (`tools[0]`) installs a one-dependency project from a
+/// loopback registry under containment with its cache in the repository's (`cache`, under
+/// the repository's cache directory), and the next task installs it again with the registry
+/// no longer serving the tarball: from that cache.
+async fn js_installs_then_reuses_the_cache(
+    tools: &[&str],
+    install: &str,
+    lockfile: &str,
+    cache: &str,
+) {
+    if !can_run(tools) {
         return;
     }
     let s = Harness::setup().await;
@@ -190,18 +220,21 @@ async fn npm_installs_from_a_registry_and_the_next_task_installs_from_the_cache(
     std::fs::write(ws.join(".npmrc"), format!("registry={}/\n", registry.url())).unwrap();
     let h = s.start(c).await;
 
-    let install = "npm install --no-audit --no-fund 2>&1 && npm test 2>&1";
-    let first = run(h.hub(), "npm-1", install).await;
+    let first = run(h.hub(), &format!("{}-1", tools[0]), install).await;
     assert!(completed(&first), "{first}");
-    assert!(only_cache(&dir).join("npm/_cacache").is_dir());
+    assert!(
+        only_cache(&dir).join(cache).is_dir(),
+        "{} used the repository's cache",
+        tools[0]
+    );
 
     // The registry stops serving the tarball: the second install must find it in the cache.
     registry.remove("/tinydep/-/tinydep-1.0.0.tgz");
     std::fs::remove_dir_all(ws.join("node_modules")).unwrap();
-    std::fs::remove_file(ws.join("package-lock.json")).unwrap();
+    std::fs::remove_file(ws.join(lockfile)).unwrap();
     let tarball_fetches = |r: &Loopback| r.hits().iter().filter(|p| p.ends_with(".tgz")).count();
     let before = tarball_fetches(&registry);
-    let second = run(h.hub(), "npm-2", install).await;
+    let second = run(h.hub(), &format!("{}-2", tools[0]), install).await;
     assert!(completed(&second), "{second}");
     assert_eq!(
         tarball_fetches(&registry),
