@@ -283,20 +283,18 @@ async fn serve(mut conn: UnixStream, allow: &[String], tally: &Tally) {
         }
     };
     let _ = up.set_nodelay(true);
-    let sent = if connect {
-        conn.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
+    let (sent, first) = if connect {
+        let sent = conn
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await;
+        (sent, 0)
     } else {
-        up.write_all(&to_origin(&head)).await
+        let request = to_origin(&head);
+        (up.write_all(&request).await, request.len() as u64)
     };
     if sent.is_err() {
         return;
     }
-    let first = if connect {
-        0
-    } else {
-        to_origin(&head).len() as u64
-    };
     let (a, b) = tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut up, 64 * 1024, 64 * 1024)
         .await
         .unwrap_or((0, 0));
