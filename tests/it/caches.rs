@@ -11,7 +11,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub};
-use hub_sidecar::sandbox::Support;
 use serde_json::{json, Value};
 
 use crate::git::git;
@@ -23,12 +22,7 @@ const BUILD: Duration = Duration::from_secs(300);
 
 /// `false` (and a message) where containment or a tool is missing here.
 fn can_run(tools: &[&str]) -> bool {
-    let missing = Support::probe().missing();
-    if !missing.is_empty() {
-        eprintln!(
-            "skipped: this machine cannot confine tasks: {}",
-            missing.join("; ")
-        );
+    if !crate::containment::supported() {
         return false;
     }
     for tool in tools {
@@ -269,6 +263,32 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
     std::fs::read(path).unwrap()
 }
 
+/// Where [`wheel_index`] serves the wheel.
+const WHEEL: &str = "/files/tinywheel-1.0-py3-none-any.whl";
+
+/// A loopback package index (PEP 503 simple page) serving one wheel, `tinywheel`, at
+/// [`WHEEL`], with its sha256 in the link as pip and uv check it.
+async fn wheel_index(dir: &Path) -> Loopback {
+    let wheel = make_wheel(dir);
+    let sha = {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(&wheel)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    Loopback::serve(|url| {
+        let page = format!(
+            "<html><body><a href=\"{url}{WHEEL}#sha256={sha}\">tinywheel-1.0-py3-none-any.whl</a></body></html>"
+        );
+        HashMap::from([
+            ("/simple/tinywheel/".to_string(), page.into_bytes()),
+            (WHEEL.to_string(), wheel),
+        ])
+    })
+    .await
+}
+
 /// pip installs from a (loopback) index under containment, with its cache pointed into the
 /// repository's. (pip 23 on the test machine stores no HTTP responses even unconfined, so
 /// reuse across tasks is shown with cargo and npm; here, that pip is handed the cache.)
@@ -287,25 +307,7 @@ async fn pip_installs_from_an_index_with_its_cache_in_the_repositorys() {
     }
     let s = Harness::setup().await;
     let dir = s.dir().to_path_buf();
-    let wheel = make_wheel(&dir);
-    let sha = {
-        use sha2::Digest as _;
-        sha2::Sha256::digest(&wheel)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    };
-    let file = "/files/tinywheel-1.0-py3-none-any.whl";
-    let index = Loopback::serve(|url| {
-        let page = format!(
-            "<html><body><a href=\"{url}{file}#sha256={sha}\">tinywheel-1.0-py3-none-any.whl</a></body></html>"
-        );
-        HashMap::from([
-            ("/simple/tinywheel/".to_string(), page.into_bytes()),
-            (file.to_string(), wheel),
-        ])
-    })
-    .await;
+    let index = wheel_index(&dir).await;
     let (mut c, _ws) = s.cfg_with_workspace();
     // The index stands in on this host's loopback, which only `open` reaches.
     c.network.mode = hub_sidecar::config::NetworkMode::Open;
@@ -317,7 +319,7 @@ async fn pip_installs_from_an_index_with_its_cache_in_the_repositorys() {
     let done = run(h.hub(), "pip-1", &cmd).await;
     assert!(completed(&done), "{done}");
     assert!(
-        index.hits().iter().any(|p| p == file),
+        index.hits().iter().any(|p| p == WHEEL),
         "the wheel came from the index"
     );
     let pip_cache = only_cache(&dir).join("pip");
@@ -385,25 +387,7 @@ async fn uv_installs_from_an_index_and_the_next_task_installs_from_the_cache() {
     }
     let s = Harness::setup().await;
     let dir = s.dir().to_path_buf();
-    let wheel = make_wheel(&dir);
-    let sha = {
-        use sha2::Digest as _;
-        sha2::Sha256::digest(&wheel)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    };
-    let file = "/files/tinywheel-1.0-py3-none-any.whl";
-    let index = Loopback::serve(|url| {
-        let page = format!(
-            "<html><body><a href=\"{url}{file}#sha256={sha}\">tinywheel-1.0-py3-none-any.whl</a></body></html>"
-        );
-        HashMap::from([
-            ("/simple/tinywheel/".to_string(), page.into_bytes()),
-            (file.to_string(), wheel),
-        ])
-    })
-    .await;
+    let index = wheel_index(&dir).await;
     let (mut c, _ws) = s.cfg_with_workspace();
     // The index stands in on this host's loopback, which only `open` reaches.
     c.network.mode = hub_sidecar::config::NetworkMode::Open;
@@ -417,7 +401,7 @@ async fn uv_installs_from_an_index_and_the_next_task_installs_from_the_cache() {
     let first = run(h.hub(), "uv-1", &install(".venv-a")).await;
     assert!(completed(&first), "{first}");
     assert!(
-        index.hits().iter().any(|p| p == file),
+        index.hits().iter().any(|p| p == WHEEL),
         "the wheel came from the index"
     );
     let uv_cache = only_cache(&dir).join("uv");
@@ -427,12 +411,12 @@ async fn uv_installs_from_an_index_and_the_next_task_installs_from_the_cache() {
         "uv's cache is the repository's ({}): {out}",
         uv_cache.display()
     );
-    index.remove(file);
-    let fetched = index.hits().iter().filter(|p| *p == file).count();
+    index.remove(WHEEL);
+    let fetched = index.hits().iter().filter(|p| *p == WHEEL).count();
     let second = run(h.hub(), "uv-2", &install(".venv-b")).await;
     assert!(completed(&second), "installed from the cache: {second}");
     assert_eq!(
-        index.hits().iter().filter(|p| *p == file).count(),
+        index.hits().iter().filter(|p| *p == WHEEL).count(),
         fetched,
         "the second task fetched the wheel again"
     );

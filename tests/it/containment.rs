@@ -16,18 +16,22 @@ use crate::util::*;
 
 const TOKEN: &str = "tok-7f3a9c2e1d5b4a68";
 
+/// Why this machine cannot confine tasks (the daemon's own probe of the kernel), if it cannot.
+pub(crate) fn cannot_confine() -> Option<String> {
+    let missing = Support::probe().missing();
+    (!missing.is_empty())
+        .then(|| format!("this machine cannot confine tasks: {}", missing.join("; ")))
+}
+
 /// `false` (and a message) where this kernel cannot confine: the test then has nothing to show.
 pub(crate) fn supported() -> bool {
-    let s = Support::probe();
-    let missing = s.missing();
-    if !missing.is_empty() {
-        eprintln!(
-            "skipped: this machine cannot confine tasks: {}",
-            missing.join("; ")
-        );
-        return false;
+    match cannot_confine() {
+        Some(why) => {
+            eprintln!("skipped: {why}");
+            false
+        }
+        None => true,
     }
-    true
 }
 
 /// Run one shell task on the real binary started with `config` and `envs`; its output.

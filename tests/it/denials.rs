@@ -2,23 +2,11 @@
 //! config line that grants it: not a failed check for the corrective loop to retry.
 
 use hub_sidecar::mock_hub::sample_shell_task;
-use hub_sidecar::sandbox::Support;
 use serde_json::json;
 
+use crate::containment::supported;
 use crate::git::terminal;
 use crate::harness::Harness;
-
-fn supported() -> bool {
-    let missing = Support::probe().missing();
-    if !missing.is_empty() {
-        eprintln!(
-            "skipped: this machine cannot confine tasks: {}",
-            missing.join("; ")
-        );
-        return false;
-    }
-    true
-}
 
 #[tokio::test]
 async fn a_check_refused_a_path_is_a_check_error_naming_the_grant_and_is_not_retried() {

@@ -11,7 +11,6 @@ use std::path::Path;
 use std::process::Stdio;
 
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
-use hub_sidecar::sandbox::Support;
 
 use crate::util::*;
 
@@ -19,12 +18,8 @@ const TOKEN: &str = "tok-ready-3b7e1f0c";
 
 /// Why this machine cannot run the test, if it cannot.
 fn unsupported() -> Option<String> {
-    let missing = Support::probe().missing();
-    if !missing.is_empty() {
-        return Some(format!(
-            "this kernel cannot confine tasks: {}",
-            missing.join("; ")
-        ));
+    if let Some(why) = crate::containment::cannot_confine() {
+        return Some(why);
     }
     for tool in ["unshare", "nsenter"] {
         if which::which(tool).is_err() {

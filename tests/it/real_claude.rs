@@ -66,6 +66,28 @@ fn context(claude: &Path, api: &FakeAnthropic, workspace: &Path, home: &Path) ->
     }
 }
 
+/// Confine `ctx`'s children as the daemon confines a task's, with state (the private TMPDIR
+/// `tmp/t`, the caches) under `state`. `task`: as the task's own children, with the caches
+/// and the network policy; else as a child class that gets neither.
+fn confine(ctx: &mut ExecContext, state: &Path, task: bool) {
+    let mut cfg = (*ctx.config).clone();
+    cfg.state_dir = state.to_path_buf();
+    let policy = hub_sidecar::sandbox::Policy::decide(None, hub_sidecar::sandbox::Support::probe());
+    ctx.env = hub_sidecar::process::confine(
+        &cfg,
+        &policy,
+        &ctx.env,
+        &state.join("tmp/t"),
+        &hub_sidecar::sandbox::Grants {
+            write: vec![ctx.workspace.clone()],
+            task,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    ctx.config = Arc::new(cfg);
+}
+
 /// Run the executor once on the real CLI in `workspace`, talking to `api`, with a private HOME.
 async fn run(claude: &Path, api: &FakeAnthropic, workspace: &Path, home: &Path) -> ExecOutcome {
     let ctx = context(claude, api, workspace, home);
@@ -104,12 +126,7 @@ async fn real_cli_a_401_fails_fast_with_a_reason_naming_authentication() {
 #[tokio::test]
 async fn real_cli_works_inside_the_task_sandbox() {
     let Some(claude) = real_claude() else { return };
-    let support = hub_sidecar::sandbox::Support::probe();
-    if !support.missing().is_empty() {
-        eprintln!(
-            "SKIPPED: this machine cannot confine: {:?}",
-            support.missing()
-        );
+    if !crate::containment::supported() {
         return;
     }
     let ws = tempfile::tempdir().unwrap();
@@ -123,21 +140,7 @@ async fn real_cli_works_inside_the_task_sandbox() {
     })
     .await;
     let mut ctx = context(&claude, &api, ws.path(), home.path());
-    let mut cfg = (*ctx.config).clone();
-    cfg.state_dir = state.path().to_path_buf();
-    let policy = hub_sidecar::sandbox::Policy::decide(None, support);
-    ctx.env = hub_sidecar::process::confine(
-        &cfg,
-        &policy,
-        &ctx.env,
-        &state.path().join("tmp/t"),
-        &hub_sidecar::sandbox::Grants {
-            write: vec![ws.path().to_path_buf()],
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    ctx.config = Arc::new(cfg);
+    confine(&mut ctx, state.path(), false);
     let attempt = Attempt::new(
         1,
         format!(
@@ -166,12 +169,7 @@ async fn real_cli_works_inside_the_task_sandbox() {
 #[tokio::test]
 async fn real_cli_reaches_its_api_through_the_proxy_under_the_allowlist() {
     let Some(claude) = real_claude() else { return };
-    let support = hub_sidecar::sandbox::Support::probe();
-    if !support.missing().is_empty() {
-        eprintln!(
-            "SKIPPED: this machine cannot confine: {:?}",
-            support.missing()
-        );
+    if !crate::containment::supported() {
         return;
     }
     let ws = tempfile::tempdir().unwrap();
@@ -187,26 +185,11 @@ async fn real_cli_reaches_its_api_through_the_proxy_under_the_allowlist() {
     )
     .await;
     let mut ctx = context(&claude, &api, ws.path(), home.path());
-    let mut cfg = (*ctx.config).clone();
-    cfg.state_dir = state.path().to_path_buf();
     assert_eq!(
-        cfg.network.mode,
+        ctx.config.network.mode,
         hub_sidecar::config::NetworkMode::Allowlist
     );
-    let policy = hub_sidecar::sandbox::Policy::decide(None, support);
-    ctx.env = hub_sidecar::process::confine(
-        &cfg,
-        &policy,
-        &ctx.env,
-        &state.path().join("tmp/t"),
-        &hub_sidecar::sandbox::Grants {
-            write: vec![ws.path().to_path_buf()],
-            task: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    ctx.config = Arc::new(cfg);
+    confine(&mut ctx, state.path(), true);
     let out = ClaudeExecutor::new(&ctx)
         .unwrap()
         .execute(&ctx, &Attempt::new(1, "Write hello.txt containing hi."))

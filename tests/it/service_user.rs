@@ -4,7 +4,6 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use hub_sidecar::sandbox::Support;
 use serde_json::{json, Value};
 
 use crate::git::git;
@@ -27,12 +26,7 @@ fn run_task(dir: &Path, workspace: &Path, task: Value) -> Value {
 
 #[test]
 fn the_tasks_own_git_works_in_a_shared_workspace_it_does_not_own() {
-    let missing = Support::probe().missing();
-    if !missing.is_empty() {
-        eprintln!(
-            "skipped: this kernel cannot confine tasks: {}",
-            missing.join("; ")
-        );
+    if !crate::containment::supported() {
         return;
     }
     // SAFETY: geteuid has no preconditions.

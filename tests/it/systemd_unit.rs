@@ -13,7 +13,6 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
-use hub_sidecar::sandbox::Support;
 use serde_json::json;
 
 use crate::util::*;
@@ -53,12 +52,8 @@ fn unsupported() -> Option<String> {
             return Some(format!("`{tool}` is not installed"));
         }
     }
-    let missing = Support::probe().missing();
-    if !missing.is_empty() {
-        return Some(format!(
-            "this kernel cannot confine tasks: {}",
-            missing.join("; ")
-        ));
+    if let Some(why) = crate::containment::cannot_confine() {
+        return Some(why);
     }
     None
 }
