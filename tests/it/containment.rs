@@ -213,7 +213,8 @@ async fn a_detached_grandchild_dies_with_a_sigkilled_daemon_and_the_restart_reco
     );
     h.assign(sample_shell_task("orphan-maker", &cmd));
     assert!(wait_until(|| marker.exists(), T).await);
-    assert!(!procs_with_arg(&s).is_empty());
+    // The backgrounded `setsid sleep` may not have exec'd yet when the marker appears.
+    assert!(wait_until(|| !procs_with_arg(&s).is_empty(), T).await);
     h.bin_mut().kill9().await;
     assert!(
         wait_until(|| procs_with_arg(&s).is_empty(), T).await,
