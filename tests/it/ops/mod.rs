@@ -53,9 +53,15 @@ async fn wait_log(bin: &Bin, needle: &str) {
 }
 
 /// Close frames the sidecar sent, as codes.
-fn close_codes(hub: &MockHub) -> Vec<u64> {
-    hub.received_of("<close>")
-        .iter()
-        .filter_map(|f| f["code"].as_u64())
-        .collect()
+async fn close_codes(hub: &MockHub) -> Vec<u64> {
+    let codes = || -> Vec<u64> {
+        hub.received_of("<close>")
+            .iter()
+            .filter_map(|f| f["code"].as_u64())
+            .collect()
+    };
+    // The hub records the close frame on its own task: after the daemon has exited, it may
+    // not have read it yet.
+    crate::util::wait_until(|| !codes().is_empty(), crate::util::T).await;
+    codes()
 }

@@ -75,7 +75,7 @@ async fn first_sigterm_drains_refuses_new_work_delivers_the_result_and_exits_0()
         .received()
         .iter()
         .all(|f| f["task_id"] != "while-draining" || f["type"] != "task_accepted"));
-    assert_eq!(close_codes(h.hub()), vec![1000], "closed cleanly");
+    assert_eq!(close_codes(h.hub()).await, vec![1000], "closed cleanly");
     let state = state_json(h.dir());
     assert_eq!(state["active"], Value::Null);
     assert_eq!(state["outbox"], json!([]));
@@ -110,7 +110,7 @@ async fn second_signal_cancels_the_task_keeps_it_recovering_and_the_next_start_r
     assert_eq!(active_phase(h.dir()).as_deref(), Some("recovering"));
     assert!(h.received_of("task_complete").is_empty());
     assert!(h.received_of("task_failed").is_empty());
-    assert_eq!(close_codes(h.hub()), vec![1000]);
+    assert_eq!(close_codes(h.hub()).await, vec![1000]);
 
     // Next start: the hub is asked about the task.
     h.set_recovery_answer("abort-me", RecoveryAnswer::Reassign);
@@ -181,6 +181,6 @@ async fn a_small_drain_timeout_cancels_the_task_and_keeps_it_recovering() {
     assert!(wait_until(|| procs_with_arg(&sleep).is_empty(), T).await);
     assert_eq!(active_phase(h.dir()).as_deref(), Some("recovering"));
     assert!(h.received_of("task_complete").is_empty());
-    assert_eq!(close_codes(h.hub()), vec![1000]);
+    assert_eq!(close_codes(h.hub()).await, vec![1000]);
     h.finish().await;
 }
