@@ -66,7 +66,7 @@ pub struct Task {
     pub verification_timeout_ms: Option<u64>,
     /// Corrective retries asked for; 0 = one attempt, absent (or not a number) = the
     /// config's `verification.default_max_retries`. The loop's effective budget, and why, is
-    /// `crate::verify::retry_loop::RetryBudget`.
+    /// `crate::verify::budget::RetryBudget`.
     #[serde(
         default,
         deserialize_with = "lenient",

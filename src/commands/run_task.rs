@@ -119,7 +119,7 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     cfg.repo_dir = Some(workspace);
     // The loop's own rule, so the progress line counts what the loop will do.
     let is_llm = task.executor_kind().ok() != Some(crate::task::ExecutorKind::Shell);
-    let budget = crate::verify::retry_loop::RetryBudget::decide(&task, &cfg.verification, is_llm);
+    let budget = crate::verify::budget::RetryBudget::decide(&task, &cfg.verification, is_llm);
     let max_attempts = u64::from(budget.max_retries) + 1;
     let cfg = Arc::new(cfg);
     let redactor = Arc::new(Redactor::from_config(&cfg));

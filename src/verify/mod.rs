@@ -9,9 +9,13 @@
 //! - [`signature`]: failure signatures (no-progress and oscillation detection).
 //! - [`plan`]: the plan asked for once, found in the first attempt, carried forward.
 //! - [`prompt`]: first and corrective prompts for LLM executors.
-//! - [`retry_loop`]: plan → execute → verify → decide → correct → report, bounded.
+//! - [`budget`]: the retry budget and the cost caps of one task.
+//! - [`retry_loop`]: plan → execute → verify → decide → correct → report, bounded (the flaky
+//!   guard, a failed check run once more, is `flaky`).
 
+pub mod budget;
 pub mod checks;
+mod flaky;
 pub mod judge;
 pub mod observe;
 pub mod plan;

@@ -295,6 +295,117 @@ pub fn corrective_turn(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verify::report::{CheckResult, CheckStatus, VerificationReport};
+
+    fn rec(run: u32, checks: Vec<(&str, &str, CheckStatus, &str)>, obs: &[&str]) -> AttemptRecord {
+        let checks = checks
+            .into_iter()
+            .map(|(t, g, s, o)| CheckResult {
+                check_type: t.into(),
+                target: g.into(),
+                description: None,
+                status: s,
+                output: o.into(),
+                duration_ms: 1,
+                flaky: false,
+                cost_usd: 0.0,
+                tokens_in: 0,
+                tokens_out: 0,
+            })
+            .collect();
+        AttemptRecord {
+            report: VerificationReport::from_checks("t", run, 0, 1, 1000, checks, false),
+            observations: obs.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn task() -> crate::task::Task {
+        crate::task::Task::from_value(serde_json::json!({
+            "task_id": "t", "description": "Write hello.txt saying hi",
+            "success_criteria": ["hello.txt contains hi"],
+            "verification_steps": [
+                {"type": "file_exists", "target": "hello.txt", "description": "the file"},
+                {"type": "command_succeeds", "target": "grep -q hi hello.txt"}
+            ]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn first_prompt_lists_criteria_and_asks_for_a_plan() {
+        let p = first_prompt(&task());
+        assert!(p.starts_with("Write hello.txt saying hi"));
+        assert!(p.contains("- hello.txt contains hi"));
+        assert!(p.contains("- file_exists: hello.txt (the file)"));
+        assert!(p.contains("- command_succeeds: grep -q hi hello.txt"));
+        // The plan in the specification's shape: goal, numbered steps, each verified.
+        assert!(p.contains("PLAN\nGoal: "), "{p}");
+        assert!(p.contains("1. <action> -> verify: <how"), "{p}");
+        assert!(p.contains("each completion criterion"));
+    }
+
+    #[test]
+    fn corrective_prompt_has_every_section_and_truncates() {
+        let long = "x".repeat(5000);
+        let h = vec![
+            rec(
+                1,
+                vec![("file_exists", "hello.txt", CheckStatus::Fail, "old failure")],
+                &["workspace unchanged"],
+            ),
+            rec(
+                2,
+                vec![
+                    ("file_exists", "hello.txt", CheckStatus::Pass, "exists"),
+                    (
+                        "command_succeeds",
+                        "grep -q hi hello.txt",
+                        CheckStatus::Fail,
+                        &long,
+                    ),
+                ],
+                &["added: hello.txt (+1 lines)"],
+            ),
+        ];
+        let p = corrective_prompt(&task(), 2, 4, &h, &"y".repeat(3000), None);
+        assert!(
+            p.starts_with("VERIFICATION RETRY 2/4: fixing 1 failed check(s)."),
+            "{p}"
+        );
+        let failed = p.find("FAILED CHECKS:").unwrap();
+        let passed = p.find("PASSED CHECKS (keep these passing):").unwrap();
+        assert!(failed < passed);
+        assert!(p.contains("type: command_succeeds | target: grep -q hi hello.txt | status: fail"));
+        // One 5,000-char line: cut to a bounded line, and the cut is said.
+        assert!(p.contains(&"x".repeat(300)) && !p.contains(&"x".repeat(301)));
+        assert!(p.contains("[output cut to fit"));
+        assert!(p.contains("- file_exists: hello.txt\n"));
+        assert!(p.contains("- added: hello.txt (+1 lines)"));
+        assert!(p.contains("- attempt 1: 0 passed, 1 not passing: file_exists hello.txt (fail)"));
+        assert!(
+            !p.contains("old failure"),
+            "only the latest failure in full"
+        );
+        assert!(p.contains("ORIGINAL TASK:\nWrite hello.txt saying hi"));
+        assert!(p.contains("YOUR PREVIOUS OUTPUT:\n"));
+        assert!(p.contains(&"y".repeat(1000)) && !p.contains(&"y".repeat(1001)));
+        // No plan was found: the corrective prompt asks for one; with a plan it carries it.
+        assert!(p.contains("You did not write a plan"), "{p}");
+        let plan = crate::verify::plan::Plan::find(
+            "Goal: greet\nSteps:\n1. write hello.txt -> verify: grep hi",
+            1,
+        );
+        let p = corrective_prompt(&task(), 2, 4, &h, "", plan.as_ref());
+        assert!(p.contains("YOUR PLAN (made on attempt 1; keep to it, do not plan again"));
+        assert!(p.contains("1. write hello.txt -> verify: grep hi"), "{p}");
+        assert!(!p.contains("Before you change anything"), "{p}");
+        // The short turn for a kept chat: what failed, no task, no previous output.
+        let t = corrective_turn(2, 4, &h, plan.as_ref());
+        assert!(t.starts_with("VERIFICATION RETRY 2/4: fixing 1 failed check(s)."));
+        assert!(t.contains("FAILED CHECKS:") && t.contains("Keep to the plan you made"));
+        assert!(!t.contains("ORIGINAL TASK") && !t.contains("YOUR PREVIOUS OUTPUT"));
+        assert!(t.len() < p.len());
+    }
 
     #[test]
     fn a_failure_printed_last_survives_the_cut() {
