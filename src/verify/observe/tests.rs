@@ -3,6 +3,7 @@
 use super::git_text::unquote;
 use super::*;
 use std::ffi::OsStr;
+use std::time::Duration;
 
 #[tokio::test]
 async fn walk_reports_added_modified_deleted_and_ignores_build_dirs() {

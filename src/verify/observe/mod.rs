@@ -53,12 +53,13 @@
 //!
 //! # Layout
 //!
-//! - this file: [`Snapshot`], [`snapshot`], [`observe`] and the two diffs (git, walk), the
-//!   rendering of the lines;
-//! - `observe_table.rs`: the compact state (rows, probes and fingerprints, the coarse view,
-//!   the bounded collector);
-//! - `observe_git_text.rs`: git's quoted output read back to bytes, and [`display_path`];
-//! - `observe_tests.rs`: real repositories and files in temp dirs.
+//! - this file: [`Snapshot`], [`snapshot`], [`observe`] and the two diffs (git, walk);
+//! - `table.rs`: the compact state (rows, probes and fingerprints, the coarse view, the
+//!   bounded collector);
+//! - `git.rs`: the observer's one hardened git call;
+//! - `git_text.rs`: git's quoted output read back to bytes, and [`display_path`];
+//! - `render.rs`: the changes as lines;
+//! - `tests.rs`: real repositories and files in temp dirs.
 //!
 //! "Could not observe" is never "unchanged": when git cannot read the work tree the snapshot
 //! falls back to the walk and says so; when the two ends cannot be compared the list is one
@@ -66,25 +67,27 @@
 //! reports `error`). A walk past its cap or a `git status` past its output cap is reported as
 //! such, never as deletions.
 
-use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::process::{self, ChildEnv};
+use crate::process::ChildEnv;
 
-#[path = "observe_table.rs"]
 mod table;
 use table::*;
 
-#[path = "observe_git_text.rs"]
 mod git_text;
 pub use git_text::display_path;
 use git_text::{parse_numstat, parse_status};
+
+mod git;
+use git::{git, GitOut, STATUS};
+
+mod render;
+use render::{group_digits, render};
 
 /// The one observation meaning "nothing changed".
 pub const UNCHANGED: &str = "workspace unchanged";
@@ -191,95 +194,6 @@ pub fn unavailable(observations: &[String]) -> Option<&str> {
         .iter()
         .find_map(|o| o.strip_prefix(UNAVAILABLE_PREFIX))
 }
-
-// ---------------------------------------------------------------------------------------------
-// Git.
-
-/// Why one git call of the observer gave nothing; the snapshot falls back to a walk and
-/// says why.
-#[derive(Debug, thiserror::Error)]
-enum GitCallError {
-    #[error(transparent)]
-    Refused(crate::git::harden::Refusal),
-    #[error("git {command} failed ({exit}): {stderr}")]
-    Failed {
-        command: String,
-        exit: String,
-        stderr: String,
-    },
-    #[error("could not start git: {0}")]
-    Spawn(std::io::Error),
-}
-
-/// What one git call gave.
-struct GitOut {
-    stdout: String,
-    /// Output past the cap was dropped.
-    truncated: bool,
-}
-
-async fn git(
-    ws: &Path,
-    env: &ChildEnv,
-    cancel: &CancellationToken,
-    args: &[&str],
-) -> Result<GitOut, GitCallError> {
-    git_os(ws, env, cancel, args.iter().map(OsStr::new)).await
-}
-
-/// [`git`] with arguments that need not be UTF-8 (pathspecs).
-async fn git_os<'a>(
-    ws: &Path,
-    env: &ChildEnv,
-    cancel: &CancellationToken,
-    args: impl IntoIterator<Item = &'a OsStr>,
-) -> Result<GitOut, GitCallError> {
-    let args: Vec<&OsStr> = args.into_iter().collect();
-    // The daemon's git never runs what the repository names (hooks, fsmonitor, filters):
-    // a git directory the task could have written is checked first.
-    if let Some(why) = crate::git::harden::refusal(ws, env, cancel).await {
-        return Err(GitCallError::Refused(why));
-    }
-    // `--no-optional-locks`: observing never takes the index lock a concurrent git of the
-    // agent (or of a check) may need. The hardening overrides name `ws` a safe directory.
-    // `core.quotePath`: output is read as text, so every byte that is not printable ASCII
-    // must come quoted (and is unquoted back to the exact bytes); spaces are quoted too,
-    // which keeps `old -> new` unambiguous.
-    let spec = crate::git::harden::command(ws, ws, env)
-        .arg("--no-optional-locks")
-        .args(["-c", "core.quotePath=true"])
-        .arg("-C")
-        .arg(ws)
-        .args(args.iter().copied());
-    let limits = process::Limits {
-        timeout: Some(Duration::from_secs(30)),
-        grace: Duration::from_millis(500),
-        output_cap: GIT_OUTPUT_CAP,
-    };
-    match process::run(&spec, &limits, cancel, None).await {
-        Ok(o) if o.exit.success() => Ok(GitOut {
-            truncated: o.dropped_bytes > 0,
-            stdout: o.stdout,
-        }),
-        Ok(o) => Err(GitCallError::Failed {
-            command: args
-                .first()
-                .map(|a| a.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            exit: o.exit.describe(),
-            stderr: crate::util::truncate_chars(o.stderr.trim(), 300),
-        }),
-        Err(e) => Err(GitCallError::Spawn(e)),
-    }
-}
-
-/// `git status`: dirty and untracked paths one by one, ignored directories as one entry.
-const STATUS: &[&str] = &[
-    "status",
-    "--porcelain",
-    "--untracked-files=all",
-    "--ignored=matching",
-];
 
 // ---------------------------------------------------------------------------------------------
 // Looking at the workspace.
@@ -751,131 +665,6 @@ fn modified(row: &Row, now: &Probe) -> Change {
     }
 }
 
-/// The lines: HEAD and commits, the kept changes (line counts read for these only, tracked
-/// ones against HEAD with one `git diff` limited to them), a count of the rest, the coarse
-/// view when nothing else changed, and the notes.
-async fn render(
-    before: &Snapshot,
-    ws: &Path,
-    env: &ChildEnv,
-    cancel: &CancellationToken,
-    found: Found,
-    limits: Limits,
-) -> Vec<String> {
-    let Found {
-        head_lines,
-        head_total,
-        changes,
-        notes,
-        coarse_after,
-    } = found;
-    let git_root = match &before.source {
-        Source::Git { root, head, .. } => Some((root.clone(), head.is_some())),
-        Source::Walk { .. } => None,
-    };
-    // Line counts of tracked files against HEAD: one diff for the listed paths only, run at
-    // the top level, which the paths are relative to.
-    let mut numstat: BTreeMap<Vec<u8>, (String, String)> = BTreeMap::new();
-    if let Some((root, true)) = &git_root {
-        let touched: Vec<&OsStr> = changes
-            .kept
-            .iter()
-            .filter(|(_, c)| c.tracked && c.kind == Kind::Modified)
-            .map(|(p, _)| OsStr::from_bytes(p))
-            .collect();
-        if !touched.is_empty() {
-            let fixed = [
-                "--literal-pathspecs",
-                "diff",
-                "--no-renames",
-                "--numstat",
-                "HEAD",
-                "--",
-            ];
-            let args = fixed.into_iter().map(OsStr::new).chain(touched);
-            if let Ok(s) = git_os(root, env, cancel, args).await {
-                numstat.extend(parse_numstat(&s.stdout).map(|(p, a, d)| (p, (a, d))));
-            }
-        }
-    }
-    let base = git_root.map_or_else(|| ws.to_path_buf(), |(r, _)| r);
-    let total = head_total + changes.total;
-    let kept = changes.kept;
-    let mut lines = tokio::task::spawn_blocking(move || {
-        let mut out = head_lines;
-        for (path, c) in &kept {
-            out.push(describe(&base, path, c, numstat.get(path)));
-        }
-        out
-    })
-    .await
-    .unwrap_or_default();
-    if lines.len() > limits.max_lines {
-        lines.truncate(limits.max_lines);
-    }
-    if total > lines.len() {
-        lines.push(format!(
-            "… and {} more changes not listed",
-            group_digits(total - lines.len())
-        ));
-    }
-    if lines.is_empty() {
-        // Nothing git or the walk can list: what the ignored paths say decides.
-        let mut coarse = before.coarse.diff(&coarse_after);
-        if coarse.len() > limits.max_lines {
-            let more = coarse.len() - limits.max_lines;
-            coarse.truncate(limits.max_lines);
-            coarse.push(format!(
-                "… and {} more ignored paths changed",
-                group_digits(more)
-            ));
-        }
-        lines = coarse;
-    }
-    lines.extend(notes);
-    if lines.is_empty() {
-        lines.push(UNCHANGED.into());
-    }
-    lines
-}
-
-/// One change as a line.
-fn describe(base: &Path, path: &[u8], c: &Change, numstat: Option<&(String, String)>) -> String {
-    let shown = display_path(path);
-    let lines = || line_count(&base.join(OsStr::from_bytes(path)));
-    let size = |n: u64| {
-        if n >= u64::from(SIZE_SATURATED) {
-            "4 GiB or more".to_string()
-        } else {
-            format!("{} bytes", group_digits(n as usize))
-        }
-    };
-    match c.kind {
-        Kind::Added => match lines() {
-            Some(n) => format!("added: {shown} (+{n} lines)"),
-            None => format!("added: {shown} ({})", size(c.size_after)),
-        },
-        Kind::AddedOrChanged => format!(
-            "added or changed: {shown} ({}; not seen by the capped walk before)",
-            lines().map_or_else(|| size(c.size_after), |n| format!("{n} lines"))
-        ),
-        Kind::Deleted if c.tracked => format!("deleted: {shown}"),
-        Kind::Deleted => format!("deleted: {shown} (−{})", size(c.size_before)),
-        Kind::Reverted => format!("reverted: {shown}"),
-        Kind::Modified => match numstat {
-            Some((a, d)) => format!("modified: {shown} (+{a} −{d} vs HEAD)"),
-            None => {
-                let now = lines().map_or_else(String::new, |n| format!(", {n} lines"));
-                format!(
-                    "modified: {shown} ({} → {}{now})",
-                    size(c.size_before),
-                    size(c.size_after)
-                )
-            }
-        },
-    }
-}
-
 /// What the workspace holds against its baseline, for a verification run with no attempt
 /// before it (`hub-sidecar verify`): in git, the uncommitted changes against HEAD; elsewhere,
 /// every file (as added). Ignored paths have no baseline, so they are not reported.
@@ -926,19 +715,5 @@ async fn against(
     observe(&baseline, ws, env, cancel).await
 }
 
-/// 4312 → "4,312".
-fn group_digits(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 #[cfg(test)]
-#[path = "observe_tests.rs"]
 mod tests;
