@@ -26,7 +26,7 @@
 //!    (`GIT_NO_REPLACE_OBJECTS`, `GIT_GRAFT_FILE=/dev/null`), and no inherited `GIT_DIR`,
 //!    `GIT_WORK_TREE`, `GIT_INDEX_FILE`, alternates or other `GIT_*` that would redirect it.
 //! 3. **An explicit git directory**: `.git` is resolved here the way git resolves it
-//!    ([`locate`]: a directory, a symlink, or a gitfile with any bytes) and git is handed
+//!    ([`locate`](super::locate::locate): a directory, a symlink, or a gitfile with any bytes) and git is handed
 //!    `--git-dir` and `--work-tree`, so what was checked is what git uses and
 //!    `core.worktree` has no effect. What cannot be resolved is refused, never run unchecked.
 //! 4. **A trusted git directory**: a managed clone keeps its git directory outside the
@@ -40,12 +40,13 @@
 //!    ([`submodule_refusal`]).
 
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+use super::locate::{config_files, git_dir_of, locate, no_alternates, Located};
 
 use tokio_util::sync::CancellationToken;
 
@@ -496,7 +497,7 @@ impl CleanConfigs {
     }
 }
 
-/// [`refusal`] for the config files of one git directory (see [`config_files`]).
+/// [`refusal`] for the config files of one git directory (see [`config_files`](super::locate::config_files)).
 pub async fn refusal_of(
     files: &[PathBuf],
     env: &ChildEnv,
@@ -540,7 +541,7 @@ pub async fn refusal_of(
 }
 
 /// `git` in `cwd` with the fixed overrides and environment for `work_tree`, its git
-/// directory named explicitly (see [`locate`]); the caller adds its own arguments. Call
+/// directory named explicitly (see [`locate`](super::locate::locate)); the caller adds its own arguments. Call
 /// [`refusal`] first: this only makes sure git uses the directory that was checked. A
 /// `.git` that cannot be resolved makes git fail (`--git-dir=/dev/null`), never discover.
 pub fn command(cwd: &Path, work_tree: &Path, env: &ChildEnv) -> CommandSpec {
@@ -555,165 +556,11 @@ pub fn command(cwd: &Path, work_tree: &Path, env: &ChildEnv) -> CommandSpec {
     spec
 }
 
-/// A git directory found for a path, the way git's discovery finds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Located {
-    /// The top of the work tree: the directory holding `.git`.
-    pub work_tree: PathBuf,
-    /// The git directory `.git` resolves to (canonical).
-    pub git_dir: PathBuf,
-}
-
-impl Located {
-    /// `--git-dir=… --work-tree=…`: git reads nothing but these, whatever `.git` or
-    /// `core.worktree` say by the time it runs.
-    pub fn args(&self) -> [OsString; 2] {
-        let mut gd = OsString::from("--git-dir=");
-        gd.push(&self.git_dir);
-        let mut wt = OsString::from("--work-tree=");
-        wt.push(&self.work_tree);
-        [gd, wt]
-    }
-}
-
-/// The git directory git would use at `start`: the first of `start` and its parents with a
-/// `.git` entry, resolved by [`git_dir_of`]. `Ok(None)`: no `.git` anywhere up.
-pub fn locate(start: &Path) -> Result<Option<Located>, Refusal> {
-    for dir in start.ancestors() {
-        if let Some(git_dir) = git_dir_of(dir)? {
-            return Ok(Some(Located {
-                work_tree: dir.to_path_buf(),
-                git_dir,
-            }));
-        }
-    }
-    Ok(None)
-}
-
-/// Largest gitfile read; git's own are one short line.
-const MAX_GITFILE: u64 = 64 * 1024;
-
-/// The git directory of the work tree at `work_tree`, resolved as git resolves `.git`
-/// (`setup.c`): a directory, or a symlink to one, is the git directory; a regular file
-/// (or a symlink to one) is a gitfile, `gitdir: <path>` with any bytes but NUL, relative to
-/// `work_tree` unless absolute. `Ok(None)` when there is no `.git` entry at all; a refusal
-/// for any other shape (a dangling symlink, which would make git search further up, a
-/// malformed gitfile, a target that is not a directory), never a silent "no repository".
-pub fn git_dir_of(work_tree: &Path) -> Result<Option<PathBuf>, Refusal> {
-    let dot = work_tree.join(".git");
-    let refuse = |why: String| Refusal::Unresolvable {
-        dot_git: dot.clone(),
-        why,
-    };
-    match std::fs::symlink_metadata(&dot) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(refuse(format!("unreadable ({e})"))),
-    }
-    // Followed, as git follows it.
-    let meta = std::fs::metadata(&dot)
-        .map_err(|e| refuse(format!("a link that does not resolve ({e})")))?;
-    let target = if meta.is_dir() {
-        dot.clone()
-    } else if meta.is_file() {
-        let path = read_gitfile(&dot).map_err(refuse)?;
-        if path.is_absolute() {
-            path
-        } else {
-            work_tree.join(path)
-        }
-    } else {
-        return Err(refuse("neither a directory nor a file".into()));
-    };
-    let git_dir = std::fs::canonicalize(&target).map_err(|e| {
-        refuse(format!(
-            "naming {}, which does not resolve ({e})",
-            target.display()
-        ))
-    })?;
-    if !git_dir.is_dir() {
-        return Err(refuse(format!(
-            "naming {}, which is not a directory",
-            git_dir.display()
-        )));
-    }
-    Ok(Some(git_dir))
-}
-
-/// The path in a gitfile: `gitdir: ` then the path, trailing newlines and carriage returns
-/// dropped (git's `read_gitfile_gently`). Bytes, not text: a path need not be UTF-8.
-fn read_gitfile(file: &Path) -> Result<PathBuf, String> {
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::fs::File::open(file)
-        .and_then(|f| f.take(MAX_GITFILE + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("a gitfile that cannot be read ({e})"))?;
-    if bytes.len() as u64 > MAX_GITFILE {
-        return Err("a gitfile too large to be one".into());
-    }
-    let Some(rest) = bytes.strip_prefix(b"gitdir: ") else {
-        return Err("a file that is not a gitfile (no `gitdir: ` line)".into());
-    };
-    let mut end = rest.len();
-    while end > 0 && matches!(rest[end - 1], b'\n' | b'\r') {
-        end -= 1;
-    }
-    let path = &rest[..end];
-    if path.is_empty() || path.contains(&0) {
-        return Err("a gitfile whose path is empty or holds a NUL byte".into());
-    }
-    Ok(PathBuf::from(OsStr::from_bytes(path)))
-}
-
-/// The common directory of a (linked-worktree) git directory, from its `commondir` file,
-/// read as bytes like a gitfile's path.
-fn common_dir(git_dir: &Path) -> Option<PathBuf> {
-    let bytes = std::fs::read(git_dir.join("commondir")).ok()?;
-    let mut end = bytes.len();
-    while end > 0 && matches!(bytes[end - 1], b'\n' | b'\r') {
-        end -= 1;
-    }
-    let p = PathBuf::from(OsStr::from_bytes(&bytes[..end]));
-    Some(git_dir.join(p))
-}
-
-/// Refuse a git directory (or its common directory) that lists alternates: objects from
-/// another repository would be read as its own.
-fn no_alternates(git_dir: &Path) -> Result<(), Refusal> {
-    let mut dirs = vec![git_dir.to_path_buf()];
-    dirs.extend(common_dir(git_dir));
-    for d in dirs {
-        for name in ["objects/info/alternates", "objects/info/http-alternates"] {
-            let file = d.join(name);
-            if std::fs::symlink_metadata(&file).is_ok() {
-                return Err(Refusal::Alternates { file });
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The config files of an untrusted git directory that git would read: its `config`, the
-/// per-worktree `config.worktree`, and those of the common directory a linked worktree
-/// points to (`commondir`).
-pub fn config_files(git_dir: &Path) -> Vec<PathBuf> {
-    let mut dirs = vec![git_dir.to_path_buf()];
-    dirs.extend(common_dir(git_dir));
-    let mut files = Vec::new();
-    for d in dirs {
-        for name in ["config", "config.worktree"] {
-            let f = d.join(name);
-            if f.exists() {
-                files.push(f);
-            }
-        }
-    }
-    files
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::git::locate::tests::init_at;
+    use std::ffi::OsStr;
 
     #[test]
     fn the_allowlist_keeps_plain_settings_and_refuses_everything_that_runs_a_program() {
@@ -743,97 +590,6 @@ core.worktree\n/home/svc\0";
                 "url.evil.insteadof",
             ]
         );
-    }
-
-    fn init_at(dir: &Path) {
-        let ok = std::process::Command::new("git")
-            .args(["init", "-q", "--bare"])
-            .arg(dir)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    }
-
-    /// Every shape `.git` can take is resolved to the directory git itself would use, with
-    /// paths that are not UTF-8 kept byte for byte; every shape git would not read the same
-    /// way is refused, never taken for "no repository".
-    #[test]
-    fn every_form_of_dot_git_resolves_as_git_does_or_is_refused() {
-        use std::os::unix::ffi::OsStrExt;
-        let d = tempfile::tempdir().unwrap();
-        let root = std::fs::canonicalize(d.path()).unwrap();
-        let store = root.join(OsStr::from_bytes(b"store-\xff\x1b[31m.git"));
-        init_at(&store);
-        let wt = root.join("wt");
-        std::fs::create_dir(&wt).unwrap();
-        let dot = wt.join(".git");
-        assert_eq!(git_dir_of(&wt).unwrap(), None, "no .git: no repository");
-
-        let resolves = |what: &str| {
-            assert_eq!(git_dir_of(&wt).unwrap(), Some(store.clone()), "{what}");
-            let found = locate(&wt.join("sub/dir")).unwrap().unwrap();
-            assert_eq!(
-                (found.work_tree, found.git_dir),
-                (wt.clone(), store.clone())
-            );
-        };
-        let refused = |what: &str| {
-            let e = git_dir_of(&wt).unwrap_err();
-            assert!(matches!(e, Refusal::Unresolvable { .. }), "{what}: {e}");
-            assert!(locate(&wt).is_err(), "{what}");
-        };
-        let reset = || {
-            let _ = std::fs::remove_file(&dot);
-            let _ = std::fs::remove_dir_all(&dot);
-        };
-
-        // A symlink to the directory.
-        std::os::unix::fs::symlink(&store, &dot).unwrap();
-        resolves("symlink to a directory");
-        // A gitfile, absolute, with bytes that are not UTF-8.
-        reset();
-        let mut bytes = b"gitdir: ".to_vec();
-        bytes.extend_from_slice(store.as_os_str().as_bytes());
-        bytes.extend_from_slice(b"\r\n\n");
-        std::fs::write(&dot, &bytes).unwrap();
-        resolves("absolute gitfile, CRLF");
-        // A gitfile, relative to the work tree.
-        reset();
-        let mut rel = b"gitdir: ../".to_vec();
-        rel.extend_from_slice(store.file_name().unwrap().as_bytes());
-        std::fs::write(&dot, &rel).unwrap();
-        resolves("relative gitfile");
-        // A symlink to a gitfile.
-        reset();
-        let gitfile = root.join("gitfile");
-        std::fs::write(&gitfile, &bytes).unwrap();
-        std::os::unix::fs::symlink(&gitfile, &dot).unwrap();
-        resolves("symlink to a gitfile");
-
-        // What git would not read the same way.
-        reset();
-        std::os::unix::fs::symlink(root.join("nowhere"), &dot).unwrap();
-        refused("dangling symlink (git would search further up)");
-        reset();
-        std::fs::write(&dot, b"gitdir:/srv/x.git\n").unwrap();
-        refused("no space after the colon");
-        reset();
-        std::fs::write(&dot, b"gitdir: /srv/x\0y.git\n").unwrap();
-        refused("a NUL byte");
-        reset();
-        std::fs::write(&dot, b"gitdir: /no/such/dir\n").unwrap();
-        refused("a target that does not exist");
-        reset();
-        std::fs::write(&dot, format!("gitdir: {}\n", gitfile.display())).unwrap();
-        refused("a target that is a file");
-        reset();
-        let fifo = std::ffi::CString::new(dot.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid C string; mkfifo only creates the node.
-        #[allow(unsafe_code)]
-        let r = unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
-        assert_eq!(r, 0);
-        refused("a fifo");
     }
 
     /// The config of a linked worktree's common directory is checked too, whatever bytes

@@ -6,6 +6,7 @@
 //!   `GIT_TERMINAL_PROMPT=0` and no askpass program, so a missing credential fails fast
 //!   instead of waiting for a human.
 //! - [`harden`]: what keeps git from running a program the repository names.
+//! - [`locate`]: the git directory found the way git finds it, or refused.
 //! - [`url`]: repository URLs, their credentials, the names derived from them.
 //! - [`branch`]: the task branch `<agent>/<slug-of-description>-<id>` from the base.
 //! - [`publish`]: after verification, commit, push (`--force-with-lease`), open a pull
@@ -13,6 +14,7 @@
 
 pub mod branch;
 pub mod harden;
+pub mod locate;
 pub mod publish;
 mod runner;
 pub mod url;

@@ -13,6 +13,7 @@ use crate::process::{self, ChildEnv, CommandSpec, Limits};
 use crate::redact::scrub_url_userinfo;
 
 use super::harden::{self, CleanConfigs};
+use super::locate;
 
 /// Bytes of git/gh error output kept in a task's failure reason.
 const ERROR_TAIL_CHARS: usize = 600;
@@ -116,14 +117,14 @@ impl GitRunner {
     /// `git ARGS` in `cwd`, hardened; stdout on success. `network` picks the clone timeout.
     ///
     /// git never discovers its directory by itself: it is named with `--git-dir` and
-    /// `--work-tree`, the managed clone's own or the one [`harden::locate`] resolved and
+    /// `--work-tree`, the managed clone's own or the one [`locate::locate`] resolved and
     /// checked (a `clone`, which reads no repository, gets neither).
     pub async fn git(&self, cwd: &Path, args: &[&str], network: bool) -> Result<String, GitError> {
         let step = format!("git {}", args.first().copied().unwrap_or(""));
         let mut full = harden::overrides(cwd);
         match &self.trusted {
             Some((tree, dir)) if tree == cwd => {
-                let found = harden::Located {
+                let found = locate::Located {
                     work_tree: tree.clone(),
                     git_dir: dir.clone(),
                 };
@@ -144,7 +145,7 @@ impl GitRunner {
                     // Resolved again after the check: the same answer unless `.git`
                     // changed in between, and then the new one is refused or checked
                     // on the next call; git itself never picks another.
-                    match harden::locate(cwd) {
+                    match locate::locate(cwd) {
                         Ok(Some(found)) => full.extend(found.args()),
                         Ok(None) => {}
                         Err(why) => {
