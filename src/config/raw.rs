@@ -210,6 +210,7 @@ pub(crate) struct RawSandbox {
     pub max_processes: Option<u64>,
     pub max_file_size_mb: Option<u64>,
     pub max_open_files: Option<u64>,
+    pub npmrc: Option<PathBuf>,
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
 }

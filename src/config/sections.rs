@@ -327,6 +327,10 @@ pub struct SandboxConfig {
     pub max_file_size_mb: u64,
     /// Open files per process (RLIMIT_NOFILE); 0: no limit.
     pub max_open_files: u64,
+    /// A file copied into each task's HOME as its `.npmrc` (npm, pnpm and yarn read it):
+    /// the registries and logins the operator gives tasks on purpose. Unset: an empty one,
+    /// never the service user's own `~/.npmrc`.
+    pub npmrc: Option<PathBuf>,
 }
 
 impl Default for SandboxConfig {
@@ -338,6 +342,7 @@ impl Default for SandboxConfig {
             max_processes: 4096,
             max_file_size_mb: 4 * 1024,
             max_open_files: 4096,
+            npmrc: None,
         }
     }
 }

@@ -195,6 +195,7 @@ fn sandbox(r: RawSandbox) -> SandboxConfig {
         max_processes: r.max_processes.unwrap_or(d.max_processes),
         max_file_size_mb: r.max_file_size_mb.unwrap_or(d.max_file_size_mb),
         max_open_files: r.max_open_files.unwrap_or(d.max_open_files),
+        npmrc: r.npmrc.or(d.npmrc),
     }
 }
 

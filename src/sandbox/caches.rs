@@ -25,21 +25,15 @@
 //!
 //! **The operator's own settings**: cargo's `config.toml` (mirrors, source replacement, net
 //! settings) is copied into the repository's `CARGO_HOME` for every task, never its
-//! `credentials.toml`. npm's user config `~/.npmrc` is where registry logins live: it stays
-//! unreadable, and npm and pnpm are pointed at an empty per-repository `npmrc` instead
-//! (`npm_config_userconfig`), rewritten for every task, so they neither fail on the denied
-//! file nor see its tokens. Yarn 1 reads `$HOME/.npmrc` by name whatever the variables say:
-//! where that file exists, yarn's error is reported as an infrastructure error naming it
-//! (see `denial.rs`), and the fix is the project's own `.npmrc` or a token-free copy
-//! granted with `[sandbox] read_paths`.
+//! `credentials.toml`. npm's user config, where registry logins live, is not a cache: it is
+//! in the task's own HOME (see [`super::task_home`]), fresh for every task.
 //!
 //! Layout of one repository's directory:
 //!
 //! ```text
 //! caches/<key>/.last-used     when its last task started (the LRU clock)
 //! caches/<key>/cargo/         CARGO_HOME (registry, git, config.toml copied in)
-//! caches/<key>/npmrc          npm_config_userconfig, empty
-//! caches/<key>/npm/ pnpm-store/ pnpm/ yarn/ yarn-berry/ pip/ uv/ go/{mod,build,path}/
+//! //! caches/<key>/npm/ pnpm-store/ pnpm/ yarn/ yarn-berry/ pip/ uv/ go/{mod,build,path}/
 //! caches/<key>/gradle/ deno/ bun/ xdg/
 //! ```
 
@@ -56,9 +50,6 @@ const ROOT: &str = "caches";
 
 /// The file whose modification time says when the repository's last task started.
 const LAST_USED: &str = ".last-used";
-
-/// The file npm and pnpm read as the user's config instead of `~/.npmrc`.
-const NPMRC: &str = "npmrc";
 
 /// Each tool's variable and the directory (under the repository's cache) it names.
 const VARS: &[(&str, &str)] = &[
@@ -77,6 +68,26 @@ const VARS: &[(&str, &str)] = &[
     ("DENO_DIR", "deno"),
     ("BUN_INSTALL_CACHE_DIR", "bun"),
     ("XDG_CACHE_HOME", "xdg"),
+];
+
+/// Where each tool keeps its cache under HOME when its variable is unset, most specific
+/// first: a refused path there is a cache the repository's replaces (see `denial.rs`).
+pub const HOME_DEFAULTS: &[(&str, &str)] = &[
+    ("CARGO_HOME", ".cargo"),
+    ("npm_config_cache", ".npm"),
+    ("npm_config_store_dir", ".local/share/pnpm"),
+    ("npm_config_cache_dir", ".cache/pnpm"),
+    ("YARN_CACHE_FOLDER", ".cache/yarn"),
+    ("YARN_GLOBAL_FOLDER", ".yarn/berry"),
+    ("PIP_CACHE_DIR", ".cache/pip"),
+    ("UV_CACHE_DIR", ".cache/uv"),
+    ("GOMODCACHE", "go/pkg/mod"),
+    ("GOCACHE", ".cache/go-build"),
+    ("GOPATH", "go"),
+    ("GRADLE_USER_HOME", ".gradle"),
+    ("DENO_DIR", ".cache/deno"),
+    ("BUN_INSTALL_CACHE_DIR", ".bun/install/cache"),
+    ("XDG_CACHE_HOME", ".cache"),
 ];
 
 /// One repository's caches, ready for a task.
@@ -135,7 +146,7 @@ pub fn prepare(
 ) -> io::Result<Prepared> {
     let root = root(cfg);
     let dir = root.join(key_for(workspace));
-    let mut set = Vec::with_capacity(VARS.len() + 1);
+    let mut set = Vec::with_capacity(VARS.len());
     for (var, sub) in VARS {
         let d = dir.join(sub);
         std::fs::create_dir_all(&d)?;
@@ -143,11 +154,6 @@ pub fn prepare(
     }
     // Rewritten every time: the task may write here, the next task starts from the
     // operator's settings again.
-    std::fs::write(dir.join(NPMRC), b"")?;
-    set.push((
-        "npm_config_userconfig".to_string(),
-        dir.join(NPMRC).to_string_lossy().into_owned(),
-    ));
     copy_cargo_config(inherited, &dir.join("cargo"))?;
     // The LRU clock: a write sets the modification time to now.
     std::fs::write(dir.join(LAST_USED), b"")?;
@@ -230,7 +236,7 @@ pub fn prune(root: &Path, max_bytes: u64, keep: &Path) -> Vec<PathBuf> {
         if path == keep {
             continue;
         }
-        match remove_tree(&path) {
+        match crate::util::remove_tree(&path) {
             Ok(()) => {
                 total = total.saturating_sub(u.bytes);
                 tracing::info!(cache = %path.display(), bytes = u.bytes, "removed the least recently used repository cache");
@@ -294,33 +300,6 @@ fn disk_usage(path: &Path) -> u64 {
     own + children
 }
 
-/// `remove_dir_all`, also where a tool made its cache read-only (Go's module cache is).
-fn remove_tree(path: &Path) -> io::Result<()> {
-    match std::fs::remove_dir_all(path) {
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            make_writable(path);
-            std::fs::remove_dir_all(path)
-        }
-        r => r,
-    }
-}
-
-fn make_writable(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let Ok(m) = std::fs::symlink_metadata(path) else {
-        return;
-    };
-    if !m.is_dir() {
-        return;
-    }
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
-    if let Ok(rd) = std::fs::read_dir(path) {
-        for e in rd.flatten() {
-            make_writable(&e.path());
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,14 +352,12 @@ mod tests {
         assert!(!cargo.join("credentials.toml").exists());
         // A task's own edit does not survive into the next task.
         std::fs::write(cargo.join("config.toml"), "[source]\n").unwrap();
-        std::fs::write(p.dir.join(NPMRC), "registry=http://elsewhere/\n").unwrap();
         let home = dir.path().join("home").to_string_lossy().into_owned();
         prepare(&cfg(dir.path(), 0), &ws, &[("HOME".into(), home)]).unwrap();
         assert_eq!(
             std::fs::read_to_string(cargo.join("config.toml")).unwrap(),
             "[net]\noffline = true\n"
         );
-        assert_eq!(std::fs::read_to_string(p.dir.join(NPMRC)).unwrap(), "");
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub enum Denial {
         path: PathBuf,
         /// Whether the task may at least read it (then it was refused a write).
         readable: bool,
+        /// What the operator would change so tasks may use it.
+        remedy: Remedy,
         /// The config file the grant would go into, when known.
         config: Option<PathBuf>,
     },
@@ -76,22 +78,57 @@ impl std::fmt::Display for Denial {
             Denial::Path {
                 path,
                 readable,
+                remedy,
                 config,
             } => {
-                let (what, read_only) = if *readable {
-                    ("write", "")
-                } else {
-                    ("reach", " (`read_paths` to let tasks only read it)")
-                };
+                let what = if *readable { "write" } else { "reach" };
                 write!(
                     f,
                     "infrastructure_error: containment denied {}, which a task may not {what}; \
-                     not a fault of the task's code, so it is not retried. If tasks need it, grant \
-                     it with `[sandbox] write_paths = [\"{}\"]`{read_only} in {}",
+                     not a fault of the task's code, so it is not retried. ",
                     path.display(),
-                    grant_for(path).display(),
-                    file(config)
-                )
+                )?;
+                let config = file(config);
+                match remedy {
+                    Remedy::Cache { var, dir } => write!(
+                        f,
+                        "It is where a package manager caches when `{var}` is unset ({}): with \
+                         `[caches] enabled = true` in {config} (the default) the sandbox points \
+                         `{var}` at the repository's own cache, so leave `{var}` to the sandbox \
+                         (not in `[env] allow`, not set by the task) rather than granting this",
+                        dir.display()
+                    ),
+                    Remedy::Grant { path, create } => {
+                        let p = path.display();
+                        let grant = if *readable || path.is_dir() || *create {
+                            format!(
+                                "`[sandbox] write_paths = [\"{p}\"]` (`read_paths` to let tasks \
+                                 only read it)"
+                            )
+                        } else {
+                            format!(
+                                "`[sandbox] read_paths = [\"{p}\"]` (`write_paths` if tasks must \
+                                 change it)"
+                            )
+                        };
+                        let create = if *create {
+                            ", after creating it (a grant needs an existing path)"
+                        } else {
+                            ""
+                        };
+                        write!(
+                            f,
+                            "If tasks need it, grant it with {grant} in {config}{create}"
+                        )
+                    }
+                    Remedy::None => write!(
+                        f,
+                        "It is, or holds, what tasks are never granted (the service user's HOME, \
+                         the state directory, credentials, a top-level directory): point the tool \
+                         at a directory of its own and grant that with `[sandbox] write_paths` in \
+                         {config}"
+                    ),
+                }
             }
             Denial::Host { target, config } => {
                 let host = target.rsplit_once(':').map_or(target.as_str(), |(h, _)| h);
@@ -112,6 +149,29 @@ impl std::fmt::Display for Denial {
             ),
         }
     }
+}
+
+/// What would let tasks use a refused path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Remedy {
+    /// It is a package manager's default cache under the service user's HOME (`dir`): the
+    /// repository's cache, given through `var`, is the tool's place (see `caches.rs`).
+    Cache {
+        /// The tool's variable the sandbox sets.
+        var: &'static str,
+        /// The default cache directory the refused path is in.
+        dir: PathBuf,
+    },
+    /// A grant of `path`: the refused path itself when it exists, else its nearest existing
+    /// directory, or, when that is too wide, the refused path to be created (`create`).
+    Grant {
+        /// What to grant.
+        path: PathBuf,
+        /// It does not exist yet: the operator creates it first.
+        create: bool,
+    },
+    /// Only a grant too wide to suggest would cover it (HOME, `/`, a top-level directory).
+    None,
 }
 
 /// Words tools print when there is no network at all (no resolver, no route), lower case.
@@ -143,8 +203,14 @@ pub fn find_network(output: &str, config: Option<&Path>) -> Option<Denial> {
 }
 
 /// The first path in `output` that containment (as `fs` grants) refused, if any.
-/// `config` is where the operator would grant it.
-pub fn find(output: &str, fs: &FsPolicy, config: Option<&Path>) -> Option<Denial> {
+/// `config` is where the operator would grant it; `home` is the service user's HOME (never
+/// suggested as a grant; the tools' default caches are under it).
+pub fn find(
+    output: &str,
+    fs: &FsPolicy,
+    config: Option<&Path>,
+    home: Option<&Path>,
+) -> Option<Denial> {
     let lines: Vec<&str> = output.lines().collect();
     for (i, line) in lines.iter().enumerate() {
         let lower = line.to_ascii_lowercase();
@@ -157,7 +223,7 @@ pub fn find(output: &str, fs: &FsPolicy, config: Option<&Path>) -> Option<Denial
         let near = lines[from..=i].iter().rev().chain(&lines[i + 1..=to]);
         for l in near {
             for p in paths_in(l) {
-                if let Some(d) = judge(&p, fs, config) {
+                if let Some(d) = judge(&p, fs, config, home) {
                     return Some(d);
                 }
             }
@@ -167,7 +233,7 @@ pub fn find(output: &str, fs: &FsPolicy, config: Option<&Path>) -> Option<Denial
 }
 
 /// Whether containment explains a refusal of `path`.
-fn judge(path: &Path, fs: &FsPolicy, config: Option<&Path>) -> Option<Denial> {
+fn judge(path: &Path, fs: &FsPolicy, config: Option<&Path>, home: Option<&Path>) -> Option<Denial> {
     let real = resolve(path);
     let under = |list: &[PathBuf]| list.iter().any(|g| real.starts_with(g));
     let denied = under(&fs.deny);
@@ -183,6 +249,7 @@ fn judge(path: &Path, fs: &FsPolicy, config: Option<&Path>) -> Option<Denial> {
     Some(Denial::Path {
         path: path.to_path_buf(),
         readable,
+        remedy: remedy(&real, fs, home),
         config: config.map(Path::to_path_buf),
     })
 }
@@ -259,13 +326,52 @@ fn daemon_may(path: &Path, mode: libc::c_int) -> bool {
     r == 0
 }
 
-/// What to suggest granting: an existing directory (the path, or its nearest existing
-/// ancestor), never `/`.
-fn grant_for(path: &Path) -> PathBuf {
-    path.ancestors()
-        .find(|a| a.is_dir() && a.parent().is_some())
-        .unwrap_or(path)
-        .to_path_buf()
+/// What to suggest for the refused `real` (canonical) path: a tool's default cache is
+/// named as such; otherwise the narrowest grant that covers it and opens nothing the policy
+/// closes. Too wide: `/` and top-level directories, the service user's HOME or anything
+/// holding it, and anything holding or inside a denied path (the state directory, the
+/// config file, credentials).
+fn remedy(real: &Path, fs: &FsPolicy, home: Option<&Path>) -> Remedy {
+    let home = home.map(resolve);
+    if let Some(h) = &home {
+        if let Ok(rel) = real.strip_prefix(h) {
+            let cache = super::caches::HOME_DEFAULTS
+                .iter()
+                .find(|(_, place)| rel.starts_with(place));
+            if let Some((var, place)) = cache {
+                return Remedy::Cache {
+                    var,
+                    dir: h.join(place),
+                };
+            }
+        }
+    }
+    let too_wide = |p: &Path| {
+        p.components().count() <= 2
+            || home.as_ref().is_some_and(|h| h.starts_with(p))
+            || fs.deny.iter().any(|d| d.starts_with(p) || p.starts_with(d))
+    };
+    if real.exists() {
+        return if too_wide(real) {
+            Remedy::None
+        } else {
+            Remedy::Grant {
+                path: real.to_path_buf(),
+                create: false,
+            }
+        };
+    }
+    match real.ancestors().skip(1).find(|a| a.is_dir()) {
+        Some(a) if !too_wide(a) => Remedy::Grant {
+            path: a.to_path_buf(),
+            create: false,
+        },
+        _ if !too_wide(real) => Remedy::Grant {
+            path: real.to_path_buf(),
+            create: true,
+        },
+        _ => Remedy::None,
+    }
 }
 
 #[cfg(test)]
@@ -300,7 +406,7 @@ mod tests {
             format!("touch: cannot touch '{o}/f': Operation not permitted"),
             format!("mkdir: cannot create directory ‘{o}/x’: Permission denied"),
         ] {
-            let d = find(&output, &fs, Some(Path::new("/etc/hub-sidecar.toml")))
+            let d = find(&output, &fs, Some(Path::new("/etc/hub-sidecar.toml")), None)
                 .unwrap_or_else(|| panic!("not recognised: {output}"));
             let Denial::Path { path, .. } = &d else {
                 panic!("{d:?}")
@@ -324,15 +430,112 @@ mod tests {
             find(
                 &format!("sh: 1: cannot create {w}/ro.txt: Permission denied"),
                 &fs,
+                None,
                 None
             ),
             None
         );
         // No denial at all.
         assert_eq!(
-            find("test result: FAILED. 1 passed; 1 failed", &fs, None),
+            find("test result: FAILED. 1 passed; 1 failed", &fs, None, None),
             None
         );
+    }
+
+    /// What a refusal of `path` (under `policy(ws)`, the state directory `state` denied,
+    /// the service user's HOME `home`) suggests, and its message.
+    fn remedy_of(path: &Path, ws: &Path, state: &Path, home: &Path) -> (Remedy, String) {
+        let mut fs = policy(ws);
+        fs.deny.push(std::fs::canonicalize(state).unwrap());
+        let out = format!(
+            "error: EACCES: permission denied, open '{}'",
+            path.display()
+        );
+        let d = find(&out, &fs, None, Some(home)).unwrap_or_else(|| panic!("{out}"));
+        let Denial::Path { remedy, .. } = &d else {
+            panic!("{d:?}")
+        };
+        (remedy.clone(), d.to_string())
+    }
+
+    #[test]
+    fn the_suggested_grant_is_the_narrowest_and_never_home_root_or_the_state_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let (ws, state, home) = (base.join("ws"), base.join("state"), base.join("home"));
+        for d in [&ws, &state, &home, &base.join("shared/cache")] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(home.join(".npmrc"), "").unwrap();
+        let of = |p: &Path| remedy_of(p, &ws, &state, &home);
+
+        // A tool's default cache under HOME: the repository's cache is its place, not HOME.
+        let (r, msg) = of(&home.join(".cache/uv/sdists-v6"));
+        assert_eq!(
+            r,
+            Remedy::Cache {
+                var: "UV_CACHE_DIR",
+                dir: home.join(".cache/uv")
+            }
+        );
+        assert!(
+            msg.contains("`UV_CACHE_DIR`") && msg.contains("[caches] enabled"),
+            "{msg}"
+        );
+        assert!(!msg.contains("write_paths"), "{msg}");
+        let (r, _) = of(&home.join("go/pkg/mod/cache"));
+        assert!(
+            matches!(
+                r,
+                Remedy::Cache {
+                    var: "GOMODCACHE",
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+
+        // An existing file: itself, to read.
+        let (r, msg) = of(&home.join(".npmrc"));
+        assert_eq!(
+            r,
+            Remedy::Grant {
+                path: home.join(".npmrc"),
+                create: false
+            }
+        );
+        assert!(
+            msg.contains(&format!(
+                "read_paths = [\"{}\"]",
+                home.join(".npmrc").display()
+            )),
+            "{msg}"
+        );
+        // A new path whose nearest existing directory is HOME: the path, to be created.
+        let (r, msg) = of(&home.join("tool/data/x"));
+        assert_eq!(
+            r,
+            Remedy::Grant {
+                path: home.join("tool/data/x"),
+                create: true
+            }
+        );
+        assert!(msg.contains("after creating it"), "{msg}");
+        // A new path under an ordinary existing directory: that directory.
+        let (r, _) = of(&base.join("shared/cache/a/b"));
+        assert_eq!(
+            r,
+            Remedy::Grant {
+                path: base.join("shared/cache"),
+                create: false
+            }
+        );
+        // HOME itself, the state directory and what is in it: nothing to grant.
+        for p in [home.clone(), state.clone(), state.join("outbox/x")] {
+            let (r, msg) = of(&p);
+            assert_eq!(r, Remedy::None, "{}", p.display());
+            assert!(!msg.contains("= [\""), "{msg}");
+        }
     }
 
     #[test]

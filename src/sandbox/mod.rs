@@ -8,8 +8,9 @@
 //! What a sandbox enforces, each where the kernel allows it (see [`Support`]):
 //!
 //! - **Filesystem (Landlock)**: read-write only the workspace and a private per-task
-//!   directory (`TMPDIR`, and in it `claude`'s per-task `CLAUDE_CONFIG_DIR`, a copy of the
-//!   operator's template: see [`agent_home`]); read-only the system
+//!   directory (`TMPDIR`, and in it the task's own `HOME`, see [`task_home`], and `claude`'s
+//!   per-task `CLAUDE_CONFIG_DIR`, a copy of the operator's template: see [`agent_home`]);
+//!   the repository's dependency caches ([`caches`]); read-only the system
 //!   (`/usr`, `/etc`, toolchains on PATH); nothing else: not the daemon's config file, state
 //!   directory (outbox, locks), other workspaces or credentials. With Landlock ABI ≥ 6 the
 //!   children cannot signal processes outside their domain nor reach abstract sockets.
@@ -39,6 +40,7 @@
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`agent_home`]: the agent CLI's per-task configuration directory.
 //! - [`caches`]: the per-repository dependency caches a task's package managers write.
+//! - [`task_home`]: the task's own HOME, fresh for every task.
 //! - [`denial`]: telling from a failed child's output that containment refused it a path.
 //! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`.
 //! - `child.rs`: what runs between `fork` and `exec`.
@@ -49,6 +51,7 @@ mod child;
 pub mod denial;
 pub mod landlock;
 pub mod proxy;
+pub mod task_home;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -301,6 +304,14 @@ pub enum ContainmentError {
         /// Why preparing them failed.
         source: std::io::Error,
     },
+    /// The task's own HOME could not be made.
+    #[error("containment_failed: cannot set up the task's HOME under {}: {source}; check that the state directory is writable and that [sandbox] npmrc, when set, names a readable file", path.display())]
+    TaskHome {
+        /// The task's private directory.
+        path: PathBuf,
+        /// Why making it failed.
+        source: std::io::Error,
+    },
     /// The Landlock ruleset could not be built.
     #[error("containment_failed: cannot set up the task's sandbox: {0}")]
     Landlock(#[from] landlock::BuildError),
@@ -327,6 +338,8 @@ pub struct Sandbox {
     proxy: Option<proxy::Proxy>,
     /// The config file a grant would go into, for messages.
     config: Option<PathBuf>,
+    /// The service user's HOME, which a denial never suggests granting.
+    home: Option<PathBuf>,
 }
 
 impl Sandbox {
@@ -360,7 +373,7 @@ impl Sandbox {
         let config = self.config.as_deref();
         self.fs
             .as_ref()
-            .and_then(|fs| denial::find(output, fs, config))
+            .and_then(|fs| denial::find(output, fs, config, self.home.as_deref()))
             .or_else(|| cut.then(|| denial::find_network(output, config)).flatten())
             .or_else(|| {
                 let refused = self
@@ -392,8 +405,9 @@ pub struct Grants {
     /// HOME). There is no HOME grant: no child class reads the service user's HOME.
     pub read: Vec<PathBuf>,
     /// Whether the children are the task's own (executor, checks): they get the
-    /// per-repository dependency caches of the workspace (`write[0]`, see [`caches`]) and the
-    /// network policy (`[network]`). The daemon's own git calls are not.
+    /// per-repository dependency caches of the workspace (`write[0]`, see [`caches`]), a HOME
+    /// of their own ([`task_home`]) and the network policy (`[network]`). The daemon's own
+    /// git calls are not.
     pub task: bool,
     /// Hosts the task's children may reach under `[network] mode = "allowlist"` beyond
     /// `[network] allow`: the repository's remote.
@@ -405,7 +419,8 @@ pub struct Grants {
 /// environment by [`crate::process::confine`].
 #[derive(Debug)]
 pub struct Confined {
-    /// Variables set for the children (TMPDIR and friends, the per-task CLAUDE_CONFIG_DIR).
+    /// Variables set for the children (TMPDIR and friends, the task's HOME, the per-task
+    /// CLAUDE_CONFIG_DIR), one of each name.
     pub set: Vec<(String, String)>,
     /// The sandbox every child installs; `None` when containment is off.
     pub sandbox: Option<Arc<Sandbox>>,
@@ -438,6 +453,16 @@ pub fn plan(
     for k in ["TMPDIR", "TMP", "TEMP"] {
         set.push((k.to_string(), tmp_s.clone()));
     }
+    // The task's own HOME (see `task_home`); the daemon's git has its own (`git-home`).
+    if grants.task {
+        let home = task_home::seed(tmp, vars, cfg.sandbox.npmrc.as_deref()).map_err(|source| {
+            ContainmentError::TaskHome {
+                path: tmp.to_path_buf(),
+                source,
+            }
+        })?;
+        put_all(&mut set, home);
+    }
     let mut grants = std::borrow::Cow::Borrowed(grants);
     if let Some(ws) = grants
         .write
@@ -449,7 +474,7 @@ pub fn plan(
                 path: caches::root(cfg),
                 source,
             })?;
-        set.extend(prepared.set);
+        put_all(&mut set, prepared.set);
         grants.to_mut().write.push(prepared.dir);
     }
     set.extend(safe_directory(grants.write.first(), vars));
@@ -536,8 +561,17 @@ pub fn plan(
             network_cut: own_network && proxy.is_none(),
             proxy,
             config: cfg.origin.clone(),
+            home: var_in(&[vars], "HOME").map(PathBuf::from),
         })),
     })
+}
+
+/// `vars` into `set`, each replacing an earlier value of its name: the children see one.
+fn put_all(set: &mut Vec<(String, String)>, vars: Vec<(String, String)>) {
+    for (k, v) in vars {
+        set.retain(|(n, _)| *n != k);
+        set.push((k, v));
+    }
 }
 
 /// The host of the agent's LLM API when the operator points it elsewhere
@@ -601,8 +635,12 @@ fn rlimits(c: &SandboxConfig) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> 
 /// `env` is a stack of variable lists, the first that names a variable wins.
 fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Grants) -> FsPolicy {
     let get = |k: &str| var_in(env, k);
-    let var = |k: &str| get(k).map(PathBuf::from);
-    let home = var("HOME");
+    // The operator's HOME (the inherited one), not the task's own that `set` names: its
+    // toolchains are read, its credentials denied.
+    let home = env
+        .last()
+        .and_then(|l| var_in(&[l], "HOME"))
+        .map(PathBuf::from);
     let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
     // Programs on the children's PATH, and the toolchain homes their shims exec into.
     if let Some(path) = get("PATH") {
@@ -648,11 +686,6 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     }
     read.extend(grants.read.iter().cloned());
     read.extend(cfg.sandbox.read_paths.iter().cloned());
-    if let Some(h) = &home {
-        // git reads the user's config and fails hard when it exists but cannot be read.
-        read.push(h.join(".gitconfig"));
-        read.push(h.join(".config/git"));
-    }
     let mut write = grants.write.clone();
     write.push(tmp.to_path_buf());
     write.extend(DEVICES.iter().map(PathBuf::from));
@@ -769,6 +802,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         network_cut: false,
         proxy: None,
         config: None,
+        home: None,
     });
     let true_bin = ["/usr/bin/true", "/bin/true"]
         .into_iter()

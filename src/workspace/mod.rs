@@ -346,9 +346,14 @@ pub fn task_tmp_dir(cfg: &Config, task: &Task) -> PathBuf {
     cfg.state_dir.join("tmp").join(safe_name(&task.task_id))
 }
 
-/// Remove a task's TMPDIR (whatever the task left there).
+/// Remove a task's TMPDIR (whatever the task left there, read-only directories included:
+/// Go makes its module cache so, and with caches off it is in the task's HOME here).
 pub async fn remove_task_tmp_dir(path: &Path) {
-    if let Err(e) = tokio::fs::remove_dir_all(path).await {
+    let p = path.to_path_buf();
+    let removed = tokio::task::spawn_blocking(move || crate::util::remove_tree(&p))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    if let Err(e) = removed {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(path = %path.display(), error = %e, "cannot remove the task's TMPDIR; delete it by hand");
         }

@@ -86,7 +86,14 @@ impl Setup {
         extra: &str,
         envs: &[(&str, &str)],
     ) -> Harness {
-        let config = util::write_config(&self.hub, self.dir.path(), token, extra);
+        util::write_config(&self.hub, self.dir.path(), token, extra);
+        self.start_bin_written(envs).await
+    }
+
+    /// Like [`Setup::start_bin`] with the config already written (by [`util::write_config`],
+    /// then amended by the test, e.g. more `[sandbox]` lines appended).
+    pub(crate) async fn start_bin_written(self, envs: &[(&str, &str)]) -> Harness {
+        let config = self.dir.path().join("hub-sidecar.toml");
         let bin = Bin::start(self.dir.path(), &config, envs);
         let h = Harness {
             daemon: Daemon::Bin(Box::new(bin)),
