@@ -105,10 +105,19 @@ pub const ENV: &[(&str, &str)] = &[
 ];
 
 /// Inherited `GIT_*` variables the daemon's git keeps: the operator's choice of ssh
-/// program and transports. Every other one (`GIT_DIR`, `GIT_WORK_TREE`, `GIT_INDEX_FILE`,
-/// `GIT_OBJECT_DIRECTORY`, `GIT_ALTERNATE_OBJECT_DIRECTORIES`, `GIT_CONFIG_PARAMETERS`, …)
-/// would move what git reads and is removed by [`scrub_env`].
-const GIT_VARS_KEPT: &[&str] = &["GIT_SSH_COMMAND", "GIT_SSH", "GIT_ALLOW_PROTOCOL"];
+/// program and transports, and the CA a private git server's certificate is checked
+/// against (`GIT_SSL_CAINFO`/`GIT_SSL_CAPATH`: a trust anchor, not a way around the check;
+/// they reach git only when the operator passes them with `[env] allow`). Every other one
+/// (`GIT_DIR`, `GIT_WORK_TREE`, `GIT_INDEX_FILE`, `GIT_OBJECT_DIRECTORY`,
+/// `GIT_ALTERNATE_OBJECT_DIRECTORIES`, `GIT_CONFIG_PARAMETERS`, `GIT_SSL_NO_VERIFY`, …)
+/// would move what git reads or what it trusts and is removed by [`scrub_env`].
+const GIT_VARS_KEPT: &[&str] = &[
+    "GIT_SSH_COMMAND",
+    "GIT_SSH",
+    "GIT_ALLOW_PROTOCOL",
+    "GIT_SSL_CAINFO",
+    "GIT_SSL_CAPATH",
+];
 
 /// `env` made fit for the daemon's git: inherited `GIT_*` variables that redirect git
 /// removed (see [`GIT_VARS_KEPT`]), then [`ENV`] set.

@@ -121,6 +121,16 @@ impl std::fmt::Display for Denial {
                             "If tasks need it, grant it with {grant} in {config}{create}"
                         )
                     }
+                    Remedy::Rc => write!(
+                        f,
+                        "It is a package manager's settings file, where registry logins live, \
+                         and tasks are not given the service user's (yarn reads one in every \
+                         directory above the project, and in HOME): put what tasks need in the \
+                         file `[sandbox] npmrc` names in {config} (each task gets a copy as its \
+                         ~/.npmrc), and keep this one out of the directories above the \
+                         workspaces (under the unit HOME is the state directory, above every \
+                         managed clone)"
+                    ),
                     Remedy::None => write!(
                         f,
                         "It is, or holds, what tasks are never granted (the service user's HOME, \
@@ -170,9 +180,15 @@ pub enum Remedy {
         /// It does not exist yet: the operator creates it first.
         create: bool,
     },
+    /// A package manager's settings file (`.npmrc`, `.yarnrc`), where registry logins
+    /// live: yarn reads them in HOME and in every directory above the project.
+    Rc,
     /// Only a grant too wide to suggest would cover it (HOME, `/`, a top-level directory).
     None,
 }
+
+/// Settings files package managers look for above the project and in HOME by name.
+const RC_FILES: &[&str] = &[".npmrc", ".yarnrc", ".yarnrc.yml"];
 
 /// Words tools print when there is no network at all (no resolver, no route), lower case.
 const NO_NETWORK: &[&str] = &[
@@ -332,6 +348,12 @@ fn daemon_may(path: &Path, mode: libc::c_int) -> bool {
 /// holding it, and anything holding or inside a denied path (the state directory, the
 /// config file, credentials).
 fn remedy(real: &Path, fs: &FsPolicy, home: Option<&Path>) -> Remedy {
+    if real
+        .file_name()
+        .is_some_and(|n| RC_FILES.iter().any(|rc| n == *rc))
+    {
+        return Remedy::Rc;
+    }
     let home = home.map(resolve);
     if let Some(h) = &home {
         if let Ok(rel) = real.strip_prefix(h) {
@@ -496,19 +518,27 @@ mod tests {
         );
 
         // An existing file: itself, to read.
-        let (r, msg) = of(&home.join(".npmrc"));
+        std::fs::write(home.join("data.json"), "").unwrap();
+        let (r, msg) = of(&home.join("data.json"));
         assert_eq!(
             r,
             Remedy::Grant {
-                path: home.join(".npmrc"),
+                path: home.join("data.json"),
                 create: false
             }
         );
         assert!(
             msg.contains(&format!(
                 "read_paths = [\"{}\"]",
-                home.join(".npmrc").display()
+                home.join("data.json").display()
             )),
+            "{msg}"
+        );
+        // A registry settings file (logins): never granted, the operator's route named.
+        let (r, msg) = of(&home.join(".npmrc"));
+        assert_eq!(r, Remedy::Rc);
+        assert!(
+            msg.contains("[sandbox] npmrc") && !msg.contains("= [\""),
             "{msg}"
         );
         // A new path whose nearest existing directory is HOME: the path, to be created.

@@ -1,11 +1,15 @@
 //! A tiny HTTP/1.1 server on `127.0.0.1:0` serving fixed bodies by path: the stand-in for a
-//! package registry (npm packuments and tarballs, a pip "simple" index and its wheels) and
-//! for the hosts the network proxy allows or refuses. One request per connection.
+//! package registry (npm packuments and tarballs, a pip "simple" index and its wheels, a
+//! crate index, a Go module proxy, a git remote over git's dumb HTTP) and for the hosts the
+//! network proxy allows or refuses. One request per connection. [`tls_front`] puts TLS in
+//! front of it (or of the mock hub).
 
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -103,4 +107,56 @@ impl Loopback {
     pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+}
+
+/// The test CA (`tests/it/fixtures/ca.pem`) that signed [`tls_front`]'s certificate.
+pub(crate) fn test_ca() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures/ca.pem")
+}
+
+/// A TLS terminator on 127.0.0.1:0 (test certificate for `127.0.0.1` and `localhost`
+/// signed by [`test_ca`]) in front of `upstream`. Returns its port and a counter of failed
+/// TLS handshakes.
+pub(crate) async fn tls_front(upstream: SocketAddr) -> (u16, Arc<AtomicU32>) {
+    use tokio_rustls::rustls;
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures");
+    let certs: Vec<_> =
+        rustls_pemfile::certs(&mut std::fs::read(fx.join("server.pem")).unwrap().as_slice())
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let key =
+        rustls_pemfile::private_key(&mut std::fs::read(fx.join("server.key")).unwrap().as_slice())
+            .unwrap()
+            .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let failures = Arc::new(AtomicU32::new(0));
+    let f = failures.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let f = f.clone();
+            tokio::spawn(async move {
+                match acceptor.accept(tcp).await {
+                    Ok(mut tls) => {
+                        if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                            let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+                        }
+                    }
+                    Err(_) => {
+                        f.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    (port, failures)
 }

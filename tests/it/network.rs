@@ -1,17 +1,19 @@
 //! `[network] mode = "allowlist"`: a task's only way out is the daemon's proxy, which lets
-//! through the hosts on the list (plain HTTP and CONNECT tunnels) and refuses the rest;
-//! a check that needed a refused host is an infrastructure error naming it.
+//! through the hosts on the list (plain HTTP and CONNECT tunnels) and the task's repository
+//! host (its own git over HTTPS), and refuses the rest; a check that needed a refused host
+//! is an infrastructure error naming it.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use hub_sidecar::config::NetworkMode;
 use hub_sidecar::mock_hub::sample_shell_task;
 use serde_json::json;
 
-use crate::git::terminal;
+use crate::git::{git, terminal};
 use crate::harness::Harness;
-use crate::loopback::Loopback;
-use crate::util::{wait_until, T};
+use crate::loopback::{test_ca, tls_front, Loopback};
+use crate::util::{wait_until, write_config, T};
 
 /// A python one-liner run with the proxy variables the sandbox set, minus NO_PROXY (the
 /// stand-in hosts are loopback addresses, which NO_PROXY names).
@@ -98,33 +100,172 @@ async fn the_allowlist_lets_listed_hosts_through_the_proxy_and_nothing_else() {
     );
 
     // Every host, allowed or refused, with its bytes, is in the flight record and `show`.
-    let state = h.dir().to_path_buf();
-    let show = |id: &str| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hub-sidecar"))
-            .args(["show", id, "--state-dir"])
-            .arg(&state)
-            .env_remove("HUB_SIDECAR_CONFIG")
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let recorded = |id: &str| {
-        let record = state.join("tasks").join(id).join("record.jsonl");
-        std::fs::read_to_string(record)
-            .unwrap_or_default()
-            .contains("\"kind\":\"terminal\"")
-    };
-    assert!(wait_until(|| recorded("allowed") && recorded("refused"), T).await);
-    let allowed = show("allowed");
-    let line = allowed
-        .lines()
-        .find(|l| l.contains(&format!("allowed 127.0.0.1:{port}")))
-        .unwrap_or_else(|| panic!("{allowed}"));
-    assert!(!line.contains("0.0 KiB down"), "bytes are counted: {line}");
-    let refused = show("refused");
+    let allowed = show_when_recorded(h.dir(), "allowed").await;
+    assert_downloaded(&allowed, &format!("127.0.0.1:{port}"));
+    let refused = show_when_recorded(h.dir(), "refused").await;
     assert!(
         refused.contains(&format!("REFUSED 127.0.0.2:{port}")),
         "{refused}"
+    );
+    h.finish().await;
+}
+
+/// `hub-sidecar show <id>` once the task's flight record has its terminal line.
+async fn show_when_recorded(state: &Path, id: &str) -> String {
+    let record = state.join("tasks").join(id).join("record.jsonl");
+    let recorded = || {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .contains("\"kind\":\"terminal\"")
+    };
+    assert!(wait_until(recorded, T).await, "{id} was never recorded");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hub-sidecar"))
+        .args(["show", id, "--state-dir"])
+        .arg(state)
+        .env_remove("HUB_SIDECAR_CONFIG")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `show` lists `target` as allowed, with bytes down.
+fn assert_downloaded(show: &str, target: &str) {
+    let line = show
+        .lines()
+        .find(|l| l.contains(&format!("allowed {target}")))
+        .unwrap_or_else(|| panic!("{target} not in:\n{show}"));
+    assert!(!line.contains("0.0 KiB down"), "bytes are counted: {line}");
+}
+
+/// A bare repository `<name>.git` with one commit on `main` holding `file`, as git's dumb
+/// HTTP protocol serves it (`git update-server-info` writes the refs and packs lists): URL
+/// path under `/<name>.git/` → bytes.
+fn dumb_http_repo(dir: &Path, name: &str, file: (&str, &str)) -> HashMap<String, Vec<u8>> {
+    let src = dir.join(format!("{name}-src"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join(file.0), file.1).unwrap();
+    git(&src, &["init", "-q", "-b", "main"]);
+    git(&src, &["add", "."]);
+    git(&src, &["commit", "-qm", name]);
+    let bare = dir.join(format!("{name}.git"));
+    git(
+        dir,
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            &src.to_string_lossy(),
+            &bare.to_string_lossy(),
+        ],
+    );
+    git(&bare, &["update-server-info"]);
+    let mut files = HashMap::new();
+    let mut todo = vec![bare.clone()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                let rel = p
+                    .strip_prefix(&bare)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                files.insert(format!("/{name}.git/{rel}"), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// Under the default `allowlist`, a task's own git reaches its repository's HTTPS remote
+/// through the proxy (the remote's host is let through for the task without being listed),
+/// with the CA the operator passes (`GIT_SSL_CAINFO` in `[env] allow`); another host is
+/// refused, and a check that needed it is an infrastructure error naming it.
+#[tokio::test]
+async fn the_tasks_git_reaches_its_https_remote_through_the_proxy_and_no_other_host() {
+    if !crate::containment::supported() {
+        return;
+    }
+    if which::which("git").is_err() {
+        eprintln!("skipped: git is not installed");
+        return;
+    }
+    let s = Harness::setup().await;
+    let dir = s.dir().to_path_buf();
+    let mut files = dumb_http_repo(&dir, "app", ("README", "app\n"));
+    files.extend(dumb_http_repo(
+        &dir,
+        "dep",
+        ("dep.txt", "from-the-dep-remote\n"),
+    ));
+    let server = Loopback::serve(|_| files).await;
+    let (port, _) = tls_front(server.addr).await;
+    let ca = test_ca();
+    // Nothing listed: the repository's host is what the task may reach. (Dumb HTTP takes
+    // no push: nothing to publish.)
+    let extra = "[env]\nallow = [\"GIT_SSL_CAINFO\"]\n[git]\nenabled = false\n[network]\nmode = \"allowlist\"\nallow = []\n";
+    let config = write_config(&s.hub, &dir, "test-token", extra);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    // The config ends in its `[sandbox]` table: the CA is readable to the children.
+    text.push_str(&format!("read_paths = [\"{}\"]\n", ca.display()));
+    std::fs::write(&config, text).unwrap();
+    let ca_env = ca.to_string_lossy().into_owned();
+    let h = s
+        .start_bin_written(&[("GIT_SSL_CAINFO", ca_env.as_str())])
+        .await;
+
+    // NO_PROXY names loopback, where the stand-in remote is: cleared, so git uses the proxy.
+    let task = |id: &str, cmd: &str| {
+        let mut t = sample_shell_task(id, &format!("export NO_PROXY= no_proxy=; {cmd}"));
+        t["repo"] = json!(format!("https://127.0.0.1:{port}/app.git"));
+        t["branch"] = json!("main");
+        t
+    };
+    h.assign(task(
+        "git-https",
+        &format!("git ls-remote origin 2>&1 && git clone -q https://127.0.0.1:{port}/dep.git dep 2>&1 && cat dep/dep.txt"),
+    ));
+    let done = terminal(h.hub(), "git-https").await;
+    assert_eq!(done["type"], "task_complete", "{done}");
+    assert!(
+        done["result"]["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("from-the-dep-remote"),
+        "{done}"
+    );
+    let before = server.hits().len();
+    let mut t = task("git-refused", "true");
+    t["verification_steps"] = json!([{"type": "command_succeeds",
+        "target": format!("NO_PROXY= no_proxy= git ls-remote https://localhost:{port}/app.git")}]);
+    h.assign(t);
+    let done = terminal(h.hub(), "git-refused").await;
+    assert_eq!(
+        done["result"]["termination_reason"], "check_error",
+        "{done}"
+    );
+    let out = done["verification_report"]["checks"][0]["output"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(out.contains(&format!("refused localhost:{port}")), "{out}");
+    assert!(out.contains("[network] allow"), "{out}");
+
+    let allowed = show_when_recorded(h.dir(), "git-https").await;
+    assert_downloaded(&allowed, &format!("127.0.0.1:{port}"));
+    let refused = show_when_recorded(h.dir(), "git-refused").await;
+    assert!(
+        refused.contains(&format!("REFUSED localhost:{port}")),
+        "{refused}"
+    );
+    // The refused task's only requests were the daemon's own refresh of its workspace.
+    assert!(
+        server.hits()[before..]
+            .iter()
+            .all(|p| p.starts_with("/app.git/")),
+        "{:?}",
+        &server.hits()[before..]
     );
     h.finish().await;
 }

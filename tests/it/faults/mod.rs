@@ -14,7 +14,6 @@
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions, MockTaskState};

@@ -240,57 +240,10 @@ async fn plaintext_ws_to_a_remote_host_is_warned_about_at_startup() {
     assert_eq!(hub.connections_total(), 0);
 }
 
-/// A TLS terminator on 127.0.0.1:0 (test certificate for 127.0.0.1 signed by a test CA)
-/// in front of the mock hub. Returns its port and a counter of failed TLS handshakes.
-async fn tls_front(hub: &MockHub) -> (u16, Arc<std::sync::atomic::AtomicU32>) {
-    use tokio_rustls::rustls;
-    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures");
-    let certs: Vec<_> =
-        rustls_pemfile::certs(&mut std::fs::read(fx.join("server.pem")).unwrap().as_slice())
-            .collect::<Result<_, _>>()
-            .unwrap();
-    let key =
-        rustls_pemfile::private_key(&mut std::fs::read(fx.join("server.key")).unwrap().as_slice())
-            .unwrap()
-            .unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let failures = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let upstream = hub.addr();
-    let f = failures.clone();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            let f = f.clone();
-            tokio::spawn(async move {
-                match acceptor.accept(tcp).await {
-                    Ok(mut tls) => {
-                        if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
-                            let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
-                        }
-                    }
-                    Err(_) => {
-                        f.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            });
-        }
-    });
-    (port, failures)
-}
-
 #[tokio::test]
 async fn wss_verifies_the_certificate_and_trusts_ca_file() {
     let hub = hub().await;
-    let (port, failures) = tls_front(&hub).await;
+    let (port, failures) = crate::loopback::tls_front(hub.addr()).await;
     let url = format!("wss://127.0.0.1:{port}/ws");
     // Without ca_file: the test CA is unknown, the handshake is refused, nothing identifies.
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,123 @@
+//! Real package managers fetch, build and test under strict containment, each into the
+//! repository's own cache under the state directory, and a second task on the same
+//! repository reuses what the first downloaded: the first task's source (a git remote, a
+//! registry stand-in's tarball or wheel) is gone by then, so only the cache can serve it.
+//!
+//! Offline: every "registry" is a local bare repository or a loopback server. A test whose
+//! toolchain is missing (or invisible to this user) says so and returns.
+//!
+//! # Layout
+//!
+//! - this file: the shared helpers and `run-task`'s state directory.
+//! - `cargo.rs`: a git dependency and a (sparse) registry dependency.
+//! - `go.rs`: Go modules from a module proxy.
+//! - `js.rs`: npm, pnpm and yarn from an npm registry.
+//! - `python.rs`: pip and uv from a package index.
+
+mod cargo;
+mod go;
+mod js;
+mod python;
+
+use std::path::Path;
+use std::time::Duration;
+
+use hub_sidecar::mock_hub::{sample_shell_task, MockHub};
+use serde_json::Value;
+
+/// Builds and downloads take longer than the usual frame wait on a loaded machine.
+const BUILD: Duration = Duration::from_secs(300);
+
+/// `false` (and a message) where containment or a tool is missing here.
+fn can_run(tools: &[&str]) -> bool {
+    if !crate::containment::supported() {
+        return false;
+    }
+    for tool in tools {
+        // Go alone has no `--version`.
+        let works = std::process::Command::new(tool)
+            .arg(if *tool == "go" {
+                "version"
+            } else {
+                "--version"
+            })
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !works {
+            eprintln!("skipped: `{tool}` is not installed (or not usable by this user)");
+            return false;
+        }
+    }
+    true
+}
+
+/// Run `cmd` as a shell task and wait for its terminal frame.
+async fn run(hub: &MockHub, id: &str, cmd: &str) -> Value {
+    hub.assign(sample_shell_task(id, cmd));
+    hub.wait_for(
+        |f| (f["type"] == "task_complete" || f["type"] == "task_failed") && f["task_id"] == id,
+        BUILD,
+    )
+    .await
+    .unwrap_or_else(|| panic!("no terminal frame for {id}"))
+}
+
+fn completed(done: &Value) -> bool {
+    done["type"] == "task_complete"
+}
+
+/// The one repository cache the tasks of these tests used.
+fn only_cache(state: &Path) -> std::path::PathBuf {
+    let all: Vec<_> = std::fs::read_dir(state.join("caches"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(all.len(), 1, "{all:?}");
+    all[0].clone()
+}
+
+/// `run-task` with a configured `state_dir` keeps its caches there: a second hand-run task on
+/// the same workspace sees what the first left in its cache. (It used a fresh temporary state
+/// directory each time, so nothing persisted.)
+#[tokio::test]
+async fn run_task_uses_the_configured_state_dir_so_hand_run_tasks_share_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (state, ws) = (dir.path().join("state"), dir.path().join("ws"));
+    let run_task = |id: &str, cmd: &str| {
+        let task = dir.path().join(format!("{id}.json"));
+        std::fs::write(&task, sample_shell_task(id, cmd).to_string()).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hub-sidecar"))
+            .arg("run-task")
+            .arg(&task)
+            .arg("--workspace")
+            .arg(&ws)
+            .env_remove("HUB_SIDECAR_CONFIG")
+            .env("HUB_SIDECAR_STATE_DIR", &state)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<Value>(&stdout).unwrap()
+    };
+    run_task(
+        "first",
+        "echo kept-between-tasks > \"$XDG_CACHE_HOME/marker\"",
+    );
+    let second = run_task("second", "cat \"$XDG_CACHE_HOME/marker\"");
+    assert!(
+        second["result"]["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("kept-between-tasks"),
+        "{second}"
+    );
+    assert_eq!(
+        only_cache(&state).parent(),
+        Some(state.join("caches").as_path())
+    );
+}
