@@ -92,10 +92,10 @@ impl std::fmt::Display for Denial {
                 match remedy {
                     Remedy::Cache { var, dir } => write!(
                         f,
-                        "It is where a package manager caches when `{var}` is unset ({}): with \
-                         `[caches] enabled = true` in {config} (the default) the sandbox points \
-                         `{var}` at the repository's own cache, so leave `{var}` to the sandbox \
-                         (not in `[env] allow`, not set by the task) rather than granting this",
+                        "It is in {}, the default of `{var}`, a package manager's cache: rather \
+                         than granting it, let the sandbox point `{var}` at the repository's own \
+                         cache, as it does with `[caches] enabled = true` (the default) in \
+                         {config} unless the task sets `{var}` itself",
                         dir.display()
                     ),
                     Remedy::Grant { path, create } => {
