@@ -2,7 +2,7 @@
 //! config line that grants it: not a failed check for the corrective loop to retry.
 
 use hub_sidecar::mock_hub::sample_shell_task;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::containment::supported;
 use crate::git::terminal;
@@ -101,18 +101,29 @@ async fn with_network_none_a_task_reaches_no_host_service_but_its_own_loopback()
     let done = terminal(h.hub(), "own-lo").await;
     assert_eq!(done["type"], "task_complete", "{done}");
     // A check that needs a name resolved: an infrastructure error naming the setting.
-    let mut t = sample_shell_task("resolve", "true");
-    t["verification_steps"] = json!([{"type": "command_succeeds",
-        "target": "python3 -c \"import socket; socket.getaddrinfo('registry.example.test', 443)\""}]);
-    h.assign(t);
-    let done = terminal(h.hub(), "resolve").await;
+    let out = check_error(
+        &h,
+        sample_shell_task("resolve", "true"),
+        "python3 -c \"import socket; socket.getaddrinfo('registry.example.test', 443)\"",
+    )
+    .await;
+    assert!(out.contains("[network] mode"), "{out}");
+    h.finish().await;
+}
+
+/// Assign `task` with one check, `command` (a `command_succeeds`), and wait for the loop to
+/// end with `check_error`: the check's output (the infrastructure error).
+pub(crate) async fn check_error(h: &Harness, mut task: Value, command: &str) -> String {
+    let id = task["task_id"].as_str().unwrap_or_default().to_string();
+    task["verification_steps"] = json!([{"type": "command_succeeds", "target": command}]);
+    h.assign(task);
+    let done = terminal(h.hub(), &id).await;
     assert_eq!(
         done["result"]["termination_reason"], "check_error",
         "{done}"
     );
-    let out = done["verification_report"]["checks"][0]["output"]
+    done["verification_report"]["checks"][0]["output"]
         .as_str()
-        .unwrap_or_default();
-    assert!(out.contains("[network] mode"), "{out}");
-    h.finish().await;
+        .unwrap_or_default()
+        .to_string()
 }

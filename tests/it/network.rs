@@ -10,6 +10,7 @@ use hub_sidecar::config::NetworkMode;
 use hub_sidecar::mock_hub::sample_shell_task;
 use serde_json::json;
 
+use crate::denials::check_error;
 use crate::git::{git, terminal};
 use crate::harness::Harness;
 use crate::loopback::{test_ca, tls_front, Loopback};
@@ -80,17 +81,7 @@ async fn the_allowlist_lets_listed_hosts_through_the_proxy_and_nothing_else() {
     // A host not on the list is refused by the proxy (never connected), and a check that
     // needed it is an infrastructure error naming it.
     let before = server.hits().len();
-    let mut t = sample_shell_task("refused", "true");
-    t["verification_steps"] = json!([{"type": "command_succeeds", "target": get("127.0.0.2")}]);
-    h.assign(t);
-    let done = terminal(h.hub(), "refused").await;
-    assert_eq!(
-        done["result"]["termination_reason"], "check_error",
-        "{done}"
-    );
-    let out = done["verification_report"]["checks"][0]["output"]
-        .as_str()
-        .unwrap_or_default();
+    let out = check_error(&h, sample_shell_task("refused", "true"), &get("127.0.0.2")).await;
     assert!(out.contains(&format!("refused 127.0.0.2:{port}")), "{out}");
     assert!(out.contains("[network] allow"), "{out}");
     assert_eq!(
@@ -237,18 +228,12 @@ async fn the_tasks_git_reaches_its_https_remote_through_the_proxy_and_no_other_h
         "{done}"
     );
     let before = server.hits().len();
-    let mut t = task("git-refused", "true");
-    t["verification_steps"] = json!([{"type": "command_succeeds",
-        "target": format!("NO_PROXY= no_proxy= git ls-remote https://localhost:{port}/app.git")}]);
-    h.assign(t);
-    let done = terminal(h.hub(), "git-refused").await;
-    assert_eq!(
-        done["result"]["termination_reason"], "check_error",
-        "{done}"
-    );
-    let out = done["verification_report"]["checks"][0]["output"]
-        .as_str()
-        .unwrap_or_default();
+    let out = check_error(
+        &h,
+        task("git-refused", "true"),
+        &format!("NO_PROXY= no_proxy= git ls-remote https://localhost:{port}/app.git"),
+    )
+    .await;
     assert!(out.contains(&format!("refused localhost:{port}")), "{out}");
     assert!(out.contains("[network] allow"), "{out}");
 

@@ -6,10 +6,41 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::{can_run, completed, only_cache, run};
+use super::{can_run, completed, only_cache, open_cfg, run, tar_gz};
 use crate::git::git;
 use crate::harness::Harness;
 use crate::loopback::Loopback;
+
+/// The dependency's code: `two() == 2`.
+const TWO: &str = "pub fn two() -> i32 { 2 }\n";
+
+/// A crate `name` 0.1.0 in `dir`: `lib_rs` as its `src/lib.rs`, `deps` its `[dependencies]`.
+fn write_crate(dir: &Path, name: &str, deps: &str, lib_rs: &str) {
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        format!("[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n{deps}"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("src/lib.rs"), lib_rs).unwrap();
+}
+
+/// `cargo test` twice: the first fetches and builds; then `gone` takes the dependency's
+/// source away and the build goes too, and the second, offline, builds from the repository's
+/// `CARGO_HOME` alone, whose `has` subdirectory the first filled.
+async fn test_then_offline(h: &crate::harness::Harness, ws: &Path, has: &str, gone: impl FnOnce()) {
+    let first = run(h.hub(), "cargo-1", "cargo test -q 2>&1").await;
+    assert!(completed(&first), "{first}");
+    assert!(
+        std::fs::read_dir(only_cache(h.dir()).join("cargo").join(has))
+            .is_ok_and(|mut d| d.next().is_some()),
+        "cargo's {has} is in the repository's cache"
+    );
+    gone();
+    std::fs::remove_dir_all(ws.join("target")).unwrap();
+    let second = run(h.hub(), "cargo-2", "cargo test -q --offline 2>&1").await;
+    assert!(completed(&second), "{second}");
+}
 
 #[tokio::test]
 async fn cargo_fetches_a_git_dependency_once_and_the_next_task_builds_offline() {
@@ -20,13 +51,7 @@ async fn cargo_fetches_a_git_dependency_once_and_the_next_task_builds_offline() 
     let dir = s.dir().to_path_buf();
     // The dependency: a crate in a local bare repository (a git remote stand-in).
     let src = dir.join("dep-src");
-    std::fs::create_dir_all(src.join("src")).unwrap();
-    std::fs::write(
-        src.join("Cargo.toml"),
-        "[package]\nname = \"dep\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
-    )
-    .unwrap();
-    std::fs::write(src.join("src/lib.rs"), "pub fn two() -> i32 { 2 }\n").unwrap();
+    write_crate(&src, "dep", "", TWO);
     git(&src, &["init", "-q"]);
     git(&src, &["add", "."]);
     git(&src, &["commit", "-qm", "dep"]);
@@ -37,35 +62,18 @@ async fn cargo_fetches_a_git_dependency_once_and_the_next_task_builds_offline() 
     c.env.deny.push("CARGO_TARGET_DIR".into());
     // The operator lets tasks read the local remote, as they would a mirror.
     c.sandbox.read_paths.push(bare.clone());
-    std::fs::create_dir_all(ws.join("src")).unwrap();
-    std::fs::write(
-        ws.join("Cargo.toml"),
-        format!(
-            "[package]\nname = \"app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\ndep = {{ git = \"file://{}\" }}\n",
-            bare.display()
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        ws.join("src/lib.rs"),
+    write_crate(
+        &ws,
+        "app",
+        &format!("dep = {{ git = \"file://{}\" }}\n", bare.display()),
         "#[test]\nfn four() { assert_eq!(dep::two() * 2, 4); }\n",
-    )
-    .unwrap();
-    let h = s.start(c).await;
-
-    let first = run(h.hub(), "cargo-1", "cargo test -q 2>&1").await;
-    assert!(completed(&first), "{first}");
-    let cache = only_cache(&dir);
-    assert!(
-        std::fs::read_dir(cache.join("cargo/git/db")).is_ok_and(|mut d| d.next().is_some()),
-        "cargo's git database is in the repository's cache"
     );
-
-    // The remote and the build are gone: only the cache can provide the dependency.
-    std::fs::rename(&bare, dir.join("dep.git.gone")).unwrap();
-    std::fs::remove_dir_all(ws.join("target")).unwrap();
-    let second = run(h.hub(), "cargo-2", "cargo test -q --offline 2>&1").await;
-    assert!(completed(&second), "{second}");
+    let h = s.start(c).await;
+    // The remote goes: only the cache can provide the dependency.
+    test_then_offline(&h, &ws, "git/db", || {
+        std::fs::rename(&bare, dir.join("dep.git.gone")).unwrap()
+    })
+    .await;
     h.finish().await;
 }
 
@@ -74,26 +82,9 @@ async fn cargo_fetches_a_git_dependency_once_and_the_next_task_builds_offline() 
 /// server and where the tarball is served.
 async fn sparse_registry(dir: &Path) -> (Loopback, &'static str) {
     const CRATE: &str = "/dl/tinydep-0.1.0.crate";
-    let pkg = dir.join("crate/tinydep-0.1.0");
-    std::fs::create_dir_all(pkg.join("src")).unwrap();
-    std::fs::write(
-        pkg.join("Cargo.toml"),
-        "[package]\nname = \"tinydep\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
-    )
-    .unwrap();
-    std::fs::write(pkg.join("src/lib.rs"), "pub fn two() -> i32 { 2 }\n").unwrap();
+    write_crate(&dir.join("crate/tinydep-0.1.0"), "tinydep", "", TWO);
     // A `.crate` is a gzip'd tar of `<name>-<version>/`.
-    let tarball = dir.join("tinydep-0.1.0.crate");
-    let ok = std::process::Command::new("tar")
-        .arg("czf")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(dir.join("crate"))
-        .arg("tinydep-0.1.0")
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let bytes = std::fs::read(&tarball).unwrap();
+    let bytes = tar_gz(&dir.join("crate"), "tinydep-0.1.0");
     let cksum: String = {
         use sha2::Digest as _;
         sha2::Sha256::digest(&bytes)
@@ -132,10 +123,8 @@ async fn cargo_fetches_a_registry_crate_once_and_the_next_task_builds_offline() 
     let s = Harness::setup().await;
     let dir = s.dir().to_path_buf();
     let (registry, tarball) = sparse_registry(&dir).await;
-    let (mut c, ws) = s.cfg_with_workspace();
+    let (mut c, ws) = open_cfg(&s);
     c.env.deny.push("CARGO_TARGET_DIR".into());
-    // The registry stands in on this host's loopback, which only `open` reaches.
-    c.network.mode = hub_sidecar::config::NetworkMode::Open;
     // The repository's own cargo config replaces crates.io with the stand-in, as a project
     // behind a mirror does.
     std::fs::create_dir_all(ws.join(".cargo")).unwrap();
@@ -147,36 +136,19 @@ async fn cargo_fetches_a_registry_crate_once_and_the_next_task_builds_offline() 
         ),
     )
     .unwrap();
-    std::fs::create_dir_all(ws.join("src")).unwrap();
-    std::fs::write(
-        ws.join("Cargo.toml"),
-        "[package]\nname = \"app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\ntinydep = \"0.1\"\n",
-    )
-    .unwrap();
-    std::fs::write(
-        ws.join("src/lib.rs"),
+    write_crate(
+        &ws,
+        "app",
+        "tinydep = \"0.1\"\n",
         "#[test]\nfn four() { assert_eq!(tinydep::two() * 2, 4); }\n",
-    )
-    .unwrap();
+    );
     let h = s.start(c).await;
-
-    let first = run(h.hub(), "crate-1", "cargo test -q 2>&1").await;
-    assert!(completed(&first), "{first}");
-    assert!(
-        registry.hits().iter().any(|p| p == tarball),
-        "{:?}",
-        registry.hits()
-    );
-    assert!(
-        std::fs::read_dir(only_cache(&dir).join("cargo/registry/cache"))
-            .is_ok_and(|mut d| d.next().is_some()),
-        "the crate is in the repository's CARGO_HOME"
-    );
-
-    // The registry is gone and so is the build: only the cache can provide the crate.
-    drop(registry);
-    std::fs::remove_dir_all(ws.join("target")).unwrap();
-    let second = run(h.hub(), "crate-2", "cargo test -q --offline 2>&1").await;
-    assert!(completed(&second), "{second}");
+    let fetched = |r: &Loopback| r.hits().iter().any(|p| p == tarball);
+    // The registry goes: only the cache can provide the crate.
+    test_then_offline(&h, &ws, "registry/cache", || {
+        assert!(fetched(&registry), "{:?}", registry.hits());
+        drop(registry)
+    })
+    .await;
     h.finish().await;
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::{can_run, completed, only_cache, run};
+use super::{can_run, completed, only_cache, open_cfg, run};
 use crate::harness::Harness;
 use crate::loopback::Loopback;
 
@@ -57,9 +57,7 @@ async fn go_fetches_a_module_once_and_the_next_task_builds_from_the_module_cache
         ])
     })
     .await;
-    let (mut c, ws) = s.cfg_with_workspace();
-    // The proxy stands in on this host's loopback, which only `open` reaches.
-    c.network.mode = hub_sidecar::config::NetworkMode::Open;
+    let (c, ws) = open_cfg(&s);
     std::fs::write(
         ws.join("go.mod"),
         format!("module example.test/app\n\ngo 1.19\n\nrequire {MODULE} v1.0.0\n"),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use serde_json::json;
 
-use super::{can_run, completed, only_cache, run};
+use super::{can_run, completed, only_cache, open_cfg, run, tar_gz};
 use crate::harness::Harness;
 use crate::loopback::Loopback;
 use crate::util::write_config;
@@ -102,17 +102,7 @@ async fn js_installs_then_reuses_the_cache(js: &Js, registry_from: Registry) {
     )
     .unwrap();
     std::fs::write(pkg.join("index.js"), "module.exports = 42;\n").unwrap();
-    let tgz = dir.join("tinydep-1.0.0.tgz");
-    let ok = std::process::Command::new("tar")
-        .arg("czf")
-        .arg(&tgz)
-        .arg("-C")
-        .arg(dir.join("pkg"))
-        .arg("package")
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let tarball = std::fs::read(&tgz).unwrap();
+    let tarball = tar_gz(&dir.join("pkg"), "package");
     let integrity = {
         use base64::Engine as _;
         use sha2::Digest as _;
@@ -148,10 +138,7 @@ async fn js_installs_then_reuses_the_cache(js: &Js, registry_from: Registry) {
     let h = match registry_from {
         Registry::Project => {
             std::fs::write(ws.join(".npmrc"), rc).unwrap();
-            let (mut c, _) = s.cfg_with_workspace();
-            // The registry stands in on this host's loopback, which only `open` reaches
-            // (under the default allowlist a task's own namespace has its own loopback).
-            c.network.mode = hub_sidecar::config::NetworkMode::Open;
+            let (c, _) = open_cfg(&s);
             s.start(c).await
         }
         Registry::Operator => {

@@ -19,11 +19,14 @@ mod go;
 mod js;
 mod python;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use hub_sidecar::config::Config;
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub};
 use serde_json::Value;
+
+use crate::harness::Setup;
 
 /// Builds and downloads take longer than the usual frame wait on a loaded machine.
 const BUILD: Duration = Duration::from_secs(300);
@@ -51,6 +54,15 @@ fn can_run(tools: &[&str]) -> bool {
     true
 }
 
+/// The test config with its workspace, and the host's network for the tasks: the registry
+/// stand-ins are on this host's loopback, which only `open` reaches (under the default
+/// allowlist a task's own namespace has a loopback of its own).
+fn open_cfg(s: &Setup) -> (Config, PathBuf) {
+    let (mut c, ws) = s.cfg_with_workspace();
+    c.network.mode = hub_sidecar::config::NetworkMode::Open;
+    (c, ws)
+}
+
 /// Run `cmd` as a shell task and wait for its terminal frame.
 async fn run(hub: &MockHub, id: &str, cmd: &str) -> Value {
     hub.assign(sample_shell_task(id, cmd));
@@ -67,7 +79,7 @@ fn completed(done: &Value) -> bool {
 }
 
 /// The one repository cache the tasks of these tests used.
-fn only_cache(state: &Path) -> std::path::PathBuf {
+fn only_cache(state: &Path) -> PathBuf {
     let all: Vec<_> = std::fs::read_dir(state.join("caches"))
         .unwrap()
         .flatten()
@@ -120,4 +132,19 @@ async fn run_task_uses_the_configured_state_dir_so_hand_run_tasks_share_caches()
         only_cache(&state).parent(),
         Some(state.join("caches").as_path())
     );
+}
+
+/// `name` (a directory in `dir`) as a gzip'd tar: an npm tarball, a `.crate`.
+fn tar_gz(dir: &Path, name: &str) -> Vec<u8> {
+    let out = dir.join(format!("{name}.tar.gz"));
+    let ok = std::process::Command::new("tar")
+        .arg("czf")
+        .arg(&out)
+        .arg("-C")
+        .arg(dir)
+        .arg(name)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::fs::read(out).unwrap()
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::{can_run, completed, only_cache, run};
+use super::{can_run, completed, only_cache, open_cfg, run};
 use crate::harness::Harness;
 use crate::loopback::Loopback;
 
@@ -78,9 +78,7 @@ async fn pip_installs_from_an_index_with_its_cache_in_the_repositorys() {
     let s = Harness::setup().await;
     let dir = s.dir().to_path_buf();
     let index = wheel_index(&dir).await;
-    let (mut c, _ws) = s.cfg_with_workspace();
-    // The index stands in on this host's loopback, which only `open` reaches.
-    c.network.mode = hub_sidecar::config::NetworkMode::Open;
+    let (c, _ws) = open_cfg(&s);
     let h = s.start(c).await;
     let cmd = format!(
         "python3 -m venv .venv && .venv/bin/pip install -q --disable-pip-version-check --index-url {}/simple/ tinywheel 2>&1 && .venv/bin/python -c 'import tinywheel; assert tinywheel.VALUE == 7' && .venv/bin/pip cache dir",
@@ -113,9 +111,7 @@ async fn uv_installs_from_an_index_and_the_next_task_installs_from_the_cache() {
     let s = Harness::setup().await;
     let dir = s.dir().to_path_buf();
     let index = wheel_index(&dir).await;
-    let (mut c, _ws) = s.cfg_with_workspace();
-    // The index stands in on this host's loopback, which only `open` reaches.
-    c.network.mode = hub_sidecar::config::NetworkMode::Open;
+    let (c, _ws) = open_cfg(&s);
     let h = s.start(c).await;
     let install = |venv: &str| {
         format!(
