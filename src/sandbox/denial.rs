@@ -127,9 +127,10 @@ impl std::fmt::Display for Denial {
                          and tasks are not given the service user's (yarn reads one in every \
                          directory above the project, and in HOME): put what tasks need in the \
                          file `[sandbox] npmrc` names in {config} (each task gets a copy as its \
-                         ~/.npmrc), and keep this one out of the directories above the \
-                         workspaces (under the unit HOME is the state directory, above every \
-                         managed clone)"
+                         ~/.npmrc, and may read that file where it is), or name this one there \
+                         if tasks may have what it holds; otherwise keep it out of the \
+                         directories above the workspaces (under the unit HOME is the state \
+                         directory, above every managed clone)"
                     ),
                     Remedy::None => write!(
                         f,

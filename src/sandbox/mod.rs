@@ -686,6 +686,13 @@ fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Gra
     }
     read.extend(grants.read.iter().cloned());
     read.extend(cfg.sandbox.read_paths.iter().cloned());
+    // The operator's `[sandbox] npmrc` is given to tasks anyway (copied into their HOME),
+    // and yarn also reads every `.npmrc` above the project by name: where that file sits
+    // above the workspace (the service user's HOME under the unit holds both), a denied
+    // read would fail the install.
+    if grants.task {
+        read.extend(cfg.sandbox.npmrc.iter().cloned());
+    }
     let mut write = grants.write.clone();
     write.push(tmp.to_path_buf());
     write.extend(DEVICES.iter().map(PathBuf::from));

@@ -42,7 +42,8 @@ async fn pnpm_installs_from_a_registry_and_the_next_task_installs_from_its_store
 /// Yarn 1 reads `$HOME/.yarnrc` (and as root `$HOME/.npmrc`, beside the file
 /// `npm_config_userconfig` names) by name: with the service user's own in a HOME closed to
 /// tasks it failed before installing anything. Here the service user's HOME holds both; the
-/// registry comes from the operator's `[sandbox] npmrc`.
+/// registry comes from the operator's `[sandbox] npmrc`, a file above the project that yarn
+/// reads by name too.
 #[tokio::test]
 async fn yarn_installs_from_the_operators_registry_and_the_next_task_from_the_cache() {
     js_installs_then_reuses_the_cache(
@@ -142,8 +143,10 @@ async fn js_installs_then_reuses_the_cache(js: &Js, registry_from: Registry) {
             s.start(c).await
         }
         Registry::Operator => {
-            let tasks_rc = dir.join("tasks.npmrc");
-            std::fs::write(&tasks_rc, rc).unwrap();
+            // Above the project, where yarn also reads it by name (as the service user's
+            // HOME under the unit is above its managed clones), and closed to others.
+            let tasks_rc = dir.join(".npmrc");
+            private(&tasks_rc, &rc);
             // The service user's own files, closed to tasks: a registry that is not there,
             // and a login.
             let home = dir.join("home");
