@@ -1,6 +1,6 @@
 //! The code that runs in a forked child between `fork` and `exec`: limits, namespaces
-//! (user, PID and, for `[network] mode = "none"`, network), `no_new_privs` and the Landlock
-//! domain.
+//! (user, PID and, for `[network] mode = "none"` or `"allowlist"`, network), the proxy's
+//! listener inside the network namespace, `no_new_privs` and the Landlock domain.
 //!
 //! It runs in a copy of a multi-threaded process, so it only makes raw system calls on data
 //! prepared by the parent (no allocation, no locks): async-signal-safe by construction.
@@ -30,41 +30,18 @@ pub(crate) struct ChildPlan {
     /// Also a network namespace of its own, with only a loopback interface (up): the
     /// command reaches no other host and none of the host's loopback services.
     pub own_network: bool,
-    /// With `own_network`: relay `127.0.0.1:`[`RELAY_PORT`] inside the namespace to this unix
-    /// socket (the daemon's proxy), the children's only way out.
-    pub relay_to: Option<UnixPath>,
+    /// With `own_network`: listen on `127.0.0.1:`[`PROXY_PORT`] inside the namespace and
+    /// hand the listener to the daemon's proxy (over the spawn's handoff socket, see
+    /// [`ChildPlan::apply`]), which accepts on it: the children's only way out.
+    pub proxied: bool,
     /// A Landlock ruleset to enforce (the parent keeps it open; `restrict_self` never
     /// consumes it, so one ruleset serves every child of a task).
     pub landlock_fd: Option<i32>,
 }
 
-/// The port the relay listens on inside a task's network namespace (each task has its
+/// The port the proxy listens on inside a task's network namespace (each child has its
 /// own namespace, so a fixed port cannot collide).
-pub(crate) const RELAY_PORT: u16 = 3128;
-
-/// A unix socket path as `sockaddr_un` wants it, prepared before the fork.
-#[derive(Debug, Clone)]
-pub(crate) struct UnixPath {
-    bytes: [u8; 107],
-    len: usize,
-}
-
-impl UnixPath {
-    /// `None` when the path is too long for `sockaddr_un` (107 bytes).
-    pub(crate) fn new(path: &std::path::Path) -> Option<UnixPath> {
-        use std::os::unix::ffi::OsStrExt;
-        let b = path.as_os_str().as_bytes();
-        if b.len() >= 107 || b.contains(&0) {
-            return None;
-        }
-        let mut bytes = [0u8; 107];
-        bytes[..b.len()].copy_from_slice(b);
-        Some(UnixPath {
-            bytes,
-            len: b.len(),
-        })
-    }
-}
+pub(crate) const PROXY_PORT: u16 = 3128;
 
 /// Contents written to `/proc/self/{uid_map,gid_map}`: the caller's own ids, mapped to
 /// themselves, so files keep their owner and nothing else is mapped.
@@ -89,10 +66,14 @@ impl IdMaps {
 impl ChildPlan {
     /// Apply the plan to the calling (freshly forked) process. Only for `pre_exec`.
     ///
+    /// `handoff`: with `proxied`, the child's end of a socket pair made for this one spawn
+    /// (close-on-exec); the proxy's listener is sent over it and both are closed before
+    /// anything of the task runs. -1 otherwise.
+    ///
     /// # Safety
     ///
     /// Must run in a single-threaded child between `fork` and `exec`.
-    pub(crate) unsafe fn apply(&self) -> io::Result<()> {
+    pub(crate) unsafe fn apply(&self, handoff: libc::c_int) -> io::Result<()> {
         for &(res, want) in &self.rlimits {
             let mut cur = libc::rlimit {
                 rlim_cur: 0,
@@ -111,7 +92,8 @@ impl ChildPlan {
             }
         }
         if let Some(maps) = &self.namespaces {
-            enter_namespaces(maps, self.own_network, self.relay_to.as_ref())?;
+            let handoff = if self.proxied { Some(handoff) } else { None };
+            enter_namespaces(maps, self.own_network, handoff)?;
         }
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(io::Error::last_os_error());
@@ -125,12 +107,12 @@ impl ChildPlan {
     }
 }
 
-/// New user and PID namespaces (and a network namespace when `own_network`); returns in the
-/// namespace's PID 1 (see the module docs).
+/// New user and PID namespaces (and a network namespace when `own_network`, its proxy
+/// listener sent over `handoff`); returns in the namespace's PID 1 (see the module docs).
 unsafe fn enter_namespaces(
     maps: &IdMaps,
     own_network: bool,
-    relay_to: Option<&UnixPath>,
+    handoff: Option<libc::c_int>,
 ) -> io::Result<()> {
     let net = if own_network { libc::CLONE_NEWNET } else { 0 };
     if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | net) != 0 {
@@ -150,14 +132,24 @@ unsafe fn enter_namespaces(
         return Err(io::Error::last_os_error());
     }
     mapped?;
-    let mut listener = -1;
     if own_network {
         // As the new user namespace's owner we hold CAP_NET_ADMIN over its network namespace.
         loopback_up()?;
-        if relay_to.is_some() {
-            // Listening before the command exists: its first connection cannot race us.
-            listener = relay_listener()?;
+    }
+    if let Some(handoff) = handoff {
+        if !own_network || handoff < 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
+        // Listening before the command exists: its first connection cannot race us. The
+        // daemon accepts on the listener itself (a socket keeps its namespace wherever its
+        // descriptor goes), so a connection is one hop: task -> proxy -> host. Nothing of
+        // the namespace keeps a copy, and the handoff socket is closed before the fork:
+        // no process of the task ever holds a channel to the daemon.
+        let listener = proxy_listener()?;
+        let sent = send_fd(handoff, listener);
+        libc::close(listener);
+        libc::close(handoff);
+        sent?;
     }
     // A pipe whose write end only the supervisor keeps: when it reads as hung up, the
     // supervisor is gone (pids are useless for this: the supervisor is outside the new
@@ -171,21 +163,9 @@ unsafe fn enter_namespaces(
         return Err(io::Error::last_os_error());
     }
     if pid > 0 {
-        if let (Some(to), true) = (relay_to, listener >= 0) {
-            // Forked after the command's init, so it lives in the task's PID namespace and
-            // dies with it.
-            let r = libc::fork();
-            if r == 0 {
-                relay(listener, to);
-            }
-            libc::close(listener);
-        }
         supervise(pid, alive[1]);
     }
     libc::close(alive[1]);
-    if listener >= 0 {
-        libc::close(listener);
-    }
     // PID 1 of the new namespace. If the supervisor dies, so do we (and so the namespace).
     if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
         return Err(io::Error::last_os_error());
@@ -223,15 +203,15 @@ unsafe fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
-/// A TCP listener on `127.0.0.1:RELAY_PORT` in the task's network namespace.
-unsafe fn relay_listener() -> io::Result<libc::c_int> {
+/// A TCP listener on `127.0.0.1:PROXY_PORT` in the task's network namespace.
+unsafe fn proxy_listener() -> io::Result<libc::c_int> {
     let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     let mut addr: libc::sockaddr_in = std::mem::zeroed();
     addr.sin_family = libc::AF_INET as libc::sa_family_t;
-    addr.sin_port = RELAY_PORT.to_be();
+    addr.sin_port = PROXY_PORT.to_be();
     addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
     let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
     if libc::bind(fd, (&addr as *const libc::sockaddr_in).cast(), len) != 0
@@ -244,94 +224,34 @@ unsafe fn relay_listener() -> io::Result<libc::c_int> {
     Ok(fd)
 }
 
-/// The relay: every connection to the listener is piped, by a child of its own, to the
-/// daemon's proxy socket. Holds nothing else open. Never returns.
-unsafe fn relay(listener: libc::c_int, to: &UnixPath) -> ! {
-    let l = listener as u32;
-    if l > 0 {
-        libc::syscall(libc::SYS_close_range, 0u32, l - 1, 0u32);
-    }
-    libc::syscall(libc::SYS_close_range, l + 1, u32::MAX, 0u32);
-    // Connection children are reaped by the kernel.
-    libc::signal(libc::SIGCHLD, libc::SIG_IGN);
-    let mut addr: libc::sockaddr_un = std::mem::zeroed();
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(&to.bytes[..to.len]) {
-        *d = *s as libc::c_char;
-    }
+/// Send `fd` over the unix socket `to` (`SCM_RIGHTS`, with one byte of data as stream and
+/// seqpacket sockets need), from buffers on the stack.
+unsafe fn send_fd(to: libc::c_int, fd: libc::c_int) -> io::Result<()> {
+    const FD_LEN: u32 = std::mem::size_of::<libc::c_int>() as u32;
+    // Room for one descriptor's control message, aligned as `cmsghdr` wants.
+    let mut control = [0u64; 4];
+    const _: () = assert!(unsafe { libc::CMSG_SPACE(FD_LEN) } as usize <= 32);
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = libc::CMSG_SPACE(FD_LEN) as _;
+    let c = libc::CMSG_FIRSTHDR(&msg);
+    (*c).cmsg_level = libc::SOL_SOCKET;
+    (*c).cmsg_type = libc::SCM_RIGHTS;
+    (*c).cmsg_len = libc::CMSG_LEN(FD_LEN) as _;
+    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), fd);
     loop {
-        let c = libc::accept4(
-            listener,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            libc::SOCK_CLOEXEC,
-        );
-        if c < 0 {
-            match *libc::__errno_location() {
-                libc::EINTR | libc::ECONNABORTED | libc::EMFILE | libc::ENFILE => continue,
-                _ => libc::_exit(1),
-            }
+        if libc::sendmsg(to, &msg, libc::MSG_NOSIGNAL) == 1 {
+            return Ok(());
         }
-        let pid = libc::fork();
-        if pid == 0 {
-            libc::close(listener);
-            let u = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-            let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-            if u < 0 || libc::connect(u, (&addr as *const libc::sockaddr_un).cast(), len) != 0 {
-                libc::_exit(1);
-            }
-            pump(c, u);
-            libc::_exit(0);
-        }
-        libc::close(c);
-    }
-}
-
-/// Copy both ways between `a` and `b` until both directions are done, passing on each
-/// half-close.
-unsafe fn pump(a: libc::c_int, b: libc::c_int) {
-    let mut buf = [0u8; 64 * 1024];
-    let mut open = [true, true];
-    while open[0] || open[1] {
-        let mut fds = [
-            libc::pollfd {
-                fd: if open[0] { a } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: if open[1] { b } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
-            if *libc::__errno_location() == libc::EINTR {
-                continue;
-            }
-            return;
-        }
-        for (i, (from, to)) in [(a, b), (b, a)].into_iter().enumerate() {
-            if !open[i] || fds[i].revents == 0 {
-                continue;
-            }
-            let n = libc::read(from, buf.as_mut_ptr().cast(), buf.len());
-            if n <= 0 {
-                open[i] = false;
-                libc::shutdown(to, libc::SHUT_WR);
-                continue;
-            }
-            let mut done = 0usize;
-            while done < n as usize {
-                let w = libc::write(to, buf[done..].as_ptr().cast(), n as usize - done);
-                if w <= 0 {
-                    if w < 0 && *libc::__errno_location() == libc::EINTR {
-                        continue;
-                    }
-                    return;
-                }
-                done += w as usize;
-            }
+        if *libc::__errno_location() != libc::EINTR {
+            return Err(io::Error::last_os_error());
         }
     }
 }
@@ -356,8 +276,8 @@ unsafe fn supervise(child: libc::pid_t, alive: libc::c_int) -> ! {
     libc::syscall(libc::SYS_close_range, alive + 1, u32::MAX, 0u32);
     let mut status: libc::c_int = 0;
     loop {
-        // Any child: the relay (when there is one) is ours too, and the namespace's init
-        // cannot finish dying until every process of the namespace has been reaped.
+        // Any child: the namespace's init cannot finish dying until every process of the
+        // namespace has been reaped.
         let r = libc::waitpid(-1, &mut status, 0);
         if r == child {
             break;

@@ -43,12 +43,14 @@
 //! - [`task_home`]: the task's own HOME, fresh for every task.
 //! - [`denial`]: telling from a failed child's output that containment refused it a path.
 //! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`.
+//! - `handoff.rs`: how each child's proxy listener reaches the daemon.
 //! - `child.rs`: what runs between `fork` and `exec`.
 
 pub mod agent_home;
 pub mod caches;
 mod child;
 pub mod denial;
+mod handoff;
 pub mod landlock;
 pub mod proxy;
 pub mod task_home;
@@ -58,7 +60,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 
-use child::{ChildPlan, IdMaps, UnixPath};
+use child::{ChildPlan, IdMaps};
 use landlock::FsPolicy;
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
@@ -289,13 +291,8 @@ pub enum ContainmentError {
     #[error("containment_unavailable: [network] mode = \"none\" or \"allowlist\" needs user namespaces, which this machine refuses ({0}); fix the machine or set [network] mode = \"open\"")]
     NoNetworkNamespace(String),
     /// The network proxy of `[network] mode = "allowlist"` could not start.
-    #[error("containment_failed: cannot start the task's network proxy on {}: {source}", path.display())]
-    Proxy {
-        /// Its unix socket.
-        path: PathBuf,
-        /// Why it failed.
-        source: std::io::Error,
-    },
+    #[error("containment_failed: cannot start the task's network proxy: {0}")]
+    Proxy(std::io::Error),
     /// The repository's dependency caches could not be prepared.
     #[error("containment_failed: cannot prepare the repository's dependency caches under {}: {source}; check that the state directory is writable, or set [caches] enabled = false", path.display())]
     Caches {
@@ -342,17 +339,61 @@ pub struct Sandbox {
     home: Option<PathBuf>,
 }
 
+/// One child's spawn under a sandbox, from before `fork` until the spawn returned: see
+/// [`Sandbox::install`].
+#[derive(Debug)]
+pub struct Spawning {
+    /// With the proxy: the socket pair the child hands its listener over.
+    handoff: Option<(handoff::Handoff, Arc<Sandbox>)>,
+}
+
+/// What a sandbox serves one running child (its proxy listener under `[network] mode =
+/// "allowlist"`); the spawn path holds it until the child's process tree has ended.
+#[derive(Debug)]
+pub struct Running {
+    _proxy: Option<proxy::Lease>,
+}
+
+impl Spawning {
+    /// The child was spawned (its `exec` succeeded): serve what it handed over.
+    pub fn spawned(self) -> std::io::Result<Running> {
+        let Some((handoff, sandbox)) = self.handoff else {
+            return Ok(Running { _proxy: None });
+        };
+        let listener = handoff.receive()?;
+        let proxy = sandbox
+            .proxy
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("no proxy"))?;
+        Ok(Running {
+            _proxy: Some(proxy.serve(listener)?),
+        })
+    }
+}
+
 impl Sandbox {
-    /// Install the plan in `cmd`: it runs in the child between `fork` and `exec`.
-    pub(crate) fn install(self: &Arc<Self>, cmd: &mut std::process::Command) {
+    /// Install the plan in `cmd`, for one spawn: it runs in the child between `fork` and
+    /// `exec`. Spawn `cmd` once, then call [`Spawning::spawned`].
+    pub(crate) fn install(
+        self: &Arc<Self>,
+        cmd: &mut std::process::Command,
+    ) -> std::io::Result<Spawning> {
         use std::os::unix::process::CommandExt;
+        let handoff = match self.plan.proxied {
+            true => Some(handoff::Handoff::new()?),
+            false => None,
+        };
+        let fd = handoff.as_ref().map_or(-1, handoff::Handoff::child_fd);
         let me = Arc::clone(self);
         // SAFETY: `ChildPlan::apply` only makes async-signal-safe system calls on data
-        // prepared before the fork (see child.rs).
+        // prepared before the fork (see child.rs); `fd` stays open until the spawn returned.
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(move || me.plan.apply());
+            cmd.pre_exec(move || me.plan.apply(fd));
         }
+        Ok(Spawning {
+            handoff: handoff.map(|h| (h, Arc::clone(self))),
+        })
     }
 
     /// The task's private temp directory.
@@ -393,6 +434,12 @@ impl Sandbox {
     /// allowed and refused, with bytes; empty without one.
     pub fn network_use(&self) -> Vec<proxy::HostUse> {
         self.proxy.as_ref().map(|p| p.hosts()).unwrap_or_default()
+    }
+
+    /// The children's proxy listeners served now (one per running child under `[network]
+    /// mode = "allowlist"`, none once they have ended).
+    pub fn proxy_listeners(&self) -> usize {
+        self.proxy.as_ref().map_or(0, proxy::Proxy::listeners)
     }
 }
 
@@ -504,11 +551,6 @@ pub fn plan(
         return Err(ContainmentError::NoNetworkNamespace(e.to_string()));
     }
     let proxy = if own_network && cfg.network.mode == NetworkMode::Allowlist {
-        let sock = tmp.with_extension("proxy");
-        let relay = UnixPath::new(&sock).ok_or_else(|| ContainmentError::Proxy {
-            path: sock.clone(),
-            source: std::io::Error::other("the path is too long for a unix socket"),
-        })?;
         let allow = cfg
             .network
             .allow
@@ -517,11 +559,8 @@ pub fn plan(
             .cloned()
             .chain(executor_api_host(cfg, vars))
             .collect();
-        let p = proxy::Proxy::start(&sock, allow).map_err(|source| ContainmentError::Proxy {
-            path: sock.clone(),
-            source,
-        })?;
-        let url = format!("http://127.0.0.1:{}", child::RELAY_PORT);
+        let p = proxy::Proxy::start(allow).map_err(ContainmentError::Proxy)?;
+        let url = format!("http://127.0.0.1:{}", child::PROXY_PORT);
         for k in [
             "HTTP_PROXY",
             "HTTPS_PROXY",
@@ -535,19 +574,15 @@ pub fn plan(
         for k in ["NO_PROXY", "no_proxy"] {
             set.push((k.to_string(), "localhost,127.0.0.1,::1".to_string()));
         }
-        Some((p, relay))
+        Some(p)
     } else {
         None
-    };
-    let (proxy, relay_to) = match proxy {
-        Some((p, r)) => (Some(p), Some(r)),
-        None => (None, None),
     };
     let plan = ChildPlan {
         rlimits: rlimits(&cfg.sandbox),
         namespaces: policy.support.namespaces.is_ok().then(IdMaps::current),
         own_network,
-        relay_to,
+        proxied: proxy.is_some(),
         landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
     };
     Ok(Confined {
@@ -797,7 +832,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         rlimits: Vec::new(),
         namespaces: Some(IdMaps::current()),
         own_network: false,
-        relay_to: None,
+        proxied: false,
         landlock_fd: None,
     };
     let sb = Arc::new(Sandbox {
@@ -819,7 +854,9 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    sb.install(&mut cmd);
+    let _spawning = sb
+        .install(&mut cmd)
+        .map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
     match cmd.status() {
         Ok(s) if s.success() => Ok(()),
         Ok(s) => Err(NamespaceError::ProbeFailed(s)),

@@ -1,12 +1,19 @@
 //! The daemon's HTTP proxy for one task under `[network] mode = "allowlist"`: the task's only
 //! way out of its network namespace.
 //!
-//! Owns the proxy's unix socket (`state_dir/tmp/<task>.proxy`), the allowlist check and the
-//! per-host tally of what was allowed or refused. Inside the task's namespace a relay (see
-//! `child.rs`) forwards `127.0.0.1:3128` to this socket; `HTTP_PROXY`/`HTTPS_PROXY` point the
-//! tools there. It speaks `CONNECT host:port` (HTTPS and anything tunnelled: the bytes pass
-//! through untouched, no TLS interception) and plain `http://` requests in absolute form;
-//! the host is checked before anything is connected, so a refused host never sees a packet.
+//! Owns the listeners on `127.0.0.1:3128` inside the task's children's network namespaces
+//! (each child binds one there and hands it to the daemon, see `handoff.rs`; the proxy accepts
+//! on it directly, a socket keeping its namespace wherever its descriptor goes), the allowlist
+//! check and the per-host tally of what was allowed or refused. `HTTP_PROXY`/`HTTPS_PROXY`
+//! point the tools there. It speaks `CONNECT host:port` (HTTPS and anything tunnelled: the
+//! bytes pass through untouched, no TLS interception) and plain `http://` requests in absolute
+//! form; the host is checked before anything is connected, so a refused host never sees a
+//! packet.
+//!
+//! A child's listener is served for as long as the [`Lease`] the spawn path holds while the
+//! child's process tree runs; dropping it stops accepting and ends the child's connections,
+//! so no socket (and no network namespace) of an ended child stays behind. Dropping the
+//! [`Proxy`] ends everything of the task.
 //!
 //! Why a namespace and a proxy rather than Landlock's TCP rules: Landlock (ABI ≥ 4) filters
 //! by port only, so a task allowed the proxy's port could reach any host on that port, and it
@@ -14,11 +21,11 @@
 //! network namespace has no route out at all; the proxy decides by host name.
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// Most bytes of a request head (request line and headers).
@@ -41,46 +48,74 @@ pub struct HostUse {
 
 type Tally = Arc<Mutex<Vec<HostUse>>>;
 
-/// A running proxy; it stops, and its socket goes, when dropped.
+/// A task's proxy; it stops serving every child's listener when dropped.
 #[derive(Debug)]
 pub struct Proxy {
-    path: PathBuf,
-    /// The socket file's inode: a later proxy on the same path is not ours to remove.
-    ino: u64,
+    /// The runtime the listeners are served on.
+    handle: tokio::runtime::Handle,
+    allow: Arc<Vec<String>>,
     tally: Tally,
-    _stop: DropGuard,
+    /// Children's listeners served now.
+    live: Arc<AtomicUsize>,
+    stop: CancellationToken,
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        use std::os::unix::fs::MetadataExt;
-        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        self.stop.cancel();
+    }
+}
+
+/// One child's listener being served; dropping it stops accepting and ends the child's
+/// connections.
+#[derive(Debug)]
+pub struct Lease {
+    _stop: DropGuard,
+}
+
+/// Counts a served listener until dropped (at the end of its accept loop, however it ends).
+struct Live(Arc<AtomicUsize>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 impl Proxy {
-    /// Listen on `path` and serve `allow` (host names; `*.example.com` or `.example.com` for
-    /// a domain and its subdomains). Needs a Tokio runtime (the blocking pool's is fine).
-    pub fn start(path: &Path, allow: Vec<String>) -> io::Result<Proxy> {
+    /// A proxy serving `allow` (host names; `*.example.com` or `.example.com` for a domain and
+    /// its subdomains). Needs a Tokio runtime (the blocking pool's is fine); listeners are
+    /// served on it.
+    pub fn start(allow: Vec<String>) -> io::Result<Proxy> {
         let handle = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
-        let _enter = handle.enter();
-        let _ = std::fs::remove_file(path);
-        let listener = UnixListener::bind(path)?;
-        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(path)?);
-        let stop = CancellationToken::new();
-        let tally: Tally = Arc::default();
-        let allow = Arc::new(allow);
-        let (s, t) = (stop.clone(), tally.clone());
-        handle.spawn(async move {
+        Ok(Proxy {
+            handle,
+            allow: Arc::new(allow),
+            tally: Arc::default(),
+            live: Arc::default(),
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// Serve a child's listener (already checked, see `handoff.rs`) until the returned lease
+    /// or the proxy is dropped.
+    pub(crate) fn serve(&self, listener: std::net::TcpListener) -> io::Result<Lease> {
+        listener.set_nonblocking(true)?;
+        let _enter = self.handle.enter();
+        let listener = TcpListener::from_std(listener)?;
+        let stop = self.stop.child_token();
+        self.live.fetch_add(1, Ordering::SeqCst);
+        let live = Live(self.live.clone());
+        let (allow, tally, s) = (self.allow.clone(), self.tally.clone(), stop.clone());
+        self.handle.spawn(async move {
+            let _live = live;
             loop {
                 let conn = tokio::select! {
                     _ = s.cancelled() => break,
                     c = listener.accept() => c,
                 };
                 let Ok((conn, _)) = conn else { continue };
-                let (allow, t, s) = (allow.clone(), t.clone(), s.clone());
+                let (allow, t, s) = (allow.clone(), tally.clone(), s.clone());
                 tokio::spawn(async move {
                     tokio::select! {
                         _ = s.cancelled() => {}
@@ -89,10 +124,7 @@ impl Proxy {
                 });
             }
         });
-        Ok(Proxy {
-            path: path.to_path_buf(),
-            ino,
-            tally,
+        Ok(Lease {
             _stop: stop.drop_guard(),
         })
     }
@@ -100,6 +132,11 @@ impl Proxy {
     /// Every host asked for so far, in order of first use.
     pub fn hosts(&self) -> Vec<HostUse> {
         self.tally.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    /// Children's listeners served now: one per running child of the task.
+    pub fn listeners(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
     }
 }
 
@@ -223,7 +260,8 @@ fn to_origin(head: &[u8]) -> Vec<u8> {
     out
 }
 
-async fn serve(mut conn: UnixStream, allow: &[String], tally: &Tally) {
+async fn serve(mut conn: TcpStream, allow: &[String], tally: &Tally) {
+    let _ = conn.set_nodelay(true);
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {

@@ -1,0 +1,255 @@
+//! The daemon's side of handing a child's proxy listener over (`[network] mode =
+//! "allowlist"`): a socket pair made for one spawn, and the checks on what arrives on it.
+//!
+//! The child binds `127.0.0.1:3128` inside its new network namespace and sends the listener
+//! over its end of the pair before anything of the task runs (see `child.rs`), then closes
+//! both; the daemon takes it from its end right after the spawn and closes that too. So there
+//! is no path a task could reach (no socket file, no inherited descriptor), and what the
+//! daemon takes is checked anyway: a listening TCP socket on `127.0.0.1:3128` in a network
+//! namespace other than the daemon's, or nothing.
+
+#![allow(unsafe_code)]
+
+use std::io;
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use super::child::PROXY_PORT;
+
+/// One spawn's socket pair (seqpacket, close-on-exec both ends).
+#[derive(Debug)]
+pub(crate) struct Handoff {
+    ours: OwnedFd,
+    theirs: OwnedFd,
+}
+
+impl Handoff {
+    pub(crate) fn new() -> io::Result<Handoff> {
+        let mut fds = [-1; 2];
+        // SAFETY: socketpair writes two descriptors into `fds`, which we then own.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both are fresh descriptors owned by nobody else.
+        let (ours, theirs) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Ok(Handoff { ours, theirs })
+    }
+
+    /// The child's end: inherited through `fork`, closed by `exec` (close-on-exec) if the
+    /// child has not closed it already.
+    pub(crate) fn child_fd(&self) -> RawFd {
+        self.theirs.as_raw_fd()
+    }
+
+    /// After the spawn returned (the child has sent by then: it sends before `exec`, and the
+    /// spawn returns once `exec` succeeded), take the listener, checked. Never blocks.
+    pub(crate) fn receive(self) -> io::Result<TcpListener> {
+        drop(self.theirs);
+        let fds = recv_fds(&self.ours)?;
+        let mut fds = fds.into_iter();
+        let (Some(fd), None) = (fds.next(), fds.next()) else {
+            return Err(refused("not exactly one descriptor"));
+        };
+        check_listener(&fd)?;
+        Ok(TcpListener::from(fd))
+    }
+}
+
+fn refused(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("the child's proxy listener was refused: {what}"),
+    )
+}
+
+/// Every descriptor in one message waiting on `sock` (all of them owned, so extras close).
+fn recv_fds(sock: &OwnedFd) -> io::Result<Vec<OwnedFd>> {
+    const MAX: usize = 4;
+    let mut control = [0u64; 8];
+    // SAFETY: CMSG_SPACE is arithmetic.
+    let space = unsafe { libc::CMSG_SPACE((MAX * std::mem::size_of::<libc::c_int>()) as u32) };
+    debug_assert!(space as usize <= std::mem::size_of_val(&control));
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    let n = loop {
+        // SAFETY: `msg` describes live buffers of the lengths given.
+        let n = unsafe {
+            libc::recvmsg(
+                sock.as_raw_fd(),
+                &mut msg,
+                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+            )
+        };
+        if n >= 0 {
+            break n;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into `control`, within
+    // `msg_controllen`; every SCM_RIGHTS descriptor is new to this process and taken once.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<libc::c_int>();
+                let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..len / std::mem::size_of::<libc::c_int>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if n == 0 && fds.is_empty() {
+        return Err(refused("the child sent nothing"));
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(refused("too many descriptors"));
+    }
+    Ok(fds)
+}
+
+fn sockopt(fd: &OwnedFd, opt: libc::c_int) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are live and sized for an int option.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+/// A listening TCP socket on `127.0.0.1:PROXY_PORT` in a network namespace that is not the
+/// daemon's (so the proxy never serves the host's own network).
+fn check_listener(fd: &OwnedFd) -> io::Result<()> {
+    let (domain, kind, listening) = (
+        sockopt(fd, libc::SO_DOMAIN).map_err(|_| refused("not a socket"))?,
+        sockopt(fd, libc::SO_TYPE)?,
+        sockopt(fd, libc::SO_ACCEPTCONN)?,
+    );
+    if (domain, kind, listening) != (libc::AF_INET, libc::SOCK_STREAM, 1) {
+        return Err(refused("not a listening TCP/IPv4 socket"));
+    }
+    // SAFETY: a zeroed sockaddr_in is valid.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: getsockname writes at most `len` bytes into `addr`.
+    let r = unsafe {
+        libc::getsockname(
+            fd.as_raw_fd(),
+            (&mut addr as *mut libc::sockaddr_in).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let ip = std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
+    if (ip, u16::from_be(addr.sin_port)) != (std::net::Ipv4Addr::LOCALHOST, PROXY_PORT) {
+        return Err(refused("not bound to the proxy's address"));
+    }
+    // The socket's network namespace (the daemon owns the child's user namespace, so it may
+    // ask), against the daemon's own.
+    // SAFETY: SIOCGSKNS takes no argument and returns a new (close-on-exec) descriptor.
+    let ns = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGSKNS as _) };
+    if ns < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor, ours alone.
+    let ns = unsafe { OwnedFd::from_raw_fd(ns) };
+    use std::os::unix::fs::MetadataExt;
+    let theirs = std::fs::File::from(ns).metadata()?;
+    let ours = std::fs::metadata("/proc/self/ns/net")?;
+    if (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+        return Err(refused("it is in the daemon's own network namespace"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a child sends over its end, done from this process.
+    fn send(h: &Handoff, fds: &[RawFd]) {
+        let mut control = [0u64; 8];
+        let len = std::mem::size_of_val(fds) as u32;
+        let mut byte = [0u8; 1];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        // SAFETY: as in `child.rs`'s `send_fd`, for up to 4 descriptors.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(len) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(len) as _;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
+            assert_eq!(libc::sendmsg(h.child_fd(), &msg, 0), 1);
+        }
+    }
+
+    fn refusal(fds: &[RawFd]) -> String {
+        let h = Handoff::new().unwrap();
+        send(&h, fds);
+        h.receive().unwrap_err().to_string()
+    }
+
+    /// Only a listener on the proxy's address in another network namespace is taken:
+    /// anything else sent on the handoff socket is refused (and closed).
+    #[test]
+    fn only_a_listener_in_the_childs_own_namespace_is_taken() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        assert!(refusal(&[file.as_raw_fd()]).contains("not a socket"));
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(refusal(&[a.as_raw_fd()]).contains("not a listening TCP"));
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(refusal(&[l.as_raw_fd()]).contains("proxy's address"));
+        assert!(refusal(&[l.as_raw_fd(), l.as_raw_fd()]).contains("exactly one"));
+        // The proxy's port in the daemon's own namespace: never served (skipped where
+        // something on this host already listens there).
+        if let Ok(host) = TcpListener::bind(("127.0.0.1", PROXY_PORT)) {
+            assert!(refusal(&[host.as_raw_fd()]).contains("daemon's own network namespace"));
+        }
+        // Nothing sent (the child failed before sending): an error, not a wait.
+        let h = Handoff::new().unwrap();
+        assert!(h.receive().is_err());
+    }
+}
