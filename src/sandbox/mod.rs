@@ -53,6 +53,7 @@ pub mod denial;
 mod handoff;
 pub mod landlock;
 pub mod proxy;
+mod splice;
 pub mod task_home;
 
 use std::path::{Path, PathBuf};

@@ -322,10 +322,20 @@ async fn serve(mut conn: TcpStream, allow: &[String], tally: &Tally) {
     };
     let _ = up.set_nodelay(true);
     let (sent, first) = if connect {
-        let sent = conn
+        let mut sent = conn
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await;
-        (sent, 0)
+        // What a client sent after its CONNECT without waiting for the answer (a TLS hello)
+        // belongs to the tunnel.
+        let end = head
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(head.len(), |p| p + 4);
+        let early = &head[end..];
+        if sent.is_ok() && !early.is_empty() {
+            sent = up.write_all(early).await;
+        }
+        (sent, early.len() as u64)
     } else {
         let request = to_origin(&head);
         (up.write_all(&request).await, request.len() as u64)
@@ -333,15 +343,75 @@ async fn serve(mut conn: TcpStream, allow: &[String], tally: &Tally) {
     if sent.is_err() {
         return;
     }
-    let (a, b) = tokio::io::copy_bidirectional_with_sizes(&mut conn, &mut up, 64 * 1024, 64 * 1024)
-        .await
-        .unwrap_or((0, 0));
+    // Bytes move between the two sockets in the kernel (`splice`), never through our memory.
+    let (a, b) = super::splice::bidirectional(&conn, &up).await;
     note(tally, &shown, true, first + a, b);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tunnel carries what the client sent right behind its CONNECT, both ways to each
+    /// half-close, counts the bytes, and stops with its lease.
+    #[tokio::test]
+    async fn a_tunnel_carries_early_bytes_and_half_closes_and_counts_them() {
+        // Upstream: echoes everything, then closes when the client has.
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = echo.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut s, _) = echo.accept().await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            s.write_all(&got).await.unwrap();
+        });
+        let proxy = Proxy::start(vec!["127.0.0.1".into()]).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let lease = proxy.serve(listener).unwrap();
+        assert_eq!(proxy.listeners(), 1);
+
+        let mut c = TcpStream::connect(at).await.unwrap();
+        let early = vec![7u8; 300_000];
+        let mut req = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").into_bytes();
+        req.extend_from_slice(&early[..100]);
+        c.write_all(&req).await.unwrap();
+        c.write_all(&early[100..]).await.unwrap();
+        c.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        c.read_to_end(&mut back).await.unwrap();
+        let answer = b"HTTP/1.1 200 Connection established\r\n\r\n";
+        assert!(back.starts_with(answer));
+        let echoed = &back[answer.len()..];
+        assert!(
+            echoed == early,
+            "{} of {} bytes came back",
+            echoed.len(),
+            early.len()
+        );
+        let target = format!("127.0.0.1:{port}");
+        let counted = || {
+            proxy
+                .hosts()
+                .first()
+                .map(|h| (h.target.clone(), h.bytes_up, h.bytes_down))
+        };
+        for _ in 0..500 {
+            if counted().is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(counted(), Some((target, 300_000, 300_000)));
+        drop(lease);
+        for _ in 0..500 {
+            if proxy.listeners() == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(proxy.listeners(), 0);
+    }
 
     #[test]
     fn a_plain_request_reaches_the_origin_in_origin_form_and_closes() {
