@@ -254,3 +254,118 @@ async fn the_tasks_git_reaches_its_https_remote_through_the_proxy_and_no_other_h
     );
     h.finish().await;
 }
+
+/// Each child of a task hands its proxy listener to the daemon; the proxy stops serving it
+/// (and lets go of its network namespace) when the child's process tree ends, so a task of
+/// many children holds none of the ended ones.
+#[tokio::test]
+async fn a_childs_proxy_listener_is_released_when_its_tree_ends() {
+    use hub_sidecar::process::{self, ChildEnv, CommandSpec, Limits};
+    use hub_sidecar::sandbox::{Grants, Policy, Support};
+    use tokio_util::sync::CancellationToken;
+
+    if !crate::containment::supported() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let mut cfg =
+        hub_sidecar::config::Config::for_hub("ws://127.0.0.1:9/ws", &dir.path().join("state"));
+    cfg.network.mode = NetworkMode::Allowlist;
+    let policy = Policy::decide(None, Support::probe());
+    let grants = Grants {
+        write: vec![ws.clone()],
+        task: true,
+        ..Grants::default()
+    };
+    let env = process::confine(
+        &cfg,
+        &policy,
+        &ChildEnv::from_config(&cfg),
+        &dir.path().join("state/tmp/t"),
+        &grants,
+    )
+    .unwrap();
+    let sandbox = env.sandbox().unwrap().clone();
+    let run = |script: &str| {
+        let spec = CommandSpec::shell(script, &ws, env.clone());
+        async move {
+            let out = process::run(&spec, &Limits::default(), &CancellationToken::new(), None)
+                .await
+                .unwrap();
+            assert!(out.exit.success(), "{}", out.combined());
+        }
+    };
+
+    // Three children at once, each leaving a background process behind it.
+    let waiting = (0..3)
+        .map(|_| tokio::spawn(run("sleep 300 & while [ ! -e go ]; do sleep 0.02; done")))
+        .collect::<Vec<_>>();
+    assert!(
+        wait_until(|| sandbox.proxy_listeners() == 3, T).await,
+        "one listener per running child: {}",
+        sandbox.proxy_listeners()
+    );
+    std::fs::write(ws.join("go"), "").unwrap();
+    for w in waiting {
+        w.await.unwrap();
+    }
+    // Many more, one after the other.
+    for _ in 0..50 {
+        run("true").await;
+    }
+    assert!(
+        wait_until(|| sandbox.proxy_listeners() == 0, T).await,
+        "listeners of ended children are still served: {}",
+        sandbox.proxy_listeners()
+    );
+}
+
+/// The proxy is reached only through its port inside the task's namespace: no socket file
+/// a task (this one or another) could connect to, no descriptor inherited by the command
+/// over which it could hand the daemon a socket of its own.
+#[tokio::test]
+async fn a_task_has_no_channel_to_the_proxy_but_its_port() {
+    if !crate::containment::supported() {
+        return;
+    }
+    let s = Harness::setup().await;
+    let (mut c, ws) = s.cfg_with_workspace();
+    c.network.mode = NetworkMode::Allowlist;
+    let h = s.start(c).await;
+    h.assign(sample_shell_task(
+        "fds",
+        "ls -l /proc/self/fd > fds.txt; while [ ! -e go ]; do sleep 0.02; done; cat fds.txt",
+    ));
+    assert!(wait_until(|| ws.join("fds.txt").exists(), T).await);
+    // While the task runs: no socket under the state directory but the operator's status
+    // socket.
+    let mut sockets = Vec::new();
+    let mut dirs = vec![h.dir().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                dirs.push(e.path());
+            } else if std::os::unix::fs::FileTypeExt::is_socket(&t)
+                && e.file_name() != "status.sock"
+            {
+                sockets.push(e.path());
+            }
+        }
+    }
+    assert!(
+        sockets.is_empty(),
+        "sockets a task could reach: {sockets:?}"
+    );
+    std::fs::write(ws.join("go"), "").unwrap();
+    let done = terminal(h.hub(), "fds").await;
+    assert_eq!(done["type"], "task_complete", "{done}");
+    // The command's descriptors (as `ls` inherits them): its pipes, /dev/null, whatever the test
+    // runner passed down, but no socket.
+    let fds = done["result"]["output"].as_str().unwrap_or_default();
+    assert!(fds.contains("pipe:"), "{fds}");
+    assert!(!fds.contains("socket:"), "{fds}");
+    h.finish().await;
+}
