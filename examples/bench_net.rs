@@ -1,9 +1,10 @@
 //! What `[network] mode = "allowlist"` costs: building a task's sandbox with its proxy, a
-//! confined child's spawn with its own network namespace and relay, and the throughput of a
-//! 100 MB download by `curl` inside the task sandbox, straight (`mode = "open"`) and through
-//! the relay and the daemon's proxy (`mode = "allowlist"`), from a loopback server.
+//! confined child's spawn with its own network namespace and its proxy listener handed to the
+//! daemon (against `open` and `none`, interleaved), and the throughput of a 100 MB download by
+//! `curl` inside the task sandbox, straight (`mode = "open"`) and through the daemon's proxy
+//! (`mode = "allowlist"`), from a loopback server.
 //!
-//! `cargo run --release --example bench_net -- [--runs N]` (or `bash scripts/bench-net.sh`).
+//! `cargo run --release --example bench_net -- [--runs N] [--no-spawn]` (or `bash scripts/bench-net.sh`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -57,7 +58,8 @@ async fn serve() -> u16 {
     port
 }
 
-async fn run(env: &ChildEnv, ws: &Path, program: &str, args: &[&str]) -> Duration {
+/// Wall time of the child (spawn to reaping) and its stdout.
+async fn run_out(env: &ChildEnv, ws: &Path, program: &str, args: &[&str]) -> (Duration, String) {
     let spec = CommandSpec::new(program, ws, env.clone()).args(args.iter().copied());
     let limits = Limits {
         timeout: Some(Duration::from_secs(120)),
@@ -69,7 +71,48 @@ async fn run(env: &ChildEnv, ws: &Path, program: &str, args: &[&str]) -> Duratio
         .expect("spawn");
     let took = t.elapsed();
     assert!(out.exit.success(), "{:?}: {}", out.exit, out.combined());
-    took
+    (took, out.stdout)
+}
+
+async fn run(env: &ChildEnv, ws: &Path, program: &str, args: &[&str]) -> Duration {
+    run_out(env, ws, program, args).await.0
+}
+
+/// CPU time (user + system) of this process so far: the server's and the proxy's.
+#[allow(unsafe_code)]
+fn cpu_self() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// One download's figures.
+struct Download {
+    /// The child's wall time, spawn to reaping.
+    wall: Duration,
+    /// curl's own `time_total`: connect (through the proxy when there is one) to the last byte.
+    own: Duration,
+    /// This process's CPU time over it: the server's, and the proxy's when there is one.
+    cpu: Duration,
+}
+
+async fn download(env: &ChildEnv, ws: &Path, args: &[&str]) -> Download {
+    let args: Vec<&str> = ["-w", "%{time_total}"]
+        .iter()
+        .chain(args)
+        .copied()
+        .collect();
+    let cpu = cpu_self();
+    let (wall, out) = run_out(env, ws, "curl", &args).await;
+    let cpu = cpu_self() - cpu;
+    let own: f64 = out.trim().parse().expect("curl's time_total");
+    Download {
+        wall,
+        own: Duration::from_secs_f64(own),
+        cpu,
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -99,6 +142,8 @@ async fn main() {
     let tmp = dir.path().join("state/tmp/t");
     let mut open_cfg = Config::for_hub("ws://127.0.0.1:9/ws", &dir.path().join("state"));
     open_cfg.network.mode = NetworkMode::Open;
+    let mut none_cfg = open_cfg.clone();
+    none_cfg.network.mode = NetworkMode::None;
     let mut allow_cfg = open_cfg.clone();
     allow_cfg.network.mode = NetworkMode::Allowlist;
     allow_cfg.network.allow = vec!["127.0.0.1".into()];
@@ -118,14 +163,22 @@ async fn main() {
         (median(times), env.expect("built"))
     };
     let (open_build, open_env) = build(&open_cfg);
+    let (_, none_env) = build(&none_cfg);
     let (allow_build, mut allow_env) = build(&allow_cfg);
     allow_env.set("NO_PROXY", "");
     allow_env.set("no_proxy", "");
 
     let mut spawn_open = Vec::new();
+    let mut spawn_none = Vec::new();
     let mut spawn_allow = Vec::new();
-    for _ in 0..100 {
+    let spawns = if std::env::args().any(|a| a == "--no-spawn") {
+        1
+    } else {
+        200
+    };
+    for _ in 0..spawns {
         spawn_open.push(run(&open_env, &ws, "/bin/true", &[]).await);
+        spawn_none.push(run(&none_env, &ws, "/bin/true", &[]).await);
         spawn_allow.push(run(&allow_env, &ws, "/bin/true", &[]).await);
     }
 
@@ -143,20 +196,32 @@ async fn main() {
     ];
     let (mut d, mut p) = (Vec::new(), Vec::new());
     for _ in 0..runs {
-        d.push(run(&open_env, &ws, "curl", &direct).await);
-        p.push(run(&allow_env, &ws, "curl", &curl).await);
+        d.push(download(&open_env, &ws, &direct).await);
+        p.push(download(&allow_env, &ws, &curl).await);
     }
     // The same at a link speed a registry download sees (curl's own rate limit, 50 MB/s).
     let limited = ["--limit-rate", "50M"];
     let (mut dl, mut pl) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         let a: Vec<&str> = direct.iter().chain(&limited).copied().collect();
-        dl.push(run(&open_env, &ws, "curl", &a).await);
+        dl.push(download(&open_env, &ws, &a).await.own);
         let b: Vec<&str> = curl.iter().chain(&limited).copied().collect();
-        pl.push(run(&allow_env, &ws, "curl", &b).await);
+        pl.push(download(&allow_env, &ws, &b).await.own);
     }
     let mbps = |t: Duration| SIZE as f64 / (1024.0 * 1024.0) / t.as_secs_f64();
-    let (dm, pm) = (median(d), median(p));
+    let pick = |v: &[Download], f: fn(&Download) -> Duration| median(v.iter().map(f).collect());
+    let (dm, pm) = (pick(&d, |x| x.wall), pick(&p, |x| x.wall));
+    let (dc, pc) = (pick(&d, |x| x.own), pick(&p, |x| x.own));
+    let (dcpu, pcpu) = (pick(&d, |x| x.cpu), pick(&p, |x| x.cpu));
+    // Each proxied run against the direct one just before it: the machine's load drifts
+    // less within a pair than over the whole series.
+    let mut pairs: Vec<f64> = d
+        .iter()
+        .zip(&p)
+        .map(|(d, p)| d.wall.as_secs_f64() / p.wall.as_secs_f64())
+        .collect();
+    pairs.sort_by(f64::total_cmp);
+    let paired = 100.0 * pairs[pairs.len() / 2];
     println!("| what | median |");
     println!("|---|---|");
     println!(
@@ -172,18 +237,29 @@ async fn main() {
         median(spawn_open).as_secs_f64() * 1e6
     );
     println!(
-        "| spawn + wait `/bin/true`, `allowlist` (own netns, `lo` up, relay) | {:.0} µs |",
+        "| spawn + wait `/bin/true`, `none` (own netns, `lo` up) | {:.0} µs |",
+        median(spawn_none).as_secs_f64() * 1e6
+    );
+    println!(
+        "| spawn + wait `/bin/true`, `allowlist` (own netns, `lo` up, listener handed to the proxy) | {:.0} µs |",
         median(spawn_allow).as_secs_f64() * 1e6
     );
+    for (what, w, c) in [
+        ("direct (`open`)", dm, dc),
+        ("through the proxy (`allowlist`)", pm, pc),
+    ] {
+        println!(
+            "| curl 100 MB, {what}, {runs} runs: child's wall time / curl's own | {:.0} ms, {:.0} MiB/s / {:.0} ms, {:.0} MiB/s |",
+            w.as_secs_f64() * 1e3,
+            mbps(w),
+            c.as_secs_f64() * 1e3,
+            mbps(c)
+        );
+    }
     println!(
-        "| curl 100 MB, direct (`open`), {runs} runs | {:.0} ms, {:.0} MiB/s |",
-        dm.as_secs_f64() * 1e3,
-        mbps(dm)
-    );
-    println!(
-        "| curl 100 MB through relay + proxy (`allowlist`), {runs} runs | {:.0} ms, {:.0} MiB/s |",
-        pm.as_secs_f64() * 1e3,
-        mbps(pm)
+        "| CPU of the server (direct) / the server and the proxy (`allowlist`) per download | {:.0} ms / {:.0} ms |",
+        dcpu.as_secs_f64() * 1e3,
+        pcpu.as_secs_f64() * 1e3
     );
     let (dlm, plm) = (median(dl), median(pl));
     println!(
@@ -192,13 +268,14 @@ async fn main() {
         mbps(dlm)
     );
     println!(
-        "| curl 100 MB at 50 MB/s, through relay + proxy, 3 runs | {:.0} ms, {:.0} MiB/s |",
+        "| curl 100 MB at 50 MB/s, through the proxy, 3 runs | {:.0} ms, {:.0} MiB/s |",
         plm.as_secs_f64() * 1e3,
         mbps(plm)
     );
     println!(
-        "\nthroughput through the proxy: {:.0} % of direct at loopback speed, {:.0} % at 50 MB/s",
+        "\nthroughput through the proxy: {:.0} % of direct at loopback speed (median of pairs {paired:.0} %, by curl's own time {:.0} %), {:.0} % at 50 MB/s",
         100.0 * mbps(pm) / mbps(dm),
+        100.0 * mbps(pc) / mbps(dc),
         100.0 * mbps(plm) / mbps(dlm)
     );
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What `[network] mode = "allowlist"` costs per task and per child, and the throughput of a
-# 100 MB download through the relay and the daemon's proxy against a direct one
+# 100 MB download through the daemon's proxy against a direct one
 # (examples/bench_net.rs). Needs Landlock, user namespaces and curl; release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
