@@ -179,12 +179,16 @@ fn check_listener(fd: &OwnedFd) -> io::Result<()> {
     if (ip, u16::from_be(addr.sin_port)) != (std::net::Ipv4Addr::LOCALHOST, PROXY_PORT) {
         return Err(refused("not bound to the proxy's address"));
     }
-    // The socket's network namespace (the daemon owns the child's user namespace, so it may
-    // ask), against the daemon's own.
+    // The socket's network namespace (the daemon owns its children's user namespaces, so it
+    // may ask), against the daemon's own.
     // SAFETY: SIOCGSKNS takes no argument and returns a new (close-on-exec) descriptor.
     let ns = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGSKNS as _) };
     if ns < 0 {
-        return Err(io::Error::last_os_error());
+        // EPERM: the daemon holds no CAP_NET_ADMIN there, so no child of its made it.
+        let e = io::Error::last_os_error();
+        return Err(refused(&format!(
+            "its network namespace is not one a child of the daemon made ({e})"
+        )));
     }
     // SAFETY: a fresh descriptor, ours alone.
     let ns = unsafe { OwnedFd::from_raw_fd(ns) };
@@ -243,10 +247,12 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         assert!(refusal(&[l.as_raw_fd()]).contains("proxy's address"));
         assert!(refusal(&[l.as_raw_fd(), l.as_raw_fd()]).contains("exactly one"));
-        // The proxy's port in the daemon's own namespace: never served (skipped where
-        // something on this host already listens there).
+        // The proxy's port in the daemon's own namespace: never served (as root: the same
+        // namespace; unprivileged: not even one the daemon may inspect). Skipped where
+        // something on this host already listens there.
         if let Ok(host) = TcpListener::bind(("127.0.0.1", PROXY_PORT)) {
-            assert!(refusal(&[host.as_raw_fd()]).contains("daemon's own network namespace"));
+            let why = refusal(&[host.as_raw_fd()]);
+            assert!(why.contains("network namespace"), "{why}");
         }
         // Nothing sent (the child failed before sending): an error, not a wait.
         let h = Handoff::new().unwrap();
