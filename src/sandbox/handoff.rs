@@ -13,18 +13,64 @@
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 use super::child::PROXY_PORT;
+use super::{proxy, Sandbox};
+
+/// One child's spawn under a sandbox, from before `fork` until the spawn returned: see
+/// [`Sandbox::install`].
+#[derive(Debug)]
+pub(crate) struct Spawning {
+    /// With the proxy: the socket pair the child hands its listener over.
+    handoff: Option<(Handoff, Arc<Sandbox>)>,
+}
+
+/// What a sandbox serves one running child (its proxy listener under `[network] mode =
+/// "allowlist"`); the spawn path holds it until the child's process tree has ended.
+#[derive(Debug)]
+pub(crate) struct Running {
+    _proxy: Option<proxy::Lease>,
+}
+
+impl Spawning {
+    /// Before the fork: the socket pair when `sandbox` proxies its children, and the child's
+    /// end for `ChildPlan::apply` (-1 without).
+    pub(super) fn prepare(sandbox: &Arc<Sandbox>) -> io::Result<(Spawning, RawFd)> {
+        let handoff = sandbox.plan.proxied.then(Handoff::new).transpose()?;
+        let fd = handoff.as_ref().map_or(-1, |h| h.theirs.as_raw_fd());
+        let handoff = handoff.map(|h| (h, Arc::clone(sandbox)));
+        Ok((Spawning { handoff }, fd))
+    }
+
+    /// The child was spawned (its `exec` succeeded): serve what it handed over.
+    pub(crate) fn spawned(self) -> io::Result<Running> {
+        let Some((handoff, sandbox)) = self.handoff else {
+            return Ok(Running { _proxy: None });
+        };
+        let listener = handoff.receive()?;
+        let proxy = sandbox
+            .proxy
+            .as_ref()
+            .ok_or_else(|| io::Error::other("the sandbox has no proxy to serve it"))?;
+        Ok(Running {
+            _proxy: Some(proxy.serve(listener)?),
+        })
+    }
+}
 
 /// One spawn's socket pair (seqpacket, close-on-exec both ends).
 #[derive(Debug)]
-pub(crate) struct Handoff {
+struct Handoff {
+    /// The daemon's end, read once right after the spawn.
     ours: OwnedFd,
+    /// The child's end: inherited through `fork`; the child closes it once it has sent (and
+    /// `exec` would anyway: close-on-exec). Dropped here before reading.
     theirs: OwnedFd,
 }
 
 impl Handoff {
-    pub(crate) fn new() -> io::Result<Handoff> {
+    fn new() -> io::Result<Handoff> {
         let mut fds = [-1; 2];
         // SAFETY: socketpair writes two descriptors into `fds`, which we then own.
         let r = unsafe {
@@ -44,15 +90,9 @@ impl Handoff {
         Ok(Handoff { ours, theirs })
     }
 
-    /// The child's end: inherited through `fork`, closed by `exec` (close-on-exec) if the
-    /// child has not closed it already.
-    pub(crate) fn child_fd(&self) -> RawFd {
-        self.theirs.as_raw_fd()
-    }
-
     /// After the spawn returned (the child has sent by then: it sends before `exec`, and the
     /// spawn returns once `exec` succeeded), take the listener, checked. Never blocks.
-    pub(crate) fn receive(self) -> io::Result<TcpListener> {
+    fn receive(self) -> io::Result<TcpListener> {
         drop(self.theirs);
         let fds = recv_fds(&self.ours)?;
         let mut fds = fds.into_iter();
@@ -226,7 +266,7 @@ mod tests {
             (*c).cmsg_type = libc::SCM_RIGHTS;
             (*c).cmsg_len = libc::CMSG_LEN(len) as _;
             std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
-            assert_eq!(libc::sendmsg(h.child_fd(), &msg, 0), 1);
+            assert_eq!(libc::sendmsg(h.theirs.as_raw_fd(), &msg, 0), 1);
         }
     }
 

@@ -43,7 +43,8 @@
 //! - [`task_home`]: the task's own HOME, fresh for every task.
 //! - [`denial`]: telling from a failed child's output that containment refused it a path.
 //! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`.
-//! - `handoff.rs`: how each child's proxy listener reaches the daemon.
+//! - `handoff.rs`: how each child's proxy listener reaches the daemon's proxy, and is served
+//!   while the child runs.
 //! - `child.rs`: what runs between `fork` and `exec`.
 
 pub mod agent_home;
@@ -62,6 +63,7 @@ use std::sync::Arc;
 use crate::config::Config;
 
 use child::{ChildPlan, IdMaps};
+pub(crate) use handoff::Spawning;
 use landlock::FsPolicy;
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
@@ -340,38 +342,6 @@ pub struct Sandbox {
     home: Option<PathBuf>,
 }
 
-/// One child's spawn under a sandbox, from before `fork` until the spawn returned: see
-/// [`Sandbox::install`].
-#[derive(Debug)]
-pub struct Spawning {
-    /// With the proxy: the socket pair the child hands its listener over.
-    handoff: Option<(handoff::Handoff, Arc<Sandbox>)>,
-}
-
-/// What a sandbox serves one running child (its proxy listener under `[network] mode =
-/// "allowlist"`); the spawn path holds it until the child's process tree has ended.
-#[derive(Debug)]
-pub struct Running {
-    _proxy: Option<proxy::Lease>,
-}
-
-impl Spawning {
-    /// The child was spawned (its `exec` succeeded): serve what it handed over.
-    pub fn spawned(self) -> std::io::Result<Running> {
-        let Some((handoff, sandbox)) = self.handoff else {
-            return Ok(Running { _proxy: None });
-        };
-        let listener = handoff.receive()?;
-        let proxy = sandbox
-            .proxy
-            .as_ref()
-            .ok_or_else(|| std::io::Error::other("no proxy"))?;
-        Ok(Running {
-            _proxy: Some(proxy.serve(listener)?),
-        })
-    }
-}
-
 impl Sandbox {
     /// Install the plan in `cmd`, for one spawn: it runs in the child between `fork` and
     /// `exec`. Spawn `cmd` once, then call [`Spawning::spawned`].
@@ -380,11 +350,7 @@ impl Sandbox {
         cmd: &mut std::process::Command,
     ) -> std::io::Result<Spawning> {
         use std::os::unix::process::CommandExt;
-        let handoff = match self.plan.proxied {
-            true => Some(handoff::Handoff::new()?),
-            false => None,
-        };
-        let fd = handoff.as_ref().map_or(-1, handoff::Handoff::child_fd);
+        let (spawning, fd) = Spawning::prepare(self)?;
         let me = Arc::clone(self);
         // SAFETY: `ChildPlan::apply` only makes async-signal-safe system calls on data
         // prepared before the fork (see child.rs); `fd` stays open until the spawn returned.
@@ -392,9 +358,7 @@ impl Sandbox {
         unsafe {
             cmd.pre_exec(move || me.plan.apply(fd));
         }
-        Ok(Spawning {
-            handoff: handoff.map(|h| (h, Arc::clone(self))),
-        })
+        Ok(spawning)
     }
 
     /// The task's private temp directory.
