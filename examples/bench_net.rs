@@ -78,12 +78,13 @@ async fn run(env: &ChildEnv, ws: &Path, program: &str, args: &[&str]) -> Duratio
     run_out(env, ws, program, args).await.0
 }
 
-/// CPU time (user + system) of this process so far: the server's and the proxy's.
+/// CPU time (user + system) so far of this process (`RUSAGE_SELF`: the server's and the
+/// proxy's) or of its reaped children (`RUSAGE_CHILDREN`: curl, reaped by its supervisor).
 #[allow(unsafe_code)]
-fn cpu_self() -> Duration {
+fn cpu(who: libc::c_int) -> Duration {
     // SAFETY: getrusage fills the struct it is given.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
@@ -96,6 +97,8 @@ struct Download {
     own: Duration,
     /// This process's CPU time over it: the server's, and the proxy's when there is one.
     cpu: Duration,
+    /// curl's CPU time.
+    curl_cpu: Duration,
 }
 
 async fn download(env: &ChildEnv, ws: &Path, args: &[&str]) -> Download {
@@ -104,14 +107,18 @@ async fn download(env: &ChildEnv, ws: &Path, args: &[&str]) -> Download {
         .chain(args)
         .copied()
         .collect();
-    let cpu = cpu_self();
+    let (ours, theirs) = (cpu(libc::RUSAGE_SELF), cpu(libc::RUSAGE_CHILDREN));
     let (wall, out) = run_out(env, ws, "curl", &args).await;
-    let cpu = cpu_self() - cpu;
+    let (ours, theirs) = (
+        cpu(libc::RUSAGE_SELF) - ours,
+        cpu(libc::RUSAGE_CHILDREN) - theirs,
+    );
     let own: f64 = out.trim().parse().expect("curl's time_total");
     Download {
         wall,
         own: Duration::from_secs_f64(own),
-        cpu,
+        cpu: ours,
+        curl_cpu: theirs,
     }
 }
 
@@ -213,6 +220,7 @@ async fn main() {
     let (dm, pm) = (pick(&d, |x| x.wall), pick(&p, |x| x.wall));
     let (dc, pc) = (pick(&d, |x| x.own), pick(&p, |x| x.own));
     let (dcpu, pcpu) = (pick(&d, |x| x.cpu), pick(&p, |x| x.cpu));
+    let (dcurl, pcurl) = (pick(&d, |x| x.curl_cpu), pick(&p, |x| x.curl_cpu));
     // Each proxied run against the direct one just before it: the machine's load drifts
     // less within a pair than over the whole series.
     let mut pairs: Vec<f64> = d
@@ -260,6 +268,11 @@ async fn main() {
         "| CPU of the server (direct) / the server and the proxy (`allowlist`) per download | {:.0} ms / {:.0} ms |",
         dcpu.as_secs_f64() * 1e3,
         pcpu.as_secs_f64() * 1e3
+    );
+    println!(
+        "| CPU of curl per download, direct / through the proxy | {:.0} ms / {:.0} ms |",
+        dcurl.as_secs_f64() * 1e3,
+        pcurl.as_secs_f64() * 1e3
     );
     let (dlm, plm) = (median(dl), median(pl));
     println!(
