@@ -146,7 +146,7 @@ unsafe fn enter_namespaces(
         // the namespace keeps a copy, and the handoff socket is closed before the fork:
         // no process of the task ever holds a channel to the daemon.
         let listener = proxy_listener()?;
-        let sent = send_fd(handoff, listener);
+        let sent = send_fds(handoff, &[listener]);
         libc::close(listener);
         libc::close(handoff);
         sent?;
@@ -224,13 +224,27 @@ unsafe fn proxy_listener() -> io::Result<libc::c_int> {
     Ok(fd)
 }
 
-/// Send `fd` over the unix socket `to` (`SCM_RIGHTS`, with one byte of data as stream and
-/// seqpacket sockets need), from buffers on the stack.
-unsafe fn send_fd(to: libc::c_int, fd: libc::c_int) -> io::Result<()> {
-    const FD_LEN: u32 = std::mem::size_of::<libc::c_int>() as u32;
-    // Room for one descriptor's control message, aligned as `cmsghdr` wants.
+/// Most descriptors [`send_fds`] sends at once.
+pub(super) const MAX_SEND_FDS: usize = 4;
+
+/// Send `fds` (at most [`MAX_SEND_FDS`]) over the unix socket `to` (`SCM_RIGHTS`, with one
+/// byte of data as stream and seqpacket sockets need), from buffers on the stack.
+///
+/// # Safety
+///
+/// Async-signal-safe (no allocation); `to` and `fds` must be open descriptors.
+pub(super) unsafe fn send_fds(to: libc::c_int, fds: &[libc::c_int]) -> io::Result<()> {
+    if fds.is_empty() || fds.len() > MAX_SEND_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let len = std::mem::size_of_val(fds) as u32;
+    // Room for the control message, aligned as `cmsghdr` wants.
     let mut control = [0u64; 4];
-    const _: () = assert!(unsafe { libc::CMSG_SPACE(FD_LEN) } as usize <= 32);
+    const _: () = assert!(
+        unsafe { libc::CMSG_SPACE((MAX_SEND_FDS * std::mem::size_of::<libc::c_int>()) as u32) }
+            as usize
+            <= 32
+    );
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
@@ -240,12 +254,12 @@ unsafe fn send_fd(to: libc::c_int, fd: libc::c_int) -> io::Result<()> {
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = libc::CMSG_SPACE(FD_LEN) as _;
+    msg.msg_controllen = libc::CMSG_SPACE(len) as _;
     let c = libc::CMSG_FIRSTHDR(&msg);
     (*c).cmsg_level = libc::SOL_SOCKET;
     (*c).cmsg_type = libc::SCM_RIGHTS;
-    (*c).cmsg_len = libc::CMSG_LEN(FD_LEN) as _;
-    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), fd);
+    (*c).cmsg_len = libc::CMSG_LEN(len) as _;
+    std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
     loop {
         if libc::sendmsg(to, &msg, libc::MSG_NOSIGNAL) == 1 {
             return Ok(());

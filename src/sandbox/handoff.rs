@@ -113,7 +113,9 @@ fn refused(what: &str) -> io::Error {
 
 /// Every descriptor in one message waiting on `sock` (all of them owned, so extras close).
 fn recv_fds(sock: &OwnedFd) -> io::Result<Vec<OwnedFd>> {
-    const MAX: usize = 4;
+    // Room for more than a child sends, so that extras arrive (and are closed) rather than
+    // being cut off unseen.
+    const MAX: usize = 2 * super::child::MAX_SEND_FDS;
     let mut control = [0u64; 8];
     // SAFETY: CMSG_SPACE is arithmetic.
     let space = unsafe { libc::CMSG_SPACE((MAX * std::mem::size_of::<libc::c_int>()) as u32) };
@@ -247,27 +249,8 @@ mod tests {
 
     /// What a child sends over its end, done from this process.
     fn send(h: &Handoff, fds: &[RawFd]) {
-        let mut control = [0u64; 8];
-        let len = std::mem::size_of_val(fds) as u32;
-        let mut byte = [0u8; 1];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        // SAFETY: as in `child.rs`'s `send_fd`, for up to 4 descriptors.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(len) as _;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(len) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
-            assert_eq!(libc::sendmsg(h.theirs.as_raw_fd(), &msg, 0), 1);
-        }
+        // SAFETY: both are open descriptors.
+        unsafe { super::super::child::send_fds(h.theirs.as_raw_fd(), fds) }.unwrap();
     }
 
     fn refusal(fds: &[RawFd]) -> String {
