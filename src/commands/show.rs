@@ -194,6 +194,13 @@ fn render_raw(s: &TaskStory, verbose: bool) -> String {
                 kib("bytes_up"),
                 kib("bytes_down")
             );
+            if let Some(n) = h["unreachable"].as_u64() {
+                let _ = writeln!(
+                    o,
+                    "    {n} could not be made: {}",
+                    h["last_error"].as_str().unwrap_or("?")
+                );
+            }
         }
     }
     match (&s.terminal, &s.cancelled) {

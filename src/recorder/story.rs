@@ -80,7 +80,8 @@ pub struct TaskStory {
     /// Lines that could not be read (a torn last line after a crash).
     pub unreadable_lines: u32,
     /// Hosts the task's children asked the network proxy for: `{target, allowed,
-    /// connections, bytes_up, bytes_down}` (`[network] mode = "allowlist"` only).
+    /// connections, bytes_up, bytes_down}`, plus `unreachable` and `last_error` when connections
+    /// to an allowed host failed (`[network] mode = "allowlist"` only).
     pub network: Vec<Value>,
 }
 

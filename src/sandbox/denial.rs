@@ -58,6 +58,14 @@ pub enum Denial {
         /// The config file the allowlist is in, when known.
         config: Option<PathBuf>,
     },
+    /// An allowed host the proxy could not connect to (`[network] mode = "allowlist"`):
+    /// this machine's network, resolver or the host itself, which no edit of the task fixes.
+    Unreachable {
+        /// `host:port`.
+        target: String,
+        /// The connect error.
+        error: String,
+    },
     /// The network, under `[network] mode = "none"`.
     Network {
         /// The line of output that says so.
@@ -151,6 +159,13 @@ impl std::fmt::Display for Denial {
                     file(config)
                 )
             }
+            Denial::Unreachable { target, error } => write!(
+                f,
+                "infrastructure_error: the task's network proxy could not reach {target}, which \
+                 the allowlist lets through ({error}); not a fault of the task's code, so it is \
+                 not retried. Check this machine's route and resolver to it, or whether the \
+                 host is down"
+            ),
             Denial::Network { line, config } => write!(
                 f,
                 "infrastructure_error: the task has no network ([network] mode = \"none\") and \

@@ -382,15 +382,32 @@ impl Sandbox {
             .and_then(|fs| denial::find(output, fs, config, self.home.as_deref()))
             .or_else(|| cut.then(|| denial::find_network(output, config)).flatten())
             .or_else(|| {
-                let refused = self
-                    .proxy
-                    .as_ref()?
-                    .hosts()
+                // The proxy's tally is the whole task's: a host counts only when this output
+                // shows the proxy's answer (its status or the host), so an earlier child's
+                // refused or unreachable host does not turn a real failure into an
+                // infrastructure error.
+                let hosts = self.proxy.as_ref()?.hosts();
+                let shows = |h: &proxy::HostUse, status: &[&str]| {
+                    let lower = output.to_ascii_lowercase();
+                    let host = h.target.rsplit_once(':').map_or(&*h.target, |(n, _)| n);
+                    status.iter().any(|s| lower.contains(s)) || output.contains(host)
+                };
+                // A refused host first: the operator's allowlist is the likelier cause.
+                if let Some(refused) = hosts
+                    .iter()
+                    .find(|h| !h.allowed && shows(h, &["403", "forbidden"]))
+                {
+                    return Some(denial::Denial::Host {
+                        target: refused.target.clone(),
+                        config: config.map(Path::to_path_buf),
+                    });
+                }
+                let down = hosts
                     .into_iter()
-                    .find(|h| !h.allowed)?;
-                Some(denial::Denial::Host {
-                    target: refused.target,
-                    config: config.map(Path::to_path_buf),
+                    .find(|h| h.unreachable > 0 && shows(h, &["502", "bad gateway"]))?;
+                Some(denial::Denial::Unreachable {
+                    target: down.target,
+                    error: down.last_error.unwrap_or_default(),
                 })
             })
     }

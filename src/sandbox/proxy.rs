@@ -44,6 +44,16 @@ pub struct HostUse {
     pub bytes_up: u64,
     /// Bytes from the host to the task.
     pub bytes_down: u64,
+    /// Connections to an allowed host that could not be made (the proxy answered 502).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unreachable: u64,
+    /// Why the last of those failed (the connect error), for the task's infrastructure error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 type Tally = Arc<Mutex<Vec<HostUse>>>;
@@ -188,7 +198,19 @@ fn note(tally: &Tally, target: &str, allowed: bool, up: u64, down: u64) {
             connections: 1,
             bytes_up: up,
             bytes_down: down,
+            unreachable: 0,
+            last_error: None,
         }),
+    }
+}
+
+/// An allowed host that could not be reached: counted as a connection, and why it failed.
+fn note_unreachable(tally: &Tally, target: &str, error: &std::io::Error) {
+    note(tally, target, true, 0, 0);
+    let Ok(mut t) = tally.lock() else { return };
+    if let Some(h) = t.iter_mut().find(|h| h.target == target && h.allowed) {
+        h.unreachable += 1;
+        h.last_error = Some(error.to_string());
     }
 }
 
@@ -310,7 +332,7 @@ async fn serve(mut conn: TcpStream, allow: &[String], tally: &Tally) {
     let mut up = match TcpStream::connect((host.as_str(), port)).await {
         Ok(u) => u,
         Err(e) => {
-            note(tally, &shown, true, 0, 0);
+            note_unreachable(tally, &shown, &e);
             let body = format!("hub-sidecar: cannot connect to {shown}: {e}\n");
             let reply = format!(
                 "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",

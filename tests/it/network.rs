@@ -90,6 +90,36 @@ async fn the_allowlist_lets_listed_hosts_through_the_proxy_and_nothing_else() {
         "the refused request reached no server"
     );
 
+    // An allowed host that does not answer (nothing listens on the port): the proxy's 502
+    // is an infrastructure error naming the host and why, not a failure of the task's code.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let get_closed = via_proxy(&format!(
+        "import urllib.request; urllib.request.urlopen('http://127.0.0.1:{closed}/x', timeout=10)"
+    ));
+    let out = check_error(&h, sample_shell_task("down", "true"), &get_closed).await;
+    assert!(
+        out.contains(&format!("could not reach 127.0.0.1:{closed}")),
+        "{out}"
+    );
+    assert!(out.contains("refused"), "the connect error is said: {out}");
+    let down = show_when_recorded(h.dir(), "down").await;
+    assert!(down.contains("1 could not be made"), "{down}");
+    // The same unreachable host earlier in a task does not make a later, real failure an
+    // infrastructure error: only output that shows the proxy's answer does.
+    let mut task = sample_shell_task("down-then-fail", &format!("{get_closed} 2>/dev/null; true"));
+    task["verification_steps"] =
+        json!([{"type": "command_succeeds", "target": "echo the real failure; exit 1"}]);
+    h.assign(task);
+    let done = terminal(h.hub(), "down-then-fail").await;
+    assert_eq!(
+        done["result"]["termination_reason"], "retries_exhausted",
+        "{done}"
+    );
+
     // Every host, allowed or refused, with its bytes, is in the flight record and `show`.
     let allowed = show_when_recorded(h.dir(), "allowed").await;
     assert_downloaded(&allowed, &format!("127.0.0.1:{port}"));
