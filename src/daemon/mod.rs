@@ -63,14 +63,18 @@ const REPROBE_MAX: Duration = Duration::from_secs(300);
 /// Run the daemon until shutdown. `ops` receives metrics and health.
 pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
     let cfg = Arc::new(cfg);
-    let state = load_state(&cfg).await?;
+    // Start-up waits on three things, each a few hundred microseconds to milliseconds, and
+    // none needs another: the containment probe (a forked test child), the hub connection
+    // and the state file (read, and written back with an fsync). They run at once. The
+    // link may be connected first, but it identifies, and so can be given work, only once
+    // the probe has answered (`announce` below).
+    let probe = tokio::spawn(crate::sandbox::Policy::probe_and_decide(cfg.containment));
     let budget = Arc::new(RateBudget::from_config(&cfg.progress));
     let (handle, out_rx) = link::channel();
     let (ev_tx, ev_rx) = mpsc::channel(1024);
     // What `identify` announces: published once the containment probe has answered.
     let (announce, announced) = watch::channel(None);
     let link_cancel = CancellationToken::new();
-    // The link connects while the rest starts (the containment probe takes a moment).
     let link_task = tokio::spawn(link::run(
         cfg.clone(),
         budget.clone(),
@@ -80,13 +84,22 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         announced,
         link_cancel.clone(),
     ));
+    let state = match load_state(&cfg).await {
+        Ok(state) => state,
+        Err(e) => {
+            probe.abort();
+            link_cancel.cancel();
+            wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), link_task).await;
+            return Err(e);
+        }
+    };
     let link = Link {
         handle,
         events: ev_rx,
         announce,
     };
     let (mut d, recorder_writer) =
-        Daemon::new(cfg, shutdown.clone(), ops, budget, link, state).await;
+        Daemon::new(cfg, shutdown.clone(), ops, budget, link, state, probe).await;
     let reason = d.run().await;
     d.ops.stopping();
     link_cancel.cancel();
@@ -204,8 +217,9 @@ async fn sleep_until_opt(t: Option<Instant>) {
 
 impl Daemon {
     /// The daemon around a link (`link` to send, `events` to hear), holding what
-    /// [`load_state`] found. Also returns the recorder's writer, which ends once the daemon
-    /// (and every runner's handle on the recorder) is dropped.
+    /// [`load_state`] found, taking work as the containment `probe` decides. Also returns
+    /// the recorder's writer, which ends once the daemon (and every runner's handle on the
+    /// recorder) is dropped.
     async fn new(
         cfg: Arc<Config>,
         shutdown: Shutdown,
@@ -213,6 +227,7 @@ impl Daemon {
         budget: Arc<RateBudget>,
         link: Link,
         state: LoadedState,
+        probe: JoinHandle<crate::sandbox::Policy>,
     ) -> (Daemon, JoinHandle<()>) {
         let Link {
             handle: link,
@@ -224,11 +239,15 @@ impl Daemon {
             Duration::from_secs(cfg.outbox_expiry_secs),
         );
         let redactor = Arc::new(Redactor::from_config(&cfg));
-        let containment = Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await);
         let (recorder, recorder_writer) =
             Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
         let ledger =
             Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await);
+        // A probe that panicked proved nothing: strict then refuses work, as on a machine
+        // without the layers.
+        let containment = Arc::new(probe.await.unwrap_or_else(|_| {
+            crate::sandbox::Policy::decide(cfg.containment, crate::sandbox::Support::none())
+        }));
         ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
         let deps = RunnerDeps {
             config: cfg.clone(),

@@ -192,10 +192,10 @@ impl Policy {
         Policy::decide(configured, support)
     }
 
-    /// [`Policy::probe_blocking`] on the blocking pool, and the outcome logged once: what
-    /// every entry point that runs tasks does first.
-    pub async fn probe_and_decide(cfg: &Config) -> Policy {
-        let configured = cfg.containment;
+    /// [`Policy::probe_blocking`] on the blocking pool for the `configured` level (the
+    /// config's `containment`), and the outcome logged once: what every entry point that
+    /// runs tasks does first. Borrows nothing, so it can run beside other start-up work.
+    pub async fn probe_and_decide(configured: Option<Containment>) -> Policy {
         let policy = tokio::task::spawn_blocking(move || Policy::probe_blocking(configured))
             .await
             .unwrap_or_else(|_| Policy::decide(configured, Support::none()));
