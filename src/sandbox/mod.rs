@@ -44,6 +44,7 @@
 //! - [`denial`]: telling from a failed child's output that containment refused it a path.
 //! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`.
 //! - `child.rs`: what runs between `fork` and `exec`.
+//! - `resolve.rs`: the grants' canonical paths.
 
 pub mod agent_home;
 pub mod caches;
@@ -51,6 +52,7 @@ mod child;
 pub mod denial;
 pub mod landlock;
 pub mod proxy;
+mod resolve;
 pub mod task_home;
 
 use std::path::{Path, PathBuf};
@@ -60,6 +62,7 @@ use crate::config::Config;
 
 use child::{ChildPlan, IdMaps, UnixPath};
 use landlock::FsPolicy;
+use resolve::canonical;
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
 
@@ -738,17 +741,6 @@ fn var_in<'a>(lists: &[&'a [(String, String)]], key: &str) -> Option<&'a str> {
         .find_map(|l| l.iter().find(|(k, _)| k == key))
         .map(|(_, v)| v.as_str())
         .filter(|v| !v.is_empty())
-}
-
-/// Existing paths, canonical (Landlock rules follow the real tree), without duplicates.
-fn canonical(paths: Vec<PathBuf>) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = paths
-        .into_iter()
-        .filter_map(|p| std::fs::canonicalize(p).ok())
-        .collect();
-    out.sort();
-    out.dedup();
-    out
 }
 
 /// Make the daemon non-dumpable: no core file with the token in it, and its memory,
