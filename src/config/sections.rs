@@ -45,11 +45,14 @@ pub struct RecorderConfig {
     pub enabled: bool,
     /// Most task records kept.
     pub max_tasks: usize,
-    /// Most bytes all task records may take together.
-    pub max_total_bytes: u64,
+    /// Most bytes all task records may take together; `None`: this agent's share of the
+    /// host (`recorder::sizing`: 1 % of the disk split between the agents beside it, at
+    /// most 256 MiB).
+    pub max_total_bytes: Option<u64>,
     /// Most bytes of streamed output and events one task's record keeps (its prompts,
-    /// reports, decisions and result are always kept, each string capped at 32 KiB).
-    pub max_task_bytes: u64,
+    /// reports, decisions and result are always kept, each string capped at 32 KiB);
+    /// `None`: 4 MiB, or a quarter of `max_total_bytes` when that is less.
+    pub max_task_bytes: Option<u64>,
 }
 
 impl Default for RecorderConfig {
@@ -57,8 +60,8 @@ impl Default for RecorderConfig {
         RecorderConfig {
             enabled: true,
             max_tasks: 500,
-            max_total_bytes: 256 * 1024 * 1024,
-            max_task_bytes: 4 * 1024 * 1024,
+            max_total_bytes: None,
+            max_task_bytes: None,
         }
     }
 }
