@@ -27,7 +27,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(commands::run(cli, logs)) {
+    // The daemon's future lives on the heap: on the stack it and its moves would leave stack
+    // pages resident (touched once) for the daemon's whole life.
+    match runtime.block_on(Box::pin(commands::run(cli, logs))) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("hub-sidecar: {e:#}");

@@ -75,7 +75,9 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     // What `identify` announces: published once the containment probe has answered.
     let (announce, announced) = watch::channel(None);
     let link_cancel = CancellationToken::new();
-    let link_task = tokio::spawn(link::run(
+    // Boxed: the link's future is large, and built on the stack it would stay there as
+    // stack pages touched once and resident for the daemon's life.
+    let link_task = tokio::spawn(Box::pin(link::run(
         cfg.clone(),
         budget.clone(),
         ev_tx,
@@ -83,7 +85,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
         ops.clone(),
         announced,
         link_cancel.clone(),
-    ));
+    )));
     let state = match load_state(&cfg).await {
         Ok(state) => state,
         Err(e) => {
@@ -206,6 +208,21 @@ struct Daemon {
     reprobe_at: Option<Instant>,
     /// The wait before the probe after that one.
     reprobe_delay: Duration,
+}
+
+/// Give the allocator's free pages back to the system once the daemon goes idle (connected,
+/// or a task done). Start-up and a task leave free memory scattered through the heap that
+/// glibc keeps mapped (it returns only a free top above 128 KiB by itself); `malloc_trim`
+/// releases every free page. Off the runtime: it walks the allocator's arenas.
+async fn trim_heap() {
+    let _ = tokio::task::spawn_blocking(|| {
+        // SAFETY: malloc_trim only walks the allocator's own free lists, under its locks.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    })
+    .await;
 }
 
 async fn sleep_until_opt(t: Option<Instant>) {
@@ -429,6 +446,9 @@ impl Daemon {
         }
         self.status_line();
         self.pump_outbox().await;
+        if self.running.is_none() {
+            trim_heap().await;
+        }
     }
 
     fn status_line(&self) {

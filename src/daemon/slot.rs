@@ -352,6 +352,9 @@ impl Daemon {
         }
         self.status_line();
         self.pump_outbox().await;
+        if self.running.is_none() {
+            super::trim_heap().await;
+        }
     }
 }
 
