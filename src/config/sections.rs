@@ -128,7 +128,9 @@ pub struct ExecutorConfig {
     pub standard_timeout_secs: u64,
     /// SIGTERM → SIGKILL grace for a process group.
     pub kill_grace_ms: u64,
-    /// Captured output kept per execution (head and tail).
+    /// Captured output kept per execution (head and tail). What leaves the daemon is less:
+    /// `result.output` keeps 64 KiB of it, the flight record 4 MiB of the stream as it
+    /// passes, so the default keeps twice `result.output` and no more in memory.
     pub output_cap_bytes: usize,
     /// Retry delays for a failed `claude` process (ms).
     pub claude_retry_delays_ms: Vec<u64>,
@@ -156,7 +158,7 @@ impl Default for ExecutorConfig {
             trivial_timeout_secs: 600,
             standard_timeout_secs: 1_800,
             kill_grace_ms: 5_000,
-            output_cap_bytes: 1024 * 1024,
+            output_cap_bytes: 128 * 1024,
             claude_retry_delays_ms: vec![2_000, 4_000, 8_000],
             ollama_retries: 2,
         }
