@@ -206,14 +206,22 @@ struct Daemon {
     announce: watch::Sender<Option<String>>,
     /// When to probe containment again (only while strict containment is unavailable).
     reprobe_at: Option<Instant>,
+    /// When to give free heap pages back (see [`trim_heap`]): set when the daemon goes
+    /// idle, cleared when a task starts.
+    trim_at: Option<Instant>,
     /// The wait before the probe after that one.
     reprobe_delay: Duration,
 }
 
-/// Give the allocator's free pages back to the system once the daemon goes idle (connected,
-/// or a task done). Start-up and a task leave free memory scattered through the heap that
-/// glibc keeps mapped (it returns only a free top above 128 KiB by itself); `malloc_trim`
-/// releases every free page. Off the runtime: it walks the allocator's arenas.
+/// How long the daemon must have been idle before it gives free heap pages back: tasks
+/// back to back would only fault the same pages in again.
+const TRIM_AFTER_IDLE: Duration = Duration::from_secs(2);
+
+/// Give the allocator's free pages back to the system, once the daemon has been idle for
+/// [`TRIM_AFTER_IDLE`]. A task leaves free memory scattered through the heap that glibc
+/// keeps mapped (it returns only a free top above 128 KiB by itself); `malloc_trim` releases
+/// every free page: after a 1.2 MB output task, 1.7 MB of anonymous memory stays instead of
+/// 2.2 MB. Off the runtime: it walks the allocator's arenas.
 async fn trim_heap() {
     let _ = tokio::task::spawn_blocking(|| {
         // SAFETY: malloc_trim only walks the allocator's own free lists, under its locks.
@@ -299,6 +307,7 @@ impl Daemon {
             queued: None,
             announce,
             reprobe_at: None,
+            trim_at: None,
             reprobe_delay: REPROBE_FIRST,
         };
         d.containment_decided();
@@ -358,6 +367,12 @@ impl Daemon {
                         let task_id = a.task.task_id.clone();
                         tracing::warn!(task_id = %task_id, "no answer to task_recovering in time; dropping the task (the hub re-queues it)");
                         self.drop_task(&task_id).await;
+                    }
+                }
+                _ = sleep_until_opt(self.trim_at) => {
+                    self.trim_at = None;
+                    if self.running.is_none() {
+                        trim_heap().await;
                     }
                 }
                 _ = sleep_until_opt(self.reprobe_at) => {
@@ -446,8 +461,13 @@ impl Daemon {
         }
         self.status_line();
         self.pump_outbox().await;
+        self.idle_from_now();
+    }
+
+    /// The daemon may be idle from now on: free heap pages go back once it has stayed so.
+    fn idle_from_now(&mut self) {
         if self.running.is_none() {
-            trim_heap().await;
+            self.trim_at = Some(Instant::now() + TRIM_AFTER_IDLE);
         }
     }
 
