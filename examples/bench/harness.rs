@@ -65,6 +65,9 @@ impl Stats {
     pub(crate) fn max(&self) -> f64 {
         self.0.last().copied().unwrap_or(f64::NAN)
     }
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
 }
 
 pub(crate) fn ms(d: Duration) -> f64 {
