@@ -29,12 +29,18 @@ pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCod
     if let Some(addr) = cfg.metrics_addr {
         crate::ops::http::start(addr, ops.clone(), services.clone(), &tracker).await?;
     }
-    // `hub-sidecar status` without metrics_addr; a failure only costs that command.
+    // `hub-sidecar status` without metrics_addr; a failure only costs that command. Set up
+    // beside the daemon's start (three file-system calls and a bind: on the way to
+    // `identify` they were ~0.6 ms).
     let socket = crate::ops::socket::path(&cfg.state_dir);
-    if let Err(e) = crate::ops::socket::start(socket, ops.clone(), services.clone(), &tracker).await
-    {
-        tracing::warn!(error = %format!("{e:#}"), "no status socket: `hub-sidecar status` needs metrics_addr");
-    }
+    tracker.spawn({
+        let (ops, services, tracker) = (ops.clone(), services.clone(), tracker.clone());
+        async move {
+            if let Err(e) = crate::ops::socket::start(socket, ops, services, &tracker).await {
+                tracing::warn!(error = %format!("{e:#}"), "no status socket: `hub-sidecar status` needs metrics_addr");
+            }
+        }
+    });
     // Fed only while the last pong is younger than two ping intervals.
     tracker.spawn(crate::ops::systemd::watchdog(
         ops.clone(),
