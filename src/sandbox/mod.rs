@@ -812,6 +812,15 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     sb.install(&mut cmd);
+    // What is asked is whether the namespaces can be made, not whether a program runs: once
+    // the plan is applied, the namespace's PID 1 leaves without exec'ing `true`. Loading a
+    // program was half the probe, and the probe is on the way to `identify`.
+    // SAFETY: `_exit` is async-signal-safe; it runs after the plan, in the forked child.
+    #[allow(unsafe_code)]
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| libc::_exit(0));
+    }
     match cmd.status() {
         Ok(s) if s.success() => Ok(()),
         Ok(s) => Err(NamespaceError::ProbeFailed(s)),
