@@ -467,10 +467,13 @@ pub fn plan(
         put_all(&mut set, home);
     }
     let mut grants = std::borrow::Cow::Borrowed(grants);
+    // A per-task directory is nobody's repository: caches keyed by it would never be used
+    // again, one more directory for every task, each walked by every later prune. Its tools
+    // cache under the task's HOME, which goes with the task.
     if let Some(ws) = grants
         .write
         .first()
-        .filter(|_| grants.task && cfg.caches.enabled)
+        .filter(|ws| grants.task && cfg.caches.enabled && !crate::workspace::is_task_dir(cfg, ws))
     {
         let prepared =
             caches::prepare(cfg, ws, vars).map_err(|source| ContainmentError::Caches {

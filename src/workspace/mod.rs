@@ -147,6 +147,12 @@ pub fn is_temp(cfg: &Config, task: &Task) -> bool {
     task.repo.as_deref().is_none_or(|u| u.trim().is_empty()) && cfg.repo_dir.is_none()
 }
 
+/// Whether `path` is a per-task directory ([`WorkspaceKind::Temp`], `state_dir/work/<id>`):
+/// nobody's repository, removed with its task.
+pub fn is_task_dir(cfg: &Config, path: &Path) -> bool {
+    cfg.repo_dir.is_none() && path.parent() == Some(cfg.state_dir.join("work").as_path())
+}
+
 /// The per-task directory of a task that [`is_temp`]: created empty, removed on release.
 pub async fn prepare_temp(cfg: &Config, task: &Task) -> Result<Workspace, WorkspaceError> {
     let path = workspace_for(cfg, task);
