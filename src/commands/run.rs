@@ -17,6 +17,8 @@ use crate::redact::{RedactingWriter, Redactor};
 pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
     crate::sandbox::refuse_powerless_root().map_err(anyhow::Error::msg)?;
     let cfg = args.config.load()?;
+    // The probe first: it forks a test child and is the longest step before `identify`.
+    let probe = daemon::Probe::start(&cfg);
     logs.set(Redactor::from_config(&cfg));
     config::warn_about(&cfg);
     tracing::info!(agent_id = %cfg.agent_id, hub = %cfg.hub_url, state = %cfg.state_file().display(), "hub-sidecar starting");
@@ -47,7 +49,7 @@ pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCod
         cfg.ping_interval() * 2,
         services.clone(),
     ));
-    let result = daemon::run(cfg, shutdown, ops).await;
+    let result = daemon::run_probed(cfg, shutdown, ops, probe).await;
     services.cancel();
     tracker.close();
     tracker.wait().await;

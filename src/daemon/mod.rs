@@ -35,6 +35,7 @@ use crate::process::ChildEnv;
 use crate::recorder::Recorder;
 use crate::redact::Redactor;
 use crate::runner::RunnerDeps;
+use crate::sandbox::Policy;
 use crate::state::{ActiveTask, OutboxMeta, Phase, StateStore};
 use crate::task::Task;
 
@@ -60,15 +61,52 @@ const RECOVERY_ANSWER: Duration = Duration::from_secs(60);
 const REPROBE_FIRST: Duration = Duration::from_secs(2);
 const REPROBE_MAX: Duration = Duration::from_secs(300);
 
+/// The containment probe (see [`crate::sandbox::Policy::probe_blocking`]), started as
+/// soon as the config is known: a forked test child, the longest step on the way to
+/// `identify`.
+pub struct Probe(JoinHandle<Policy>);
+
+impl Probe {
+    /// Start probing on the blocking pool for `cfg`'s containment level.
+    pub fn start(cfg: &Config) -> Probe {
+        let configured = cfg.containment;
+        Probe(tokio::task::spawn_blocking(move || {
+            Policy::probe_blocking(configured)
+        }))
+    }
+
+    /// The probe's answer, logged once. A probe that panicked proved nothing: strict then
+    /// refuses work, as on a machine without the layers.
+    async fn answer(self, configured: Option<crate::config::Containment>) -> Policy {
+        let policy = self
+            .0
+            .await
+            .unwrap_or_else(|_| Policy::decide(configured, crate::sandbox::Support::none()));
+        policy.log();
+        policy
+    }
+}
+
 /// Run the daemon until shutdown. `ops` receives metrics and health.
 pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
+    let probe = Probe::start(&cfg);
+    run_probed(cfg, shutdown, ops, probe).await
+}
+
+/// [`run`] with the containment probe already started (by the caller, as early as it could).
+pub async fn run_probed(
+    cfg: Config,
+    shutdown: Shutdown,
+    ops: Ops,
+    probe: Probe,
+) -> anyhow::Result<ExitReason> {
     let cfg = Arc::new(cfg);
     // Start-up waits on three things, each a few hundred microseconds to milliseconds, and
     // none needs another: the containment probe (a forked test child), the hub connection
     // and the state file (read, and written back with an fsync). They run at once. The
     // link may be connected first, but it identifies, and so can be given work, only once
-    // the probe has answered (`announce` below).
-    let probe = tokio::spawn(crate::sandbox::Policy::probe_and_decide(cfg.containment));
+    // the probe has answered (`announce` below); the state is written back before the
+    // daemon handles any frame (an assignment waits in the link's channel meanwhile).
     let budget = Arc::new(RateBudget::from_config(&cfg.progress));
     let (handle, out_rx) = link::channel();
     let (ev_tx, ev_rx) = mpsc::channel(1024);
@@ -89,7 +127,6 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     let state = match load_state(&cfg).await {
         Ok(state) => state,
         Err(e) => {
-            probe.abort();
             link_cancel.cancel();
             wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), link_task).await;
             return Err(e);
@@ -102,6 +139,7 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     };
     let (mut d, recorder_writer) =
         Daemon::new(cfg, shutdown.clone(), ops, budget, link, state, probe).await;
+    d.write_back().await;
     let reason = d.run().await;
     d.ops.stopping();
     link_cancel.cancel();
@@ -113,7 +151,8 @@ pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<Ex
     Ok(reason)
 }
 
-/// What the state file held at start, after [`load_state`] reported on it.
+/// What the state file held at start, after [`load_state`] reported on it (not yet written
+/// back: see [`Daemon::write_back`]).
 struct LoadedState {
     store: StateStore,
     /// The unfinished task of a previous run, already marked [`Phase::Recovering`].
@@ -155,9 +194,6 @@ async fn load_state(cfg: &Config) -> anyhow::Result<LoadedState> {
     if let Some(active) = &mut active {
         tracing::warn!(task_id = %active.task.task_id, "found an unfinished task from a previous run; will ask the hub with task_recovering");
         active.phase = Phase::Recovering;
-    }
-    if let Err(e) = store.set_active(active.clone()).await {
-        tracing::error!(error = %e, "state directory is not writable: tasks will be refused until it is");
     }
     Ok(LoadedState {
         store,
@@ -252,7 +288,7 @@ impl Daemon {
         budget: Arc<RateBudget>,
         link: Link,
         state: LoadedState,
-        probe: JoinHandle<crate::sandbox::Policy>,
+        probe: Probe,
     ) -> (Daemon, JoinHandle<()>) {
         let Link {
             handle: link,
@@ -268,11 +304,7 @@ impl Daemon {
             Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
         let ledger =
             Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await);
-        // A probe that panicked proved nothing: strict then refuses work, as on a machine
-        // without the layers.
-        let containment = Arc::new(probe.await.unwrap_or_else(|_| {
-            crate::sandbox::Policy::decide(cfg.containment, crate::sandbox::Support::none())
-        }));
+        let containment = Arc::new(probe.answer(cfg.containment).await);
         ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
         let deps = RunnerDeps {
             config: cfg.clone(),
@@ -391,6 +423,15 @@ impl Daemon {
                 self.flush_deadline
                     .get_or_insert_with(|| Instant::now() + OUTBOX_FLUSH);
             }
+        }
+    }
+
+    /// The state as loaded (an unfinished task now marked recovering), written back once
+    /// before any frame is handled, so an unwritable state directory is reported at start
+    /// rather than at the first task.
+    async fn write_back(&self) {
+        if let Err(e) = self.store.set_active(self.active.clone()).await {
+            tracing::error!(error = %e, "state directory is not writable: tasks will be refused until it is");
         }
     }
 

@@ -87,7 +87,7 @@ async fn daemon(seed: Seed, tweak: impl FnOnce(&mut Config)) -> (Daemon, Rig) {
         events: ev_rx,
         announce: tokio::sync::watch::channel(None).0,
     };
-    let probe = tokio::spawn(crate::sandbox::Policy::probe_and_decide(cfg.containment));
+    let probe = super::Probe::start(&cfg);
     let (d, _writer) = Daemon::new(
         cfg,
         shutdown.clone(),
