@@ -8,6 +8,15 @@ use hub_sidecar::cli::Cli;
 use hub_sidecar::{commands, logging};
 
 fn main() -> ExitCode {
+    // One malloc arena for the whole process. glibc gives every thread that allocates an
+    // arena of its own (up to 8 per core): the blocking pool's short-lived threads left
+    // ~0.3 MB of them resident after each task (BENCHMARKS.md, figure 4). The daemon
+    // allocates on one runtime thread and a few blocking ones, so one lock costs nothing.
+    // SAFETY: mallopt only sets an allocator parameter; no other thread exists yet.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     let cli = Cli::parse();
     // Secrets known from the environment are scrubbed from logs from the first line on;
     // the daemon's own logging never formats the token in the first place.
@@ -27,7 +36,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(commands::run(cli, logs)) {
+    // The daemon's future lives on the heap: on the stack it and its moves would leave stack
+    // pages resident (touched once) for the daemon's whole life.
+    match runtime.block_on(Box::pin(commands::run(cli, logs))) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("hub-sidecar: {e:#}");

@@ -4,8 +4,10 @@
 //! The runner owns nothing durable: it returns the frame and the daemon puts it in the
 //! outbox. Everything it sends is redacted first, with the task's own secrets (a password in
 //! its `repo` URL) added to the daemon's.
+//!
+//! Layout: this file runs the phases and builds the terminal frame; `prepare.rs` is the
+//! first phase (workspace, task branch, the children's sandbox).
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ use crate::config::Config;
 use crate::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus, Executor};
 use crate::git::branch::TaskBranch;
 use crate::git::publish::{self, Publish};
-use crate::git::{url::url_secrets, GitError, GitRunner};
+use crate::git::{url::url_secrets, GitRunner};
 use crate::hub::budget::RateBudget;
 use crate::hub::proto::Outbound;
 use crate::ops::Ops;
@@ -27,12 +29,16 @@ use crate::process::ChildEnv;
 use crate::progress::{FrameSender, ProgressEvent, ProgressSink, Pump};
 use crate::recorder::{Recorder, TaskRecord};
 use crate::redact::Redactor;
-use crate::sandbox::{self, ContainmentError, Grants};
+use crate::sandbox;
 use crate::spend::SpendLedger;
 use crate::task::Task;
 use crate::verify::retry_loop::{self, Attempter, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
-use crate::workspace::{self, Workspace, WorkspaceKind};
+use crate::workspace::{self, Workspace};
+
+mod prepare;
+
+use prepare::prepare;
 
 /// What the daemon gives every runner.
 #[derive(Clone)]
@@ -177,84 +183,6 @@ async fn run_recorded(
     }
 }
 
-/// What a task runs with, ready: the daemon's git (confined, no HOME), the workspace and its
-/// task branch, and the task's children's environment with its sandbox.
-type Prepared = (GitRunner, Workspace, Option<TaskBranch>, ChildEnv);
-
-/// Prepare: the workspace (clone, branch) with the daemon's confined git, then the task's
-/// sandbox over it. The first phase of a task, before anything of the task runs.
-async fn prepare(
-    task: &Task,
-    deps: &RunnerDeps,
-    tmp: &Path,
-    progress: &ProgressSink,
-    cancel: &CancellationToken,
-) -> Result<Prepared, PrepareError> {
-    let cfg = &deps.config;
-    // The daemon's own git calls are children too: confined to the workspaces, never
-    // the state file, and with no HOME but an empty one of the daemon's (see
-    // `git::home_dir`): nothing of the service user's reaches them.
-    let git_roots = workspace::git_write_roots(cfg, task);
-    let git_home = crate::git::home_dir(cfg);
-    for root in git_roots
-        .iter()
-        .filter(|r| r.starts_with(&cfg.state_dir))
-        .chain([&git_home])
-    {
-        // A Landlock rule needs an existing directory.
-        tokio::fs::create_dir_all(root)
-            .await
-            .map_err(|source| PrepareError::GitRoot {
-                path: root.clone(),
-                source,
-            })?;
-    }
-    let git_env = confine_off_runtime(
-        cfg,
-        deps,
-        tmp,
-        Grants {
-            write: git_roots,
-            read: vec![git_home],
-            task: false,
-            hosts: Vec::new(),
-        },
-    )
-    .await?;
-    let git = GitRunner::new(cfg, &git_env, cancel.clone());
-    let (ws, branch) = prepare_workspace(cfg, task, &git, progress).await?;
-    let env = confine_off_runtime(
-        cfg,
-        deps,
-        tmp,
-        Grants {
-            write: vec![ws.path.clone()],
-            // A managed clone's history, readable for the task's own git, not writable.
-            read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
-            task: true,
-            // The task's own git may fetch from its remote.
-            hosts: task
-                .repo
-                .as_deref()
-                .and_then(crate::sandbox::proxy::remote_host)
-                .into_iter()
-                .collect(),
-        },
-    )
-    .await;
-    let git = match ws.git_dir() {
-        Some(dir) => git.trusting(&ws.path, dir),
-        None => git,
-    };
-    match env {
-        Ok(env) => Ok((git, ws, branch, env)),
-        Err(e) => {
-            ws.release().await;
-            Err(PrepareError::Containment(e))
-        }
-    }
-}
-
 /// Plan, execute, verify, decide, correct: the task's executor under the verification loop
 /// ([`retry_loop`], whose phases carry those names), each attempt and the loop's end written
 /// to the flight record. `Err` is the `task_failed` of a task no executor can run.
@@ -321,84 +249,6 @@ async fn report(
         }
     }
     frame
-}
-
-/// Why a task never reached its executor; the message is the `task_failed` reason.
-#[derive(Debug, thiserror::Error)]
-enum PrepareError {
-    /// A directory the daemon's git writes in could not be created.
-    #[error("cannot create {}: {source}", path.display())]
-    GitRoot {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    /// The task's children cannot be confined as the level demands.
-    #[error(transparent)]
-    Containment(#[from] ContainmentError),
-    /// The workspace could not be prepared (the workspace module's own message).
-    #[error(transparent)]
-    Workspace(#[from] workspace::WorkspaceError),
-    /// The task branch could not be created.
-    #[error("creating the task branch: {0}")]
-    Branch(GitError),
-}
-
-/// [`process::confine`](crate::process::confine) on the blocking pool: building a ruleset opens every granted tree
-/// (and lists the ones it carves), file-system work that has no place on the runtime.
-async fn confine_off_runtime(
-    cfg: &Arc<Config>,
-    deps: &RunnerDeps,
-    tmp: &Path,
-    grants: Grants,
-) -> Result<ChildEnv, ContainmentError> {
-    let (cfg, policy, env, tmp) = (
-        cfg.clone(),
-        deps.containment.clone(),
-        deps.env.clone(),
-        tmp.to_path_buf(),
-    );
-    tokio::task::spawn_blocking(move || crate::process::confine(&cfg, &policy, &env, &tmp, &grants))
-        .await
-        .map_err(|e| ContainmentError::Panicked(e.to_string()))?
-}
-
-/// The task's workspace and, when the git workflow applies, its task branch.
-async fn prepare_workspace(
-    cfg: &Config,
-    task: &Task,
-    git: &GitRunner,
-    progress: &ProgressSink,
-) -> Result<(Workspace, Option<TaskBranch>), PrepareError> {
-    if task.repo.is_some() {
-        progress.emit(ProgressEvent::status("preparing the repository workspace"));
-    }
-    let ws = workspace::prepare(cfg, task, git).await?;
-    let branch = match &ws.kind {
-        // A per-task directory is nobody's repository: nothing to branch or push.
-        WorkspaceKind::Temp => Ok(None),
-        WorkspaceKind::Managed { base, git_dir } => {
-            let git = git.clone().trusting(&ws.path, git_dir);
-            crate::git::branch::start_branch(cfg, task, &ws.path, Some(base), &git).await
-        }
-        WorkspaceKind::RepoDir => {
-            crate::git::branch::start_branch(cfg, task, &ws.path, None, git).await
-        }
-    };
-    match branch {
-        Ok(branch) => {
-            if let Some(b) = &branch {
-                progress.emit(ProgressEvent::status(format!(
-                    "git: task branch {} from {}",
-                    b.name, b.base
-                )));
-            }
-            Ok((ws, branch))
-        }
-        Err(e) => {
-            ws.release().await;
-            Err(PrepareError::Branch(e))
-        }
-    }
 }
 
 /// After the loop: what the verification status allows to be published. `verified` work

@@ -17,7 +17,9 @@ use crate::Opts;
 /// with the fsyncs made free).
 pub(crate) async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec<Row> {
     let hub = hub_unlimited().await;
-    let d = Daemon::start_in(o, &hub, UNTHROTTLED, &[], Some(base));
+    // The daemon's own turnaround lines (`hub_sidecar::turnaround`, row 3g).
+    let log = [("RUST_LOG", "info,hub_sidecar::turnaround=debug")];
+    let d = Daemon::start_in(o, &hub, UNTHROTTLED, &log, Some(base));
     identified(&hub).await;
     // Warm-up: the first task pays for lazily initialised pieces (first fork, regex, …).
     for i in 0..5 {
@@ -56,6 +58,11 @@ pub(crate) async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec
         .iter()
         .filter(|r| r.inbound && type_of(&r.frame) == "task_progress")
         .count();
+    let log = std::fs::read_to_string(d.dir.path().join("daemon.log")).unwrap_or_default();
+    let (own_accept, own_complete) = (
+        turnaround(&log, "task_accepted"),
+        turnaround(&log, "task_complete"),
+    );
     d.stop().await;
 
     let (fsync, floor) = fsync_cost(200, base).await;
@@ -88,6 +95,20 @@ pub(crate) async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec
             Some(done.median() <= 4.0),
         ),
         Row::new(
+            &format!("3g. the daemon's own share: task_assign read → answer written, p50, in the daemon ({label})"),
+            "—",
+            "—",
+            format!(
+                "→ task_accepted {:.2} ms (p99 {:.2}), → task_complete {:.2} ms (p99 {:.2}); {} tasks",
+                own_accept.median(),
+                own_accept.p(0.99),
+                own_complete.median(),
+                own_complete.p(0.99),
+                own_complete.len()
+            ),
+            None,
+        ),
+        Row::new(
             &format!("3d. one state change (journal append + fdatasync), 200 × ({label})"),
             "—",
             "— (no fsync)",
@@ -102,6 +123,24 @@ pub(crate) async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec
             None,
         ),
     ]
+}
+
+/// The daemon's own turnaround for `frame` (ms) of the measured tasks (`lat-…`), from its
+/// `hub_sidecar::turnaround` debug lines: `… answered task_assign task_id=lat-7
+/// frame="task_complete" micros=1234`.
+fn turnaround(log: &str, frame: &str) -> Stats {
+    let want = format!("frame=\"{frame}\"");
+    Stats::new(
+        log.lines()
+            .filter(|l| l.contains("answered task_assign") && l.contains(&want))
+            .filter(|l| l.contains("task_id=lat-"))
+            .filter_map(|l| {
+                let v = l.split("micros=").nth(1)?;
+                v.split_whitespace().next()?.parse::<f64>().ok()
+            })
+            .map(|us| us / 1000.0)
+            .collect(),
+    )
 }
 
 /// One durable state change as the daemon makes it (`StateStore::set_active` of an active

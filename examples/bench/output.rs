@@ -14,8 +14,22 @@ pub(crate) async fn flood(o: &Opts) -> Vec<Row> {
     let d = Daemon::start(o, &hub, "resource_report_interval_secs = 3600\n", &[]);
     identified(&hub).await;
     let hwm_before = d.status_kb("VmHWM");
+    let rss_before = d.status_kb("VmRSS");
+    let (anon_before, file_before) = (d.status_kb("RssAnon"), d.status_kb("RssFile"));
     hub.assign(sample_shell_task("flood", "seq 1 200000"));
-    let Some(done) = hub.wait_for_type("task_complete", T).await else {
+    // VmHWM has no anonymous/file split: sample both every millisecond while the task runs.
+    let (mut anon_max, mut file_max) = (0, 0);
+    let done = hub.wait_for_type("task_complete", T);
+    tokio::pin!(done);
+    let done = loop {
+        anon_max = anon_max.max(d.status_kb("RssAnon"));
+        file_max = file_max.max(d.status_kb("RssFile"));
+        tokio::select! {
+            f = &mut done => break f,
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+    };
+    let Some(done) = done else {
         let log = d.dir.path().join("daemon.log");
         let seen: Vec<String> = hub
             .received()
@@ -61,9 +75,14 @@ pub(crate) async fn flood(o: &Opts) -> Vec<Row> {
             "≤ 15 MB",
             "63 MB",
             format!(
-                "{:.1} MB (before the task {:.1} MB)",
+                "{:.1} MB (before the task {:.1} MB, peak so far {:.1}; sampled peaks anon {:.1} from {:.1}, file {:.1} from {:.1})",
                 hwm as f64 / 1024.0,
-                hwm_before as f64 / 1024.0
+                rss_before as f64 / 1024.0,
+                hwm_before as f64 / 1024.0,
+                anon_max as f64 / 1024.0,
+                anon_before as f64 / 1024.0,
+                file_max as f64 / 1024.0,
+                file_before as f64 / 1024.0
             ),
             Some(hwm <= 15 * 1024),
         ),

@@ -136,7 +136,7 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         budget: Arc::new(RateBudget::from_config(&cfg.progress)),
         out: Arc::new(Discard),
         ops: Ops::new(),
-        containment: Arc::new(crate::sandbox::Policy::probe_and_decide(&cfg).await),
+        containment: Arc::new(crate::sandbox::Policy::probe_and_decide(cfg.containment).await),
         recorder: recorder.clone(),
         ledger: Arc::new(SpendLedger::in_memory()),
         config: cfg.clone(),

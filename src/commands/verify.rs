@@ -36,7 +36,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             )
         })?;
     // Checks are commands from the task: confined like a task's, with a throwaway TMPDIR.
-    let policy = crate::sandbox::Policy::probe_and_decide(&cfg).await;
+    let policy = crate::sandbox::Policy::probe_and_decide(cfg.containment).await;
     let grants = crate::sandbox::Grants {
         write: vec![workspace.clone()],
         task: true,

@@ -45,11 +45,14 @@ pub struct RecorderConfig {
     pub enabled: bool,
     /// Most task records kept.
     pub max_tasks: usize,
-    /// Most bytes all task records may take together.
-    pub max_total_bytes: u64,
+    /// Most bytes all task records may take together; `None`: this agent's share of the
+    /// host (`recorder::sizing`: 1 % of the disk split between the agents beside it, at
+    /// most 256 MiB).
+    pub max_total_bytes: Option<u64>,
     /// Most bytes of streamed output and events one task's record keeps (its prompts,
-    /// reports, decisions and result are always kept, each string capped at 32 KiB).
-    pub max_task_bytes: u64,
+    /// reports, decisions and result are always kept, each string capped at 32 KiB);
+    /// `None`: 4 MiB, or a quarter of `max_total_bytes` when that is less.
+    pub max_task_bytes: Option<u64>,
 }
 
 impl Default for RecorderConfig {
@@ -57,8 +60,8 @@ impl Default for RecorderConfig {
         RecorderConfig {
             enabled: true,
             max_tasks: 500,
-            max_total_bytes: 256 * 1024 * 1024,
-            max_task_bytes: 4 * 1024 * 1024,
+            max_total_bytes: None,
+            max_task_bytes: None,
         }
     }
 }
@@ -125,7 +128,9 @@ pub struct ExecutorConfig {
     pub standard_timeout_secs: u64,
     /// SIGTERM → SIGKILL grace for a process group.
     pub kill_grace_ms: u64,
-    /// Captured output kept per execution (head and tail).
+    /// Captured output kept per execution (head and tail). What leaves the daemon is less:
+    /// `result.output` keeps 64 KiB of it, the flight record 4 MiB of the stream as it
+    /// passes, so the default keeps twice `result.output` and no more in memory.
     pub output_cap_bytes: usize,
     /// Retry delays for a failed `claude` process (ms).
     pub claude_retry_delays_ms: Vec<u64>,
@@ -153,7 +158,7 @@ impl Default for ExecutorConfig {
             trivial_timeout_secs: 600,
             standard_timeout_secs: 1_800,
             kill_grace_ms: 5_000,
-            output_cap_bytes: 1024 * 1024,
+            output_cap_bytes: 128 * 1024,
             claude_retry_delays_ms: vec![2_000, 4_000, 8_000],
             ollama_retries: 2,
         }

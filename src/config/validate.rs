@@ -220,8 +220,8 @@ fn recorder(r: RawRecorder) -> RecorderConfig {
     RecorderConfig {
         enabled: r.enabled.unwrap_or(d.enabled),
         max_tasks: r.max_tasks.unwrap_or(d.max_tasks),
-        max_total_bytes: r.max_total_bytes.unwrap_or(d.max_total_bytes),
-        max_task_bytes: r.max_task_bytes.unwrap_or(d.max_task_bytes),
+        max_total_bytes: r.max_total_bytes.or(d.max_total_bytes),
+        max_task_bytes: r.max_task_bytes.or(d.max_task_bytes),
     }
 }
 

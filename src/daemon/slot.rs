@@ -268,6 +268,7 @@ impl Daemon {
     fn start(&mut self, task: Task) {
         let task = Arc::new(task);
         let cancel = CancellationToken::new();
+        self.trim_at = None;
         let sink = ProgressSink::new(self.cfg.progress.max_text_bytes);
         sink.emit(ProgressEvent::status("task accepted"));
         self.ops.set_active_task(Some(&task.task_id));
@@ -352,6 +353,7 @@ impl Daemon {
         }
         self.status_line();
         self.pump_outbox().await;
+        self.idle_from_now();
     }
 }
 

@@ -87,7 +87,17 @@ async fn daemon(seed: Seed, tweak: impl FnOnce(&mut Config)) -> (Daemon, Rig) {
         events: ev_rx,
         announce: tokio::sync::watch::channel(None).0,
     };
-    let (d, _writer) = Daemon::new(cfg, shutdown.clone(), Ops::new(), budget, link, state).await;
+    let probe = super::Probe::start(&cfg);
+    let (d, _writer) = Daemon::new(
+        cfg,
+        shutdown.clone(),
+        Ops::new(),
+        budget,
+        link,
+        state,
+        probe,
+    )
+    .await;
     let rig = Rig {
         events,
         out,

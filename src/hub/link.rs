@@ -204,6 +204,7 @@ pub async fn run(
                             barriers: VecDeque::new(),
                             pings_sent: 0,
                             pongs: 0,
+                            assigned: None,
                         };
                         let end = conn.serve(ws, &mut out, &mut sampler, &cancel).await;
                         ops.link_state(false);
@@ -462,7 +463,18 @@ struct Connection<'a> {
     barriers: VecDeque<(u64, String)>,
     pings_sent: u64,
     pongs: u64,
+    /// The last `task_assign` read on this connection and when its text came off the
+    /// socket: the start of the daemon's own share of the task's turnaround (see
+    /// [`TURNAROUND`]).
+    assigned: Option<(String, Instant)>,
 }
+
+/// The tracing target of one debug line per answer to a `task_assign` (`task_accepted`,
+/// then `task_complete` or `task_failed`): microseconds from the assignment's text read off
+/// the socket to the answer written to it. The part of a hub's round trip the daemon
+/// controls, without the network and the hub; `RUST_LOG=info,hub_sidecar::turnaround=debug`
+/// shows it (the benchmark reads it, BENCHMARKS.md figure 3g).
+pub const TURNAROUND: &str = "hub_sidecar::turnaround";
 
 impl Connection<'_> {
     async fn serve(
@@ -500,6 +512,7 @@ impl Connection<'_> {
                 }
                 msg = stream.next() => match msg {
                     Some(Ok(Message::Text(t))) => {
+                        let arrived = Instant::now();
                         self.ops.frame_in();
                         match Inbound::parse(&t) {
                             Ok(Inbound::Pong { .. }) => {
@@ -528,6 +541,9 @@ impl Connection<'_> {
                             }
                             Ok(Inbound::Other) => tracing::debug!(frame = %crate::util::truncate_chars(&t, 200), "hub frame ignored"),
                             Ok(frame) => {
+                                if let Inbound::TaskAssign(task) = &frame {
+                                    self.assigned = Some((task.task_id.clone(), arrived));
+                                }
                                 if self.events.send(LinkEvent::Frame(frame)).await.is_err() {
                                     return End::Shutdown;
                                 }
@@ -606,11 +622,28 @@ impl Connection<'_> {
     {
         let kind = f.frame.kind();
         self.send_text(sink, f.frame.to_text(), kind).await?;
+        self.turnaround(&f.frame);
         if let Some(task_id) = f.barrier {
             self.ping(sink).await?;
             self.barriers.push_back((self.pings_sent, task_id));
         }
         Ok(())
+    }
+
+    /// `frame` was just written: when it answers the last `task_assign`, log how long the
+    /// daemon took (see [`TURNAROUND`]).
+    fn turnaround(&self, frame: &Outbound) {
+        let task_id = match frame {
+            Outbound::TaskAccepted { task_id }
+            | Outbound::TaskComplete { task_id, .. }
+            | Outbound::TaskFailed { task_id, .. } => task_id,
+            _ => return,
+        };
+        if let Some((assigned, at)) = &self.assigned {
+            if assigned == task_id {
+                tracing::debug!(target: TURNAROUND, task_id = %task_id, frame = frame.kind(), micros = at.elapsed().as_micros() as u64, "answered task_assign");
+            }
+        }
     }
 
     async fn send_text<S>(

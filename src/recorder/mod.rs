@@ -8,6 +8,8 @@
 //!   and retention.
 //! - [`story`]: reading a record back into a [`story::TaskStory`] (tolerant of a record cut
 //!   short by a crash) and the list of recent tasks.
+//! - `writer.rs`: the writer thread (files, retention).
+//! - [`sizing`]: the byte bounds when the config leaves them unset, sized to the host.
 //!
 //! # On disk
 //!
@@ -27,14 +29,19 @@
 //!   capped per task (`recorder.max_task_bytes`, keeping the head and the last chunk);
 //!   records are queued on a bounded channel and dropped (counted) rather than blocking a
 //!   task; retention keeps at most `recorder.max_tasks` records and `recorder.max_total_bytes`
-//!   in total, oldest removed first, checked at start and after every task.
+//!   in total, oldest removed first, checked at start and after every task. Unset, the two
+//!   byte bounds are this agent's share of the host ([`sizing`]).
 //! - No blocking on the runtime: files are written by one `spawn_blocking` writer that ends
 //!   when every handle is dropped.
 
+pub mod sizing;
 pub mod story;
+mod writer;
 
-use std::collections::{HashMap, HashSet};
-use std::io::Write;
+use writer::Writer;
+#[cfg(test)]
+use writer::{over_retention, scan};
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -106,7 +113,9 @@ pub struct Recorder {
 
 struct Shared {
     tx: mpsc::Sender<Msg>,
-    cfg: RecorderConfig,
+    /// Bytes of output and events one task's record keeps: `recorder.max_task_bytes`, or
+    /// (unset) what the writer sized it to ([`sizing`]).
+    max_task_bytes: Arc<AtomicU64>,
     /// Records dropped because the writer fell behind (never expected; reported in logs).
     dropped: AtomicU64,
 }
@@ -125,18 +134,16 @@ impl Recorder {
             return (Recorder::disabled(), tokio::spawn(async {}));
         }
         let (tx, rx) = mpsc::channel(QUEUE);
-        let writer = Writer {
-            root,
-            max_tasks: cfg.max_tasks,
-            max_total_bytes: cfg.max_total_bytes,
-            open: HashSet::new(),
-            index: HashMap::new(),
-            warned: false,
-        };
+        // Until the writer has sized the budget (its first act, a moment after start).
+        let max_task_bytes =
+            Arc::new(AtomicU64::new(cfg.max_task_bytes.unwrap_or_else(|| {
+                sizing::task_bound(cfg.max_total_bytes.unwrap_or(u64::MAX))
+            })));
+        let writer = Writer::new(root, &cfg, max_task_bytes.clone());
         let handle = tokio::task::spawn_blocking(move || writer.run(rx));
         let shared = Shared {
             tx,
-            cfg,
+            max_task_bytes,
             dropped: AtomicU64::new(0),
         };
         (
@@ -187,6 +194,12 @@ impl Recorder {
                 line,
             },
         );
+    }
+}
+
+impl Shared {
+    fn max_task_bytes(&self) -> u64 {
+        self.max_task_bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -475,7 +488,7 @@ impl TaskRecord {
         let Some(s) = &self.inner else { return true };
         let full = {
             let st = s.state.lock().expect("record lock");
-            st.bulk_bytes + at_least as u64 + LINE_OVERHEAD > s.recorder.cfg.max_task_bytes
+            st.bulk_bytes + at_least as u64 + LINE_OVERHEAD > s.recorder.max_task_bytes()
         };
         if full {
             self.note_truncated();
@@ -489,7 +502,7 @@ impl TaskRecord {
         let size = body.to_string().len() as u64 + LINE_OVERHEAD;
         {
             let mut st = s.state.lock().expect("record lock");
-            if st.bulk_bytes + size <= s.recorder.cfg.max_task_bytes {
+            if st.bulk_bytes + size <= s.recorder.max_task_bytes() {
                 st.bulk_bytes += size;
                 return true;
             }
@@ -509,7 +522,7 @@ impl TaskRecord {
             self.write(
                 "truncated",
                 json!({"reason": "recorder.max_task_bytes reached: further output and events of this task are left out (the end of each attempt's output is kept)",
-                       "max_task_bytes": s.recorder.cfg.max_task_bytes}),
+                       "max_task_bytes": s.recorder.max_task_bytes()}),
             );
         }
     }
@@ -535,170 +548,6 @@ fn cap_strings(v: &mut Value, max: usize) {
         Value::Object(m) => m.values_mut().for_each(|x| cap_strings(x, max)),
         _ => {}
     }
-}
-
-/// Owns the files: appends lines, applies retention. Runs on a blocking thread.
-struct Writer {
-    root: PathBuf,
-    max_tasks: usize,
-    max_total_bytes: u64,
-    /// Records still being written: never removed by retention.
-    open: HashSet<String>,
-    /// Every record on disk: last write and bytes. Read from the disk once at start and kept
-    /// up to date by [`Writer::append`], so retention after each task costs no directory
-    /// walk: with hundreds of records kept, a walk per task was ~2,000 syscalls each time.
-    index: HashMap<String, Record>,
-    warned: bool,
-}
-
-impl Writer {
-    fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
-        match scan(&self.root) {
-            Ok(records) => self.index = records.into_iter().map(|r| (r.name.clone(), r)).collect(),
-            Err(e) => {
-                tracing::warn!(root = %self.root.display(), error = %e, "flight recorder cannot read its records; retention starts from what this run writes")
-            }
-        }
-        self.prune();
-        while let Some(msg) = rx.blocking_recv() {
-            match msg {
-                Msg::Line { dir, line, sync } => {
-                    self.append(&dir, &line, true, sync);
-                    self.open.insert(dir);
-                }
-                Msg::LineIfExists { dir, line } => self.append(&dir, &line, false, true),
-                Msg::Done { dir } => {
-                    self.open.remove(&dir);
-                    self.prune();
-                }
-            }
-        }
-    }
-
-    fn append(&mut self, dir: &str, line: &[u8], create: bool, sync: bool) {
-        let d = self.root.join(dir);
-        let path = d.join(RECORD_FILE);
-        if !create && !path.exists() {
-            return;
-        }
-        let res = (|| -> std::io::Result<()> {
-            if create {
-                std::fs::create_dir_all(&d)?;
-            }
-            let mut f = std::fs::OpenOptions::new()
-                .create(create)
-                .append(true)
-                .open(&path)?;
-            f.write_all(line)?;
-            if sync {
-                f.sync_data()?;
-            }
-            Ok(())
-        })();
-        if res.is_ok() {
-            let r = self.index.entry(dir.to_string()).or_insert_with(|| Record {
-                name: dir.to_string(),
-                written: std::time::SystemTime::UNIX_EPOCH,
-                bytes: 0,
-            });
-            r.written = std::time::SystemTime::now();
-            r.bytes += line.len() as u64;
-        }
-        if let Err(e) = res {
-            if !std::mem::replace(&mut self.warned, true) {
-                tracing::warn!(path = %path.display(), error = %e, "flight recorder cannot write; check the state directory's permissions and free space");
-            }
-        }
-    }
-
-    fn prune(&mut self) {
-        let records: Vec<Record> = self.index.values().cloned().collect();
-        let doomed = over_retention(records, self.max_tasks, self.max_total_bytes, &self.open);
-        let mut removed = 0;
-        for name in doomed {
-            self.index.remove(&name);
-            match std::fs::remove_dir_all(self.root.join(&name)) {
-                Ok(()) => removed += 1,
-                // Removed by someone else: already what retention wanted.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    tracing::warn!(root = %self.root.display(), record = %name, error = %e, "flight recorder retention failed");
-                    return;
-                }
-            }
-        }
-        if removed > 0 {
-            tracing::debug!(
-                removed,
-                "flight recorder retention removed old task records"
-            );
-        }
-    }
-}
-
-/// One task record on disk, as retention sees it.
-#[derive(Debug, Clone)]
-struct Record {
-    name: String,
-    /// The last write to any of its files.
-    written: std::time::SystemTime,
-    bytes: u64,
-}
-
-/// Every task record under `root`, with its last write and size.
-fn scan(root: &Path) -> std::io::Result<Vec<Record>> {
-    let entries = match std::fs::read_dir(root) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let mut records = Vec::new();
-    for e in entries.flatten() {
-        let Ok(meta) = e.metadata() else { continue };
-        if !meta.is_dir() {
-            continue;
-        }
-        // Age is the last write to the record's files (the directory's own time changes
-        // when a file is created, not when one is appended to).
-        let (mut bytes, mut newest) = (0u64, None);
-        for f in std::fs::read_dir(e.path())?.flatten() {
-            if let Ok(m) = f.metadata() {
-                bytes += m.len();
-                newest = newest.max(m.modified().ok());
-            }
-        }
-        records.push(Record {
-            name: e.file_name().to_string_lossy().into_owned(),
-            written: newest.unwrap_or_else(|| meta.modified().unwrap_or(std::time::UNIX_EPOCH)),
-            bytes,
-        });
-    }
-    Ok(records)
-}
-
-/// The records to remove, oldest first, so that at most `max_tasks` remain and they total at
-/// most `max_total_bytes`; records in `keep` always stay.
-fn over_retention(
-    mut records: Vec<Record>,
-    max_tasks: usize,
-    max_total_bytes: u64,
-    keep: &HashSet<String>,
-) -> Vec<String> {
-    // Newest first; ties broken by name so the order is stable.
-    records.sort_by(|a, b| b.written.cmp(&a.written).then_with(|| b.name.cmp(&a.name)));
-    let mut doomed = Vec::new();
-    let (mut count, mut total, mut full) = (0usize, 0u64, false);
-    for r in records {
-        // Once one record does not fit, every older one goes too: oldest first, no gaps.
-        full = full || count >= max_tasks || total + r.bytes > max_total_bytes;
-        if keep.contains(&r.name) || !full {
-            count += 1;
-            total += r.bytes;
-            continue;
-        }
-        doomed.push(r.name);
-    }
-    doomed
 }
 
 #[cfg(test)]

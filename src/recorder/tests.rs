@@ -20,7 +20,7 @@ fn task(id: &str, description: &str) -> Task {
 
 fn cfg(max_task_bytes: u64) -> RecorderConfig {
     RecorderConfig {
-        max_task_bytes,
+        max_task_bytes: Some(max_task_bytes),
         ..RecorderConfig::default()
     }
 }
@@ -308,7 +308,7 @@ async fn retention_across_tasks_of_one_run_keeps_the_newest_by_count_and_bytes()
         .len();
     let by_bytes = tempfile::tempdir().unwrap();
     let c = RecorderConfig {
-        max_total_bytes: size * 5 / 2,
+        max_total_bytes: Some(size * 5 / 2),
         ..RecorderConfig::default()
     };
     run(by_bytes.path(), c, 5).await;

@@ -46,6 +46,7 @@
 //! - `handoff.rs`: how each child's proxy listener reaches the daemon's proxy, and is served
 //!   while the child runs.
 //! - `child.rs`: what runs between `fork` and `exec`.
+//! - `resolve.rs`: the grants' canonical paths.
 
 pub mod agent_home;
 pub mod caches;
@@ -54,6 +55,7 @@ pub mod denial;
 mod handoff;
 pub mod landlock;
 pub mod proxy;
+mod resolve;
 mod splice;
 pub mod task_home;
 
@@ -65,6 +67,7 @@ use crate::config::Config;
 use child::{ChildPlan, IdMaps};
 pub(crate) use handoff::Spawning;
 use landlock::FsPolicy;
+use resolve::canonical;
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
 
@@ -197,10 +200,10 @@ impl Policy {
         Policy::decide(configured, support)
     }
 
-    /// [`Policy::probe_blocking`] on the blocking pool, and the outcome logged once: what
-    /// every entry point that runs tasks does first.
-    pub async fn probe_and_decide(cfg: &Config) -> Policy {
-        let configured = cfg.containment;
+    /// [`Policy::probe_blocking`] on the blocking pool for the `configured` level (the
+    /// config's `containment`), and the outcome logged once: what every entry point that
+    /// runs tasks does first. Borrows nothing, so it can run beside other start-up work.
+    pub async fn probe_and_decide(configured: Option<Containment>) -> Policy {
         let policy = tokio::task::spawn_blocking(move || Policy::probe_blocking(configured))
             .await
             .unwrap_or_else(|_| Policy::decide(configured, Support::none()));
@@ -493,10 +496,13 @@ pub fn plan(
         put_all(&mut set, home);
     }
     let mut grants = std::borrow::Cow::Borrowed(grants);
+    // A per-task directory is nobody's repository: caches keyed by it would never be used
+    // again, one more directory for every task, each walked by every later prune. Its tools
+    // cache under the task's HOME, which goes with the task.
     if let Some(ws) = grants
         .write
         .first()
-        .filter(|_| grants.task && cfg.caches.enabled)
+        .filter(|ws| grants.task && cfg.caches.enabled && !crate::workspace::is_task_dir(cfg, ws))
     {
         let prepared =
             caches::prepare(cfg, ws, vars).map_err(|source| ContainmentError::Caches {
@@ -757,17 +763,6 @@ fn var_in<'a>(lists: &[&'a [(String, String)]], key: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-/// Existing paths, canonical (Landlock rules follow the real tree), without duplicates.
-fn canonical(paths: Vec<PathBuf>) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = paths
-        .into_iter()
-        .filter_map(|p| std::fs::canonicalize(p).ok())
-        .collect();
-    out.sort();
-    out.dedup();
-    out
-}
-
 /// Make the daemon non-dumpable: no core file with the token in it, and its memory,
 /// `/proc/<pid>/environ` and `/proc/<pid>/mem` closed to other processes of the same user.
 pub fn protect_daemon() {
@@ -839,6 +834,15 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
     let _spawning = sb
         .install(&mut cmd)
         .map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
+    // What is asked is whether the namespaces can be made, not whether a program runs: once
+    // the plan is applied, the namespace's PID 1 leaves without exec'ing `true`. Loading a
+    // program was half the probe, and the probe is on the way to `identify`.
+    // SAFETY: `_exit` is async-signal-safe; it runs after the plan, in the forked child.
+    #[allow(unsafe_code)]
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| libc::_exit(0));
+    }
     match cmd.status() {
         Ok(s) if s.success() => Ok(()),
         Ok(s) => Err(NamespaceError::ProbeFailed(s)),

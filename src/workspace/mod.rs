@@ -138,6 +138,23 @@ pub async fn prepare(
             _lock: None,
         });
     }
+    prepare_temp(cfg, task).await
+}
+
+/// Whether `task` works in a per-task directory of its own ([`WorkspaceKind::Temp`]): no
+/// `repo` and no `repo_dir`. Nobody's repository, so the daemon runs no git in it.
+pub fn is_temp(cfg: &Config, task: &Task) -> bool {
+    task.repo.as_deref().is_none_or(|u| u.trim().is_empty()) && cfg.repo_dir.is_none()
+}
+
+/// Whether `path` is a per-task directory ([`WorkspaceKind::Temp`], `state_dir/work/<id>`):
+/// nobody's repository, removed with its task.
+pub fn is_task_dir(cfg: &Config, path: &Path) -> bool {
+    cfg.repo_dir.is_none() && path.parent() == Some(cfg.state_dir.join("work").as_path())
+}
+
+/// The per-task directory of a task that [`is_temp`]: created empty, removed on release.
+pub async fn prepare_temp(cfg: &Config, task: &Task) -> Result<Workspace, WorkspaceError> {
     let path = workspace_for(cfg, task);
     tokio::fs::create_dir_all(&path)
         .await

@@ -134,6 +134,30 @@ async fn run_task_uses_the_configured_state_dir_so_hand_run_tasks_share_caches()
     );
 }
 
+/// A task in a directory of its own (no `repo`, no `repo_dir`) gets no repository cache: the
+/// directory dies with the task, so a cache keyed by it would never be used again, one more
+/// directory for every task, each walked by every later prune (issue 30: 200 such tasks made
+/// each task 15 ms slower). Its tools cache under the task's own HOME, gone with the task.
+#[tokio::test]
+async fn a_task_in_its_own_directory_leaves_no_repository_cache() {
+    if !can_run(&[]) {
+        return;
+    }
+    let s = Setup::new().await;
+    let state = s.dir().to_path_buf();
+    let cfg = s.cfg();
+    let h = s.start(cfg).await;
+    for id in ["own-1", "own-2"] {
+        let done = run(&h, id, "echo cached > \"$XDG_CACHE_HOME/marker\"").await;
+        assert!(completed(&done), "{done}");
+    }
+    let caches: Vec<_> = std::fs::read_dir(state.join("caches"))
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(caches.is_empty(), "{caches:?}");
+    h.finish().await;
+}
+
 /// `name` (a directory in `dir`) as a gzip'd tar: an npm tarball, a `.crate`.
 fn tar_gz(dir: &Path, name: &str) -> Vec<u8> {
     let out = dir.join(format!("{name}.tar.gz"));

@@ -1,0 +1,197 @@
+//! The first phase of a task, before anything of the task runs: its workspace (clone and
+//! task branch, with the daemon's own confined git) and the sandbox its children run in.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::git::branch::TaskBranch;
+use crate::git::{GitError, GitRunner};
+use crate::process::ChildEnv;
+use crate::progress::{ProgressEvent, ProgressSink};
+use crate::sandbox::{ContainmentError, Grants};
+use crate::task::Task;
+use crate::workspace::{self, Workspace, WorkspaceKind};
+
+use super::RunnerDeps;
+
+/// What a task runs with, ready: the daemon's git (confined, no HOME), the workspace and its
+/// task branch, and the task's children's environment with its sandbox.
+pub(super) type Prepared = (GitRunner, Workspace, Option<TaskBranch>, ChildEnv);
+
+/// Prepare: the workspace (clone, branch) with the daemon's confined git, then the task's
+/// sandbox over it. The first phase of a task, before anything of the task runs.
+pub(super) async fn prepare(
+    task: &Task,
+    deps: &RunnerDeps,
+    tmp: &Path,
+    progress: &ProgressSink,
+    cancel: &CancellationToken,
+) -> Result<Prepared, PrepareError> {
+    let cfg = &deps.config;
+    if workspace::is_temp(cfg, task) {
+        return prepare_temp(task, deps, tmp, cancel).await;
+    }
+    // The daemon's own git calls are children too: confined to the workspaces, never
+    // the state file, and with no HOME but an empty one of the daemon's (see
+    // `git::home_dir`): nothing of the service user's reaches them.
+    let git_roots = workspace::git_write_roots(cfg, task);
+    let git_home = crate::git::home_dir(cfg);
+    for root in git_roots
+        .iter()
+        .filter(|r| r.starts_with(&cfg.state_dir))
+        .chain([&git_home])
+    {
+        // A Landlock rule needs an existing directory.
+        tokio::fs::create_dir_all(root)
+            .await
+            .map_err(|source| PrepareError::GitRoot {
+                path: root.clone(),
+                source,
+            })?;
+    }
+    let git_env = confine_off_runtime(
+        cfg,
+        deps,
+        tmp,
+        Grants {
+            write: git_roots,
+            read: vec![git_home],
+            task: false,
+            hosts: Vec::new(),
+        },
+    )
+    .await?;
+    let git = GitRunner::new(cfg, &git_env, cancel.clone());
+    let (ws, branch) = prepare_workspace(cfg, task, &git, progress).await?;
+    let env = confine_off_runtime(cfg, deps, tmp, task_grants(task, &ws)).await;
+    let git = match ws.git_dir() {
+        Some(dir) => git.trusting(&ws.path, dir),
+        None => git,
+    };
+    match env {
+        Ok(env) => Ok((git, ws, branch, env)),
+        Err(e) => {
+            ws.release().await;
+            Err(PrepareError::Containment(e))
+        }
+    }
+}
+
+/// [`prepare`] for a task in a per-task directory ([`workspace::is_temp`]): nobody's
+/// repository, so no git of the daemon's runs there and no sandbox is built for one (it was
+/// half of a short task's set-up). The runner handed on is over the task's own sandbox and
+/// is never called: there is no branch to publish.
+async fn prepare_temp(
+    task: &Task,
+    deps: &RunnerDeps,
+    tmp: &Path,
+    cancel: &CancellationToken,
+) -> Result<Prepared, PrepareError> {
+    let cfg = &deps.config;
+    let ws = workspace::prepare_temp(cfg, task).await?;
+    match confine_off_runtime(cfg, deps, tmp, task_grants(task, &ws)).await {
+        Ok(env) => Ok((GitRunner::new(cfg, &env, cancel.clone()), ws, None, env)),
+        Err(e) => {
+            ws.release().await;
+            Err(PrepareError::Containment(e))
+        }
+    }
+}
+
+/// What a task's own children may use: the workspace read-write, a managed clone's history
+/// read-only (for the task's own git), the per-repository caches and the network policy,
+/// with the repository's remote among the hosts it may reach.
+fn task_grants(task: &Task, ws: &Workspace) -> Grants {
+    Grants {
+        write: vec![ws.path.clone()],
+        read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
+        task: true,
+        hosts: task
+            .repo
+            .as_deref()
+            .and_then(crate::sandbox::proxy::remote_host)
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// Why a task never reached its executor; the message is the `task_failed` reason.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PrepareError {
+    /// A directory the daemon's git writes in could not be created.
+    #[error("cannot create {}: {source}", path.display())]
+    GitRoot {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The task's children cannot be confined as the level demands.
+    #[error(transparent)]
+    Containment(#[from] ContainmentError),
+    /// The workspace could not be prepared (the workspace module's own message).
+    #[error(transparent)]
+    Workspace(#[from] workspace::WorkspaceError),
+    /// The task branch could not be created.
+    #[error("creating the task branch: {0}")]
+    Branch(GitError),
+}
+
+/// [`process::confine`](crate::process::confine) on the blocking pool: building a ruleset opens every granted tree
+/// (and lists the ones it carves), file-system work that has no place on the runtime.
+async fn confine_off_runtime(
+    cfg: &Arc<Config>,
+    deps: &RunnerDeps,
+    tmp: &Path,
+    grants: Grants,
+) -> Result<ChildEnv, ContainmentError> {
+    let (cfg, policy, env, tmp) = (
+        cfg.clone(),
+        deps.containment.clone(),
+        deps.env.clone(),
+        tmp.to_path_buf(),
+    );
+    tokio::task::spawn_blocking(move || crate::process::confine(&cfg, &policy, &env, &tmp, &grants))
+        .await
+        .map_err(|e| ContainmentError::Panicked(e.to_string()))?
+}
+
+/// The task's workspace and, when the git workflow applies, its task branch.
+async fn prepare_workspace(
+    cfg: &Config,
+    task: &Task,
+    git: &GitRunner,
+    progress: &ProgressSink,
+) -> Result<(Workspace, Option<TaskBranch>), PrepareError> {
+    if task.repo.is_some() {
+        progress.emit(ProgressEvent::status("preparing the repository workspace"));
+    }
+    let ws = workspace::prepare(cfg, task, git).await?;
+    let branch = match &ws.kind {
+        // A per-task directory is nobody's repository: nothing to branch or push.
+        WorkspaceKind::Temp => Ok(None),
+        WorkspaceKind::Managed { base, git_dir } => {
+            let git = git.clone().trusting(&ws.path, git_dir);
+            crate::git::branch::start_branch(cfg, task, &ws.path, Some(base), &git).await
+        }
+        WorkspaceKind::RepoDir => {
+            crate::git::branch::start_branch(cfg, task, &ws.path, None, git).await
+        }
+    };
+    match branch {
+        Ok(branch) => {
+            if let Some(b) = &branch {
+                progress.emit(ProgressEvent::status(format!(
+                    "git: task branch {} from {}",
+                    b.name, b.base
+                )));
+            }
+            Ok((ws, branch))
+        }
+        Err(e) => {
+            ws.release().await;
+            Err(PrepareError::Branch(e))
+        }
+    }
+}
