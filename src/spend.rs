@@ -136,12 +136,16 @@ impl SpendLedger {
     }
 
     /// Add `usd` (negative and non-finite values count as 0) to today's total and to
-    /// `task_id`'s spend; returns today's new total.
+    /// `task_id`'s spend; returns today's new total. Nothing spent is nothing to write: a
+    /// shell task's execution costs 0, and each write is a temp file, two fsyncs and a rename.
     pub async fn add(&self, task_id: &str, usd: f64) -> f64 {
         let usd = if usd.is_finite() { usd.max(0.0) } else { 0.0 };
         let mut g = self.inner.lock().await;
         let now = crate::util::now_ms();
         g.roll(now);
+        if usd == 0.0 {
+            return g.spent_today_usd;
+        }
         g.spent_today_usd += usd;
         let t = g.tasks.entry(task_id.to_string()).or_default();
         t.spent_usd += usd;
@@ -255,6 +259,18 @@ mod tests {
             0.75,
             "a finished task's spend stays in the day"
         );
+    }
+
+    #[tokio::test]
+    async fn spending_nothing_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spend.json");
+        let l = SpendLedger::open(path.clone()).await;
+        assert_eq!(l.add("shell", 0.0).await, 0.0);
+        l.finish_task("shell").await;
+        assert!(!path.exists(), "a task that spent nothing wrote the ledger");
+        assert_eq!(l.add("llm", 0.5).await, 0.5);
+        assert!(path.exists());
     }
 
     #[tokio::test]

@@ -603,6 +603,27 @@ async fn the_daily_cap_holds_when_the_daemon_restarts_in_the_middle_of_a_task() 
     h.finish().await;
 }
 
+/// A task that spends nothing writes no spend ledger: no cost to remember, and no attempt
+/// to resume once its loop has stopped. Each ledger write is a temp file, two fsyncs and a
+/// rename: a verified shell task with a check made three of them (issue 30, figure 3c on
+/// disk).
+#[tokio::test]
+async fn a_verified_shell_task_that_spent_nothing_leaves_no_spend_ledger() {
+    let h = Harness::start().await;
+    let mut task = sample_shell_task("free", "echo done > out.txt");
+    task["verification_steps"] = json!([{"type": "file_exists", "target": "out.txt"}]);
+    h.assign(task);
+    let done = h.terminal("free").await;
+    assert_eq!(done["type"], "task_complete", "{done}");
+    assert_eq!(done["result"]["verification_status"], "verified", "{done}");
+    assert!(
+        !h.dir().join("spend.json").exists(),
+        "{}",
+        std::fs::read_to_string(h.dir().join("spend.json")).unwrap_or_default()
+    );
+    h.finish().await;
+}
+
 /// `Shutdown::immediate` during a forced stop: the daemon stops waiting out the task's kill
 /// grace (60 s here, for a task that ignores SIGTERM), kills its processes at once, keeps the
 /// task for recovery and says `Interrupted`. This is what the third stop signal asks for.

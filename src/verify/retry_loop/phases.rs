@@ -522,18 +522,28 @@ impl<'a> LoopRun<'a> {
                 .with("run_number", k),
             );
         }
-        // This attempt reached its verdict: a restart from here resumes after it.
-        self.ledger
-            .complete_attempt(&ctx.task.task_id, k, Some(self.carry()))
-            .await;
-        match stop {
+        let decision = match stop {
             Some(stop) => Decision::Stop(stop),
             None if k > self.out.budget.max_retries => Decision::Stop(Stop(
                 VerificationStatus::PartialPass,
                 Termination::RetriesExhausted,
             )),
             None => Decision::Retry,
+        };
+        // This attempt reached its verdict: a restart from here resumes after it. Only
+        // where there is an after: a loop that stops here forgets the task's record at
+        // once (`finish_task`), unless cancelled (a restart may continue it), so writing
+        // the record first would be two fsyncs for nothing.
+        let resumable = match &decision {
+            Decision::Retry => true,
+            Decision::Stop(Stop(_, termination)) => *termination == Termination::Cancelled,
+        };
+        if resumable {
+            self.ledger
+                .complete_attempt(&ctx.task.task_id, k, Some(self.carry()))
+                .await;
         }
+        decision
     }
 
     /// A, B, A: the fix is flip-flopping (reported, not a reason to stop).
