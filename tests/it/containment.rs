@@ -115,6 +115,11 @@ async fn a_task_cannot_write_outside_its_workspace() {
     let (c, ws) = s.cfg_with_workspace();
     let state = c.state_file();
     let h = s.start(c).await;
+    // The daemon writes its state back just after identify (start-up does not wait for it).
+    assert!(
+        wait_until(|| state.exists(), T).await,
+        "the daemon never wrote its state file"
+    );
     let before = std::fs::read(&state).unwrap();
     let tag = unique_sleep();
     let targets = [
