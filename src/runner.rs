@@ -2,7 +2,8 @@
 //! loop, commit/push/PR, result.
 //!
 //! The runner owns nothing durable: it returns the frame and the daemon puts it in the
-//! outbox. Everything it sends is redacted first, with the task's own secrets (a password in
+//! outbox, and what the task leaves to remove ([`Leftovers`]), which the daemon removes once
+//! the frame is on its way. Everything it sends is redacted first, with the task's own secrets (a password in
 //! its `repo` URL) added to the daemon's.
 //!
 //! Layout: this file runs the phases and builds the terminal frame; `prepare.rs` is the
@@ -72,6 +73,46 @@ pub enum TaskOutcome {
     Cancelled,
 }
 
+/// A runner's end: how the task ended, and what it leaves to remove.
+pub struct Finished {
+    /// The terminal frame, or a cancellation.
+    pub outcome: TaskOutcome,
+    /// The task's temp workspace (or its hold on a managed clone) and private TMPDIR.
+    pub leftovers: Leftovers,
+}
+
+/// What a finished task leaves behind: removed by [`Leftovers::remove`] once the result is
+/// stored and sent, not before. The frame needs none of it, and on a journaling file system
+/// removing a task's HOME (a dozen directories) is ~2.5 ms the hub would otherwise wait for
+/// (BENCHMARKS.md, figure 3). Whoever holds it must remove it before the next task prepares:
+/// the next task may get the same paths (a re-assigned task id) or the same managed clone.
+#[must_use = "a task's TMPDIR and temp workspace stay on disk unless removed"]
+pub struct Leftovers {
+    workspace: Option<Workspace>,
+    tmp: Option<std::path::PathBuf>,
+}
+
+impl Leftovers {
+    /// Remove the temp workspace, release the clone, remove the private TMPDIR.
+    pub async fn remove(self) {
+        if let Some(ws) = self.workspace {
+            ws.release().await;
+        }
+        if let Some(tmp) = self.tmp {
+            workspace::remove_task_tmp_dir(&tmp).await;
+        }
+    }
+
+    /// Nothing to remove (a stand-in runner in tests).
+    #[cfg(test)]
+    pub(crate) fn nothing() -> Self {
+        Leftovers {
+            workspace: None,
+            tmp: None,
+        }
+    }
+}
+
 /// Result output kept in `task_complete.result.output` (head and tail).
 const RESULT_OUTPUT_CAP: usize = 64 * 1024;
 
@@ -81,7 +122,7 @@ pub async fn run_task(
     deps: RunnerDeps,
     progress: ProgressSink,
     cancel: CancellationToken,
-) -> TaskOutcome {
+) -> Finished {
     // A password in the task's repo URL is this task's secret: scrubbed from all it sends.
     let redactor = Arc::new(match task.repo.as_deref() {
         Some(url) => deps.redactor.with_extra(url_secrets(url)),
@@ -101,14 +142,14 @@ pub async fn run_task(
         let record = record.clone();
         progress.set_tap(move |ev| record.on_event(ev));
     }
-    let outcome = run_recorded(task, &deps, progress, cancel, redactor, &record).await;
-    match &outcome {
+    let finished = run_recorded(task, &deps, progress, cancel, redactor, &record).await;
+    match &finished.outcome {
         TaskOutcome::Terminal(frame) => record.terminal(frame),
         TaskOutcome::Cancelled => {
             record.cancelled("cancelled by the hub or stopped by a forced shutdown")
         }
     }
-    outcome
+    finished
 }
 
 /// [`run_task`] once the task's flight record is open.
@@ -119,7 +160,7 @@ async fn run_recorded(
     cancel: CancellationToken,
     redactor: Arc<Redactor>,
     record: &TaskRecord,
-) -> TaskOutcome {
+) -> Finished {
     let cfg = deps.config.clone();
     // The pump starts first: its heartbeat keeps the task fresh at the hub during a long clone.
     let pump_cancel = cancel.child_token();
@@ -141,8 +182,13 @@ async fn run_recorded(
             deps.ops.metrics().task_finished("execution_failed");
             pump_cancel.cancel();
             let _ = pump.await;
-            workspace::remove_task_tmp_dir(&tmp).await;
-            return failed(&task, &redactor, &reason.to_string(), &cancel);
+            return Finished {
+                outcome: failed(&task, &redactor, &reason.to_string(), &cancel),
+                leftovers: Leftovers {
+                    workspace: None,
+                    tmp: Some(tmp),
+                },
+            };
         }
     };
     // From here the task's children run: what confines them is counted and recorded.
@@ -167,10 +213,12 @@ async fn run_recorded(
     };
     pump_cancel.cancel();
     let last_progress = pump.await.ok().flatten();
-    // The frame is self-contained, so a temp workspace can go before it is sent.
-    ws.release().await;
-    workspace::remove_task_tmp_dir(&tmp).await;
-    match outcome {
+    // The frame is self-contained: the workspace and TMPDIR go once it is sent.
+    let leftovers = Leftovers {
+        workspace: Some(ws),
+        tmp: Some(tmp),
+    };
+    let outcome = match outcome {
         None => TaskOutcome::Cancelled,
         Some(mut frame) => {
             if let Some(ev) = last_progress {
@@ -180,7 +228,8 @@ async fn run_recorded(
             redact_frame(&redactor, &mut frame);
             TaskOutcome::Terminal(frame)
         }
-    }
+    };
+    Finished { outcome, leftovers }
 }
 
 /// Plan, execute, verify, decide, correct: the task's executor under the verification loop

@@ -146,7 +146,7 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let cancel = CancellationToken::new();
     let task_id = task.task_id.clone();
     let mut run = Box::pin(runner::run_task(Arc::new(task), deps, sink, cancel.clone()));
-    let outcome = tokio::select! {
+    let runner::Finished { outcome, leftovers } = tokio::select! {
         o = &mut run => o,
         _ = tokio::signal::ctrl_c() => {
             eprintln!("\ninterrupted: cancelling the task (its processes are killed)");
@@ -154,6 +154,7 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
             (&mut run).await
         }
     };
+    leftovers.remove().await;
     line.finish().await;
     // Every handle to the recorder gone, its writer ends once the last line is on disk.
     drop((run, recorder));

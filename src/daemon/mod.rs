@@ -141,6 +141,9 @@ pub async fn run_probed(
         Daemon::new(cfg, shutdown.clone(), ops, budget, link, state, probe).await;
     d.write_back().await;
     let reason = d.run().await;
+    if let Some(leftovers) = d.leftovers.take() {
+        wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), leftovers).await;
+    }
     d.ops.stopping();
     link_cancel.cancel();
     // An immediate stop waits for neither the link's goodbye nor the recorder's last lines.
@@ -223,6 +226,9 @@ struct Daemon {
     ops: Ops,
     events: mpsc::Receiver<LinkEvent>,
     running: Option<Running>,
+    /// The last task's TMPDIR and workspace being removed, after its result was sent. The
+    /// next runner waits for it; so does the daemon's exit.
+    leftovers: Option<JoinHandle<()>>,
     identified: bool,
     /// The outbox entry sent on this connection and not yet answered.
     inflight: Option<OutboxMeta>,
@@ -328,6 +334,7 @@ impl Daemon {
             ops,
             events,
             running: None,
+            leftovers: None,
             identified: false,
             inflight: None,
             outbox_retry_at: None,

@@ -89,10 +89,22 @@ impl Daemon {
             r.cancel.cancel();
             let grace =
                 Duration::from_millis(self.cfg.executor.kill_grace_ms) + Duration::from_secs(2);
-            if !wait_unless_immediate(&immediate, grace, &mut r.handle).await {
-                r.handle.abort();
-                // Resolves once the runner's future is dropped, its process groups with it.
-                let _ = (&mut r.handle).await;
+            let ended = tokio::select! {
+                biased;
+                _ = immediate.cancelled() => None,
+                r = tokio::time::timeout(grace, &mut r.handle) => r.ok(),
+            };
+            match ended {
+                // Removed before the daemon exits (see `run_daemon`).
+                Some(Ok(finished)) => {
+                    self.leftovers = Some(tokio::spawn(finished.leftovers.remove()));
+                }
+                Some(Err(_)) => {}
+                None => {
+                    r.handle.abort();
+                    // Resolves once the runner's future is dropped, its process groups with it.
+                    let _ = (&mut r.handle).await;
+                }
             }
         }
         // Whatever is still active (the running task, or one queued behind a dropped task)

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::Daemon;
 use crate::hub::proto::Outbound;
 use crate::progress::{ProgressEvent, ProgressSink};
-use crate::runner::{self, TaskOutcome};
+use crate::runner::{self, Finished, TaskOutcome};
 use crate::state::{ActiveTask, OutboxEntry, Phase};
 use crate::task::Task;
 use crate::util::now_ms;
@@ -21,7 +21,7 @@ use crate::util::now_ms;
 pub(super) struct Running {
     pub(super) task_id: String,
     pub(super) cancel: CancellationToken,
-    pub(super) handle: JoinHandle<TaskOutcome>,
+    pub(super) handle: JoinHandle<Finished>,
     /// The hub took the task back (cancelled, reassigned, aborted): send nothing for it.
     pub(super) dropped: bool,
 }
@@ -29,7 +29,7 @@ pub(super) struct Running {
 /// Wait for the running task's runner to end; pending forever when nothing runs.
 pub(super) async fn join_running(
     r: &mut Option<Running>,
-) -> Result<TaskOutcome, tokio::task::JoinError> {
+) -> Result<Finished, tokio::task::JoinError> {
     match r {
         Some(r) => (&mut r.handle).await,
         None => std::future::pending().await,
@@ -272,12 +272,16 @@ impl Daemon {
         let sink = ProgressSink::new(self.cfg.progress.max_text_bytes);
         sink.emit(ProgressEvent::status("task accepted"));
         self.ops.set_active_task(Some(&task.task_id));
-        let handle = tokio::spawn(runner::run_task(
-            task.clone(),
-            self.deps.clone(),
-            sink,
-            cancel.clone(),
-        ));
+        // The previous task's leftovers go first: a re-assigned task id gets the same
+        // TMPDIR, a task on the same repository the same managed clone.
+        let before = self.leftovers.take();
+        let run = runner::run_task(task.clone(), self.deps.clone(), sink, cancel.clone());
+        let handle = tokio::spawn(async move {
+            if let Some(before) = before {
+                let _ = before.await;
+            }
+            run.await
+        });
         self.running = Some(Running {
             task_id: task.task_id.clone(),
             cancel,
@@ -290,7 +294,7 @@ impl Daemon {
     pub(super) async fn task_finished(
         &mut self,
         r: Running,
-        res: Result<TaskOutcome, tokio::task::JoinError>,
+        res: Result<Finished, tokio::task::JoinError>,
     ) {
         self.ops.set_active_task(None);
         // A dropped task already gave up its slot (maybe to a queued task): leave that alone.
@@ -303,15 +307,16 @@ impl Daemon {
         if owned.is_some() {
             self.active = None;
         }
-        let outcome = match res {
-            Ok(o) => o,
+        let (outcome, leftovers) = match res {
+            Ok(Finished { outcome, leftovers }) => (outcome, Some(leftovers)),
             Err(e) => {
                 tracing::error!(task_id = %r.task_id, error = %e, "task runner crashed");
-                TaskOutcome::Terminal(Outbound::task_failed(
+                let failed = Outbound::task_failed(
                     &r.task_id,
                     generation,
                     &format!("sidecar internal error while running the task: {e}"),
-                ))
+                );
+                (TaskOutcome::Terminal(failed), None)
             }
         };
         let mut stored = false;
@@ -348,11 +353,15 @@ impl Daemon {
             // Dropped or cancelled: no result, but the freed slot must reach the disk.
             self.save().await;
         }
+        // The result on its way first, then the task's files: see [`runner::Leftovers`].
+        self.pump_outbox().await;
+        if let Some(leftovers) = leftovers {
+            self.leftovers = Some(tokio::spawn(leftovers.remove()));
+        }
         if let Some(next) = self.queued.take() {
             self.start(next);
         }
         self.status_line();
-        self.pump_outbox().await;
         self.idle_from_now();
     }
 }

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::hub::link::OutFrame;
-use crate::runner::TaskOutcome;
+use crate::runner::{Finished, Leftovers, TaskOutcome};
 use crate::sandbox::Containment;
 use crate::state::{read_state, OutboxEntry};
 use crate::util::now_ms;
@@ -117,7 +117,10 @@ fn stand_in_runner(d: &mut Daemon, task_id: &str, deaf: bool) -> CancellationTok
             std::future::pending::<()>().await;
         }
         seen.cancelled().await;
-        TaskOutcome::Cancelled
+        Finished {
+            outcome: TaskOutcome::Cancelled,
+            leftovers: Leftovers::nothing(),
+        }
     });
     d.active = Some(active(task_id, Phase::Running));
     d.running = Some(Running {

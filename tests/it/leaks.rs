@@ -144,3 +144,62 @@ async fn the_pull_request_token_reaches_gh_and_no_task() {
     h.bin_mut().wait(crate::util::T).await;
     h.finish().await;
 }
+
+/// What a task leaves in its TMPDIR and HOME is removed once its result is sent (after, so
+/// the hub does not wait for it: BENCHMARKS.md, figure 3), yet before the next task
+/// starts, even when the hub gives that task the same id and so the same paths; and the
+/// last task's before the daemon exits.
+#[tokio::test]
+async fn a_tasks_tmpdir_and_home_are_gone_before_the_next_task_and_at_exit() {
+    let mut h = Harness::start().await;
+    // Enough entries that their removal outlasts the next assignment's round trip.
+    let leave = |n: u32| {
+        format!(
+            "mkdir -p \"$TMPDIR/left\" \"$HOME/.cache/left\" && \
+             (cd \"$TMPDIR/left\" && seq {n} | xargs touch) && : >\"$HOME/.cache/left/1\" && \
+             echo \"tmp=$TMPDIR\""
+        )
+    };
+    let look = "ls -A \"$TMPDIR\" \"$HOME/.cache\" 2>&1; echo looked";
+    let mut first = sample_shell_task("same-id", &leave(20_000));
+    first["verification_steps"] = json!([]);
+    h.assign(first);
+    let done = h.completed("same-id").await;
+    let out = done["result"]["output"].as_str().unwrap_or_default();
+    let tmp = out
+        .lines()
+        .find_map(|l| l.strip_prefix("tmp="))
+        .unwrap_or_else(|| panic!("the task printed its TMPDIR: {done}"))
+        .to_string();
+    let mut second = sample_shell_task("same-id", look);
+    second["verification_steps"] = json!([]);
+    h.assign(second);
+    let done = h
+        .hub()
+        .wait_for_nth("task_complete", 2, crate::util::T)
+        .await
+        .expect("the second task_complete");
+    let out = done["result"]["output"].as_str().unwrap_or_default();
+    assert!(out.contains("looked"), "{done}");
+    assert!(
+        !out.contains("left"),
+        "the second task saw what the first left: {out}"
+    );
+    let mut third = sample_shell_task("last", &leave(300));
+    third["verification_steps"] = json!([]);
+    h.assign(third);
+    let done = h.completed("last").await;
+    let out = done["result"]["output"].as_str().unwrap_or_default();
+    let last_tmp = out
+        .lines()
+        .find_map(|l| l.strip_prefix("tmp="))
+        .unwrap_or_default();
+    h.stop_daemon().await;
+    for dir in [&tmp, last_tmp] {
+        assert!(
+            !std::path::Path::new(dir).exists(),
+            "{dir} is still there after the daemon stopped"
+        );
+    }
+    h.finish().await;
+}
