@@ -23,6 +23,7 @@ use crate::git::branch::TaskBranch;
 use crate::git::publish::{self, Publish};
 use crate::git::{url::url_secrets, GitRunner};
 use crate::hub::budget::RateBudget;
+use crate::hub::link::TURNAROUND;
 use crate::hub::proto::Outbound;
 use crate::ops::Ops;
 use crate::process::head_tail;
@@ -79,6 +80,13 @@ pub struct Finished {
     pub outcome: TaskOutcome,
     /// The task's temp workspace (or its hold on a managed clone) and private TMPDIR.
     pub leftovers: Leftovers,
+}
+
+/// One debug line on the turnaround target (see [`TURNAROUND`]) as a task passes a phase:
+/// with the log's timestamps, where the daemon's share of a round trip goes (BENCHMARKS.md,
+/// figure 3g).
+pub(crate) fn phase(task_id: &str, phase: &'static str) {
+    tracing::debug!(target: TURNAROUND, task_id = %task_id, phase, "task phase");
 }
 
 /// What a finished task leaves behind: removed by [`Leftovers::remove`] once the result is
@@ -191,6 +199,7 @@ async fn run_recorded(
             };
         }
     };
+    phase(&task.task_id, "prepared");
     // From here the task's children run: what confines them is counted and recorded.
     let containment = deps.containment.ran_under();
     deps.ops
@@ -266,6 +275,7 @@ async fn run_loop(
         ops: &deps.ops,
     };
     let lo = retry_loop::run_with(&mut attempter, is_llm, ctx, &opts).await;
+    phase(&task.task_id, "verified");
     record_loop(record, &lo);
     if let Some(sb) = ctx.env.sandbox() {
         record.network(&sb.network_use());
@@ -395,6 +405,7 @@ impl Attempter for RecordingAttempter<'_> {
             .attempt_start(n, self.executor.prompt_for(&attempt));
         self.ops.attempt_started(n);
         let out = self.executor.execute(ctx, &attempt).await;
+        phase(&ctx.task.task_id, "executed");
         self.record.attempt_end(n, &out);
         out
     }

@@ -63,6 +63,7 @@ pub(crate) async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec
         turnaround(&log, "task_accepted"),
         turnaround(&log, "task_complete"),
     );
+    let phases = phases(&log);
     d.stop().await;
 
     let (fsync, floor) = fsync_cost(200, base).await;
@@ -99,7 +100,7 @@ pub(crate) async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec
             "—",
             "—",
             format!(
-                "→ task_accepted {:.2} ms (p99 {:.2}), → task_complete {:.2} ms (p99 {:.2}); {} tasks",
+                "→ task_accepted {:.2} ms (p99 {:.2}), → task_complete {:.2} ms (p99 {:.2}); {} tasks; phases, p50 ms: {phases}",
                 own_accept.median(),
                 own_accept.p(0.99),
                 own_complete.median(),
@@ -141,6 +142,67 @@ fn turnaround(log: &str, frame: &str) -> Stats {
             .map(|us| us / 1000.0)
             .collect(),
     )
+}
+
+/// Where the daemon's time between reading a task's assignment and answering it goes: the
+/// median gap between consecutive lines the daemon logs for each task (the
+/// `hub_sidecar::turnaround` phases, see `hub_sidecar::hub::link::TURNAROUND`), in ms.
+fn phases(log: &str) -> String {
+    const MARKS: [(&str, &str); 6] = [
+        ("task assigned", "assigned"),
+        ("phase=\"prepared\"", "prepared"),
+        ("phase=\"executed\"", "executed"),
+        ("phase=\"verified\"", "verified"),
+        ("phase=\"stored\"", "stored"),
+        ("frame=\"task_complete\"", "written"),
+    ];
+    // Seconds since midnight from the line's RFC 3339 timestamp (`…T02:50:36.299935Z`).
+    let secs = |l: &str| -> Option<f64> {
+        let t = l
+            .split_whitespace()
+            .next()?
+            .split('T')
+            .nth(1)?
+            .trim_end_matches('Z');
+        let mut f = t.split(':');
+        let (h, m, s) = (f.next()?, f.next()?, f.next()?);
+        Some(
+            h.parse::<f64>().ok()? * 3600.0
+                + m.parse::<f64>().ok()? * 60.0
+                + s.parse::<f64>().ok()?,
+        )
+    };
+    let mut at: HashMap<(String, usize), f64> = HashMap::new();
+    for l in log.lines() {
+        let Some(id) = l
+            .split("task_id=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+        else {
+            continue;
+        };
+        if !id.starts_with("lat-") {
+            continue;
+        }
+        if let (Some(i), Some(t)) = (MARKS.iter().position(|(m, _)| l.contains(m)), secs(l)) {
+            at.insert((id.to_string(), i), t);
+        }
+    }
+    let ids: std::collections::HashSet<&String> = at.keys().map(|(id, _)| id).collect();
+    (1..MARKS.len())
+        .map(|i| {
+            let gaps = ids
+                .iter()
+                .filter_map(|id| {
+                    let a = at.get(&((*id).clone(), i - 1))?;
+                    let b = at.get(&((*id).clone(), i))?;
+                    Some((b - a) * 1000.0)
+                })
+                .collect();
+            format!("→ {} {:.2}", MARKS[i].1, Stats::new(gaps).median())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One durable state change as the daemon makes it (`StateStore::set_active` of an active

@@ -110,8 +110,19 @@ impl Daemon {
                 }
                 Next::Send(meta) => meta,
             };
-            let entry = match self.store.entry(meta.seq).await {
-                Ok(Some(entry)) => entry,
+            // The result just stored goes out as it is: reading it back would cost a trip
+            // through the blocking pool on every task's critical path.
+            let fresh = self.just_stored.take().filter(|(seq, _)| *seq == meta.seq);
+            let frame = match fresh {
+                Some((_, frame)) => Ok(Some(frame)),
+                None => self
+                    .store
+                    .entry(meta.seq)
+                    .await
+                    .map(|e| e.map(|entry| entry.frame)),
+            };
+            let frame = match frame {
+                Ok(Some(frame)) => frame,
                 res => {
                     let error = res.err().map(|e| e.to_string()).unwrap_or_default();
                     tracing::error!(task_id = %meta.task_id, error = %error, "cannot read the stored result back; dropping it");
@@ -120,7 +131,7 @@ impl Daemon {
                     continue;
                 }
             };
-            if self.link.send_with_barrier(entry.frame, &meta.task_id) {
+            if self.link.send_with_barrier(frame, &meta.task_id) {
                 self.inflight = Some(meta);
             } else {
                 // The link's queue is full or closed: look again shortly.

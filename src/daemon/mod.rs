@@ -232,6 +232,9 @@ struct Daemon {
     identified: bool,
     /// The outbox entry sent on this connection and not yet answered.
     inflight: Option<OutboxMeta>,
+    /// The result stored last, with its outbox sequence number, until its first send:
+    /// that send need not read it back from the state file.
+    just_stored: Option<(u64, Outbound)>,
     /// When to look at the outbox again (an entry waits after a miss).
     outbox_retry_at: Option<Instant>,
     draining: bool,
@@ -337,6 +340,7 @@ impl Daemon {
             leftovers: None,
             identified: false,
             inflight: None,
+            just_stored: None,
             outbox_retry_at: None,
             draining: false,
             drain_deadline: None,

@@ -337,7 +337,7 @@ impl Daemon {
                 tracing::info!(task_id = %r.task_id, frame = frame.kind(), "task finished; result stored in the outbox");
                 let entry = OutboxEntry {
                     task_id: r.task_id.clone(),
-                    frame,
+                    frame: frame.clone(),
                     created_at: now_ms(),
                 };
                 // One durable write for both: the result and the slot it frees.
@@ -345,7 +345,9 @@ impl Daemon {
                 if let Err(e) = res {
                     tracing::error!(error = %e, task_id = %r.task_id, "result not persisted; sending it from memory");
                 }
+                self.just_stored = Some((meta.seq, frame));
                 self.add_to_outbox(meta).await;
+                runner::phase(&r.task_id, "stored");
                 stored = true;
             }
         }

@@ -473,7 +473,9 @@ struct Connection<'a> {
 /// then `task_complete` or `task_failed`): microseconds from the assignment's text read off
 /// the socket to the answer written to it. The part of a hub's round trip the daemon
 /// controls, without the network and the hub; `RUST_LOG=info,hub_sidecar::turnaround=debug`
-/// shows it (the benchmark reads it, BENCHMARKS.md figure 3g).
+/// shows it (the benchmark reads it, BENCHMARKS.md figure 3g). The runner adds a line as
+/// the task passes each phase (`phase=prepared`, `executed`, `verified`, `stored`): their
+/// timestamps say where the time between the two answers goes.
 pub const TURNAROUND: &str = "hub_sidecar::turnaround";
 
 impl Connection<'_> {
