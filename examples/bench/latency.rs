@@ -380,3 +380,45 @@ pub(crate) async fn ws_floor(n: usize) -> Vec<Row> {
         None,
     )]
 }
+
+/// Row 3h: the floor under 3g's `executed` phase, outside the daemon. `sh -c true` spawned
+/// and reaped `n` times by `unshare` with no namespace (the same extra exec), and again in
+/// new user, PID and network namespaces (`unshare -Unp --fork`, as a confined task gets
+/// them). The difference is what the kernel charges for the namespaces alone; the first
+/// figure what a process that execs `sh` costs on this machine. `None` where `unshare`
+/// cannot make the namespaces (not installed, or user namespaces off).
+pub(crate) async fn spawn_floor(n: usize) -> Option<Row> {
+    let time = |args: &'static [&'static str]| async move {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n + 5 {
+            settle().await;
+            let t = Instant::now();
+            let ok = tokio::process::Command::new("unshare")
+                .args(args)
+                .args(["sh", "-c", "true"])
+                .status()
+                .await
+                .is_ok_and(|s| s.success());
+            if !ok {
+                return None;
+            }
+            v.push(ms(t.elapsed()));
+        }
+        // The first five warm up (the page cache, the dynamic loader's files).
+        Some(Stats::new(v.split_off(5)))
+    };
+    let bare = time(&[]).await?;
+    let ns = time(&["-U", "-n", "-p", "--fork"]).await?;
+    Some(Row::new(
+        &format!("3h. floor: `sh -c true` spawned and reaped, {n} × (by `unshare`, without and with new user + PID + network namespaces)"),
+        "—",
+        "—",
+        format!(
+            "{:.2} ms p50 without, {:.2} ms with (namespaces +{:.2} ms)",
+            bare.median(),
+            ns.median(),
+            ns.median() - bare.median()
+        ),
+        None,
+    ))
+}

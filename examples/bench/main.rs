@@ -132,6 +132,7 @@ async fn main() {
                 );
             }
             rows.extend(latency::ws_floor(200).await);
+            rows.extend(latency::spawn_floor(200).await);
         }
         if run(4) {
             eprintln!("bench: 4 progress flood");

@@ -55,14 +55,14 @@ impl Writer {
     }
 
     pub(super) fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
-        match scan(&self.root) {
-            Ok(records) => self.index = records.into_iter().map(|r| (r.name.clone(), r)).collect(),
-            Err(e) => {
-                tracing::warn!(root = %self.root.display(), error = %e, "flight recorder cannot read its records; retention starts from what this run writes")
-            }
-        }
-        self.prune();
+        // The records already on disk are scanned (and pruned) when the first task writes,
+        // not at start: start-up has the hub to reach on two cores, and nothing grows the
+        // records before a task runs.
+        let mut scanned = false;
         while let Some(msg) = rx.blocking_recv() {
+            if !std::mem::replace(&mut scanned, true) {
+                self.scan();
+            }
             match msg {
                 Msg::Line { dir, line, sync } => {
                     self.append(&dir, &line, true, sync);
@@ -75,6 +75,17 @@ impl Writer {
                 }
             }
         }
+    }
+
+    /// Index the records a previous run left, then apply the retention to them.
+    fn scan(&mut self) {
+        match scan(&self.root) {
+            Ok(records) => self.index = records.into_iter().map(|r| (r.name.clone(), r)).collect(),
+            Err(e) => {
+                tracing::warn!(root = %self.root.display(), error = %e, "flight recorder cannot read its records; retention starts from what this run writes")
+            }
+        }
+        self.prune();
     }
 
     fn append(&mut self, dir: &str, line: &[u8], create: bool, sync: bool) {
