@@ -37,6 +37,7 @@
 //! # Layout
 //!
 //! - this file: levels, the probe, per-task policies and [`Sandbox`].
+//! - `grants.rs`: what a sandbox grants on the file system ([`Grants`] → the policy).
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`agent_home`]: the agent CLI's per-task configuration directory.
 //! - [`caches`]: the per-repository dependency caches a task's package managers write.
@@ -47,12 +48,15 @@
 //!   while the child runs.
 //! - `child.rs`: what runs between `fork` and `exec`.
 //! - `resolve.rs`: the grants' canonical paths.
+//! - `hardening.rs`: the daemon's own ([`protect_daemon`], [`refuse_powerless_root`]).
 
 pub mod agent_home;
 pub mod caches;
 mod child;
 pub mod denial;
+mod grants;
 mod handoff;
+mod hardening;
 pub mod landlock;
 pub mod proxy;
 mod resolve;
@@ -65,27 +69,13 @@ use std::sync::Arc;
 use crate::config::Config;
 
 use child::{ChildPlan, IdMaps};
+pub use grants::Grants;
+use grants::{fs_policy, var_in};
 pub(crate) use handoff::Spawning;
+pub use hardening::{protect_daemon, refuse_powerless_root};
 use landlock::FsPolicy;
-use resolve::canonical;
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
-
-/// Trees every child may read: the system, never anyone's home or the daemon's state.
-const SYSTEM_READ: &[&str] = &[
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys",
-];
-
-/// Device files every child may read and write. Never `/dev/tty`: children have no
-/// controlling terminal (each leads its own session, see `process`), and the operator's
-/// terminal under `run-task` must stay out of a task's reach even if one had.
-const DEVICES: &[&str] = &[
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/random",
-    "/dev/urandom",
-];
 
 /// What this machine lets the daemon enforce; probed once at start-up.
 #[derive(Debug, Clone)]
@@ -428,24 +418,6 @@ impl Sandbox {
     }
 }
 
-/// What one sandbox lets its children write, beyond the system's read-only trees.
-#[derive(Debug, Clone, Default)]
-pub struct Grants {
-    /// Read-write trees (the workspace first).
-    pub write: Vec<PathBuf>,
-    /// Extra read-only trees (a managed clone's git directory, the daemon git's empty
-    /// HOME). There is no HOME grant: no child class reads the service user's HOME.
-    pub read: Vec<PathBuf>,
-    /// Whether the children are the task's own (executor, checks): they get the
-    /// per-repository dependency caches of the workspace (`write[0]`, see [`caches`]), a HOME
-    /// of their own ([`task_home`]) and the network policy (`[network]`). The daemon's own
-    /// git calls are not.
-    pub task: bool,
-    /// Hosts the task's children may reach under `[network] mode = "allowlist"` beyond
-    /// `[network] allow`: the repository's remote.
-    pub hosts: Vec<String>,
-}
-
 /// The environment a task's children get beyond the daemon's: the variables the sandbox
 /// sets and the sandbox itself (`None` when containment is off). Applied to a child
 /// environment by [`crate::process::confine`].
@@ -652,155 +624,6 @@ fn rlimits(c: &SandboxConfig) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> 
         }
     }
     v
-}
-
-/// The filesystem policy of a task's children (see the module docs).
-/// `env` is a stack of variable lists, the first that names a variable wins.
-fn fs_policy(cfg: &Config, env: &[&[(String, String)]], tmp: &Path, grants: &Grants) -> FsPolicy {
-    let get = |k: &str| var_in(env, k);
-    // The operator's HOME (the inherited one), not the task's own that `set` names: its
-    // toolchains are read, its credentials denied.
-    let home = env
-        .last()
-        .and_then(|l| var_in(&[l], "HOME"))
-        .map(PathBuf::from);
-    let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
-    // Programs on the children's PATH, and the toolchain homes their shims exec into.
-    if let Some(path) = get("PATH") {
-        read.extend(std::env::split_paths(path).filter(|p| p.is_absolute()));
-    }
-    // Every list is asked, not only the first that names the variable: the sandbox points
-    // CARGO_HOME at the repository's cache, and cargo's rustup proxies still live in the
-    // operator's.
-    let toolchain_homes = |k: &str, under_home: &str| -> Vec<PathBuf> {
-        let named: Vec<PathBuf> = env
-            .iter()
-            .filter_map(|l| var_in(&[l], k))
-            .map(PathBuf::from)
-            .collect();
-        let inherited = env.last().and_then(|l| var_in(&[l], k));
-        match (inherited, &home) {
-            (None, Some(h)) => named.into_iter().chain([h.join(under_home)]).collect(),
-            _ => named,
-        }
-    };
-    for (k, under_home) in [
-        ("CARGO_HOME", ".cargo"),
-        ("RUSTUP_HOME", ".rustup"),
-        ("PYENV_ROOT", ".pyenv"),
-        ("NVM_DIR", ".nvm"),
-    ] {
-        read.extend(toolchain_homes(k, under_home));
-    }
-    // The executables the daemon was told to use, wherever they live.
-    for exe in [&cfg.executor.claude_path, &cfg.git.gh_path]
-        .into_iter()
-        .flatten()
-    {
-        if let Some(dir) = exe.parent() {
-            read.push(dir.to_path_buf());
-        }
-        if let Some(dir) = std::fs::canonicalize(exe)
-            .ok()
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-        {
-            read.push(dir);
-        }
-    }
-    read.extend(grants.read.iter().cloned());
-    read.extend(cfg.sandbox.read_paths.iter().cloned());
-    // The operator's `[sandbox] npmrc` is given to tasks anyway (copied into their HOME),
-    // and yarn also reads every `.npmrc` above the project by name: where that file sits
-    // above the workspace (the service user's HOME under the unit holds both), a denied
-    // read would fail the install.
-    if grants.task {
-        read.extend(cfg.sandbox.npmrc.iter().cloned());
-    }
-    let mut write = grants.write.clone();
-    write.push(tmp.to_path_buf());
-    write.extend(DEVICES.iter().map(PathBuf::from));
-    // `claude`'s per-task directory is inside `tmp`; the operator's template is not
-    // granted at all.
-    write.extend(cfg.sandbox.write_paths.iter().cloned());
-
-    // The state directory (HOME under the unit) is closed but for what is granted in it.
-    let mut deny = vec![cfg.state_file(), cfg.state_dir.clone()];
-    deny.extend(cfg.origin.clone());
-    // Credentials that live beside toolchains and in HOME.
-    let cargo_homes = toolchain_homes("CARGO_HOME", ".cargo");
-    for base in cargo_homes
-        .into_iter()
-        .chain(home.as_ref().map(|h| h.join(".cargo")))
-    {
-        deny.push(base.join("credentials.toml"));
-        deny.push(base.join("credentials"));
-    }
-    if let Some(h) = &home {
-        for p in [
-            ".ssh",
-            ".git-credentials",
-            ".aws",
-            ".config/gh",
-            ".netrc",
-            ".docker",
-        ] {
-            deny.push(h.join(p));
-        }
-    }
-    FsPolicy {
-        read: canonical(read),
-        write: canonical(write),
-        deny: canonical(deny),
-    }
-}
-
-/// `key`'s value in the first of `lists` that names it, unless empty.
-fn var_in<'a>(lists: &[&'a [(String, String)]], key: &str) -> Option<&'a str> {
-    lists
-        .iter()
-        .find_map(|l| l.iter().find(|(k, _)| k == key))
-        .map(|(_, v)| v.as_str())
-        .filter(|v| !v.is_empty())
-}
-
-/// Make the daemon non-dumpable: no core file with the token in it, and its memory,
-/// `/proc/<pid>/environ` and `/proc/<pid>/mem` closed to other processes of the same user.
-pub fn protect_daemon() {
-    // SAFETY: PR_SET_DUMPABLE takes plain integers and has no memory effects.
-    #[allow(unsafe_code)]
-    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    if r != 0 {
-        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot make the daemon non-dumpable");
-    }
-}
-
-/// Refuse a root that holds none of root's powers: the shipped unit run with `User=root`
-/// (its `CapabilityBoundingSet=` is empty). Such a root cannot read the service user's
-/// config (0600) nor set up its tasks' namespaces, and every step would fail with a
-/// different, misleading error; one clear refusal at start says what to do instead.
-/// Root with its capabilities (a developer's shell, CI) and any other user pass.
-pub fn refuse_powerless_root() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    #[allow(unsafe_code)]
-    if unsafe { libc::geteuid() } != 0 {
-        return Ok(());
-    }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let effective = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
-    const CAP_DAC_OVERRIDE: u64 = 1 << 1;
-    const CAP_SYS_ADMIN: u64 = 1 << 21;
-    match effective {
-        Some(caps) if caps & (CAP_DAC_OVERRIDE | CAP_SYS_ADMIN) == 0 => Err(
-            "refusing to run as root without root's capabilities (an empty CapabilityBoundingSet=, as in the shipped unit): \
-             such a root can neither read the service user's config nor confine tasks. Run the unit as its service user \
-             (User=hub-sidecar, as shipped: remove the User=/Group= override), or run as root with its capabilities"
-                .to_string(),
-        ),
-        _ => Ok(()),
-    }
 }
 
 /// Can a child enter new user + PID namespaces here? Runs `true` in them.
