@@ -103,13 +103,14 @@ async fn nothing_an_agent_writes_in_its_configuration_reaches_a_later_task_or_it
         !template.join("CLAUDE.md").exists(),
         "a task wrote the operator's template"
     );
-    // The per-task copies go with the task.
+    // The per-task copies go with the task: once its result is sent, and before the next
+    // task or the daemon's exit (see `runner::Leftovers`).
+    h.bin().signal("TERM");
+    h.bin_mut().wait(T).await;
     let tmp = dir.join("tmp");
     let left: Vec<_> = std::fs::read_dir(&tmp)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "per-task directories left: {left:?}");
-    h.bin().signal("TERM");
-    h.bin_mut().wait(T).await;
     h.finish().await;
 }
