@@ -326,6 +326,14 @@ impl Daemon {
             containment,
             ledger,
         };
+        // What tasks of an earlier run left: removed in the background, before the first
+        // task prepares (the slot hands the removal to it as it does a task's leftovers).
+        let orphans = tokio::spawn({
+            let (cfg, keep) = (cfg.clone(), state.active.as_ref().map(|a| a.task.clone()));
+            async move {
+                crate::workspace::remove_orphans(&cfg, keep.as_ref()).await;
+            }
+        });
         let mut d = Daemon {
             cfg,
             shutdown,
@@ -337,7 +345,7 @@ impl Daemon {
             ops,
             events,
             running: None,
-            leftovers: None,
+            leftovers: Some(orphans),
             identified: false,
             inflight: None,
             just_stored: None,

@@ -363,6 +363,51 @@ pub fn task_tmp_dir(cfg: &Config, task: &Task) -> PathBuf {
     cfg.state_dir.join("tmp").join(safe_name(&task.task_id))
 }
 
+/// Remove what tasks of an earlier run left in the state directory: the per-task TMPDIRs
+/// (`tmp/`) and per-task workspaces (`work/`) of every task but `keep` (the unfinished task
+/// the hub is asked about, whose work may continue). A daemon killed mid-task, or between a
+/// result and its removal (see `runner::Leftovers`), leaves them; nothing else would ever
+/// remove them. Returns how many were removed.
+pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> usize {
+    let keep = keep.map(|t| safe_name(&t.task_id));
+    let roots = [cfg.state_dir.join("tmp"), cfg.state_dir.join("work")];
+    let removed = tokio::task::spawn_blocking(move || {
+        let mut removed = 0;
+        for root in roots {
+            let Ok(entries) = std::fs::read_dir(&root) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if keep.as_deref().is_some_and(|k| e.file_name() == k) {
+                    continue;
+                }
+                let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+                let res = if is_dir {
+                    crate::util::remove_tree(&e.path())
+                } else {
+                    std::fs::remove_file(e.path())
+                };
+                match res {
+                    Ok(()) => removed += 1,
+                    Err(err) => {
+                        tracing::warn!(path = %e.path().display(), error = %err, "cannot remove what an earlier task left; delete it by hand")
+                    }
+                }
+            }
+        }
+        removed
+    })
+    .await
+    .unwrap_or(0);
+    if removed > 0 {
+        tracing::info!(
+            removed,
+            "removed the directories tasks of an earlier run left in the state directory"
+        );
+    }
+    removed
+}
+
 /// Remove a task's TMPDIR (whatever the task left there, read-only directories included:
 /// Go makes its module cache so, and with caches off it is in the task's HOME here).
 pub async fn remove_task_tmp_dir(path: &Path) {
@@ -404,7 +449,42 @@ pub fn git_write_roots(cfg: &Config, task: &Task) -> Vec<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::keep_patterns;
+    use super::{keep_patterns, remove_orphans, task_tmp_dir, workspace_for};
+    use crate::config::Config;
+    use crate::task::Task;
+
+    #[tokio::test]
+    async fn what_earlier_tasks_left_goes_except_the_unfinished_tasks_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::for_hub("ws://127.0.0.1:1/ws", dir.path());
+        let task =
+            |id: &str| Task::from_value(crate::mock_hub::sample_shell_task(id, "true")).unwrap();
+        let (old, unfinished) = (task("old"), task("unfinished/1"));
+        for t in [&old, &unfinished] {
+            for d in [task_tmp_dir(&cfg, t), workspace_for(&cfg, t)] {
+                std::fs::create_dir_all(d.join("home/.cache")).unwrap();
+                std::fs::write(d.join("home/.cache/f"), "x").unwrap();
+            }
+        }
+        // Read-only, as Go leaves its module cache.
+        let ro = task_tmp_dir(&cfg, &old).join("home/.cache");
+        std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+        std::fs::write(dir.path().join("tmp/stray-file"), "x").unwrap();
+
+        assert_eq!(remove_orphans(&cfg, Some(&unfinished)).await, 3);
+        assert!(!task_tmp_dir(&cfg, &old).exists());
+        assert!(!workspace_for(&cfg, &old).exists());
+        assert!(!dir.path().join("tmp/stray-file").exists());
+        assert!(task_tmp_dir(&cfg, &unfinished)
+            .join("home/.cache/f")
+            .exists());
+        assert!(workspace_for(&cfg, &unfinished)
+            .join("home/.cache/f")
+            .exists());
+        // Nothing to keep: everything goes; nothing there: nothing to do.
+        assert_eq!(remove_orphans(&cfg, None).await, 2);
+        assert_eq!(remove_orphans(&cfg, None).await, 0);
+    }
 
     #[test]
     fn warm_cache_paths_become_root_anchored_clean_excludes() {

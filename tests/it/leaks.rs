@@ -203,3 +203,30 @@ async fn a_tasks_tmpdir_and_home_are_gone_before_the_next_task_and_at_exit() {
     }
     h.finish().await;
 }
+
+/// What tasks of an earlier run left in the state directory (a daemon killed mid-task, or
+/// between a result and its removal) is removed when the daemon starts again, before its
+/// first task.
+#[tokio::test]
+async fn what_a_killed_daemons_tasks_left_is_removed_at_the_next_start() {
+    let s = Harness::setup().await;
+    let cfg = s.cfg();
+    let left = [
+        cfg.state_dir.join("tmp/killed-task/home/.cache"),
+        cfg.state_dir.join("work/killed-task/src"),
+    ];
+    for d in &left {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("f"), "left").unwrap();
+    }
+    let h = s.start(cfg).await;
+    let mut t = sample_shell_task("next", "true");
+    t["verification_steps"] = json!([]);
+    h.assign(t);
+    h.completed("next").await;
+    for top in ["tmp/killed-task", "work/killed-task"] {
+        let top = h.dir().join(top);
+        assert!(!top.exists(), "{} is still there", top.display());
+    }
+    h.finish().await;
+}
