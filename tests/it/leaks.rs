@@ -145,6 +145,22 @@ async fn the_pull_request_token_reaches_gh_and_no_task() {
     h.finish().await;
 }
 
+/// A shell task without checks, for tests about what it leaves behind.
+fn unchecked(id: &str, cmd: &str) -> serde_json::Value {
+    let mut t = sample_shell_task(id, cmd);
+    t["verification_steps"] = json!([]);
+    t
+}
+
+/// The line `tmp=<TMPDIR>` a task printed.
+fn printed_tmp(done: &serde_json::Value) -> String {
+    let out = done["result"]["output"].as_str().unwrap_or_default();
+    out.lines()
+        .find_map(|l| l.strip_prefix("tmp="))
+        .unwrap_or_else(|| panic!("the task printed its TMPDIR: {done}"))
+        .to_string()
+}
+
 /// What a task leaves in its TMPDIR and HOME is removed once its result is sent (after, so
 /// the hub does not wait for it: BENCHMARKS.md, figure 3), yet before the next task
 /// starts, even when the hub gives that task the same id and so the same paths; and the
@@ -161,19 +177,9 @@ async fn a_tasks_tmpdir_and_home_are_gone_before_the_next_task_and_at_exit() {
         )
     };
     let look = "ls -A \"$TMPDIR\" \"$HOME/.cache\" 2>&1; echo looked";
-    let mut first = sample_shell_task("same-id", &leave(20_000));
-    first["verification_steps"] = json!([]);
-    h.assign(first);
-    let done = h.completed("same-id").await;
-    let out = done["result"]["output"].as_str().unwrap_or_default();
-    let tmp = out
-        .lines()
-        .find_map(|l| l.strip_prefix("tmp="))
-        .unwrap_or_else(|| panic!("the task printed its TMPDIR: {done}"))
-        .to_string();
-    let mut second = sample_shell_task("same-id", look);
-    second["verification_steps"] = json!([]);
-    h.assign(second);
+    h.assign(unchecked("same-id", &leave(20_000)));
+    let tmp = printed_tmp(&h.completed("same-id").await);
+    h.assign(unchecked("same-id", look));
     let done = h
         .hub()
         .wait_for_nth("task_complete", 2, crate::util::T)
@@ -185,17 +191,10 @@ async fn a_tasks_tmpdir_and_home_are_gone_before_the_next_task_and_at_exit() {
         !out.contains("left"),
         "the second task saw what the first left: {out}"
     );
-    let mut third = sample_shell_task("last", &leave(300));
-    third["verification_steps"] = json!([]);
-    h.assign(third);
-    let done = h.completed("last").await;
-    let out = done["result"]["output"].as_str().unwrap_or_default();
-    let last_tmp = out
-        .lines()
-        .find_map(|l| l.strip_prefix("tmp="))
-        .unwrap_or_default();
+    h.assign(unchecked("last", &leave(300)));
+    let last_tmp = printed_tmp(&h.completed("last").await);
     h.stop_daemon().await;
-    for dir in [&tmp, last_tmp] {
+    for dir in [&tmp, &last_tmp] {
         assert!(
             !std::path::Path::new(dir).exists(),
             "{dir} is still there after the daemon stopped"
@@ -220,9 +219,7 @@ async fn what_a_killed_daemons_tasks_left_is_removed_at_the_next_start() {
         std::fs::write(d.join("f"), "left").unwrap();
     }
     let h = s.start(cfg).await;
-    let mut t = sample_shell_task("next", "true");
-    t["verification_steps"] = json!([]);
-    h.assign(t);
+    h.assign(unchecked("next", "true"));
     h.completed("next").await;
     for top in ["tmp/killed-task", "work/killed-task"] {
         let top = h.dir().join(top);
