@@ -196,7 +196,7 @@ async fn the_writer_applies_retention_when_a_task_record_closes() {
         max_tasks: 2,
         ..RecorderConfig::default()
     };
-    // At start, retention already cut the four old records to two.
+    // When the first task wrote, retention cut the four old records to two.
     record(dir.path(), c, "fresh", |r| r.cancelled("test")).await;
     let left = names(dir.path());
     assert_eq!(left.len(), 2, "{left:?}");

@@ -1,6 +1,6 @@
 //! The recorder's writer thread: the only code that touches the record files. Appends each
 //! line to its task's file and applies retention (count and bytes, oldest first) from an
-//! index of the records kept, read from the disk once at start.
+//! index of the records kept, read from the disk once, when the first task writes.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -14,6 +14,9 @@ use crate::config::RecorderConfig;
 
 use super::{sizing, Msg, RECORD_FILE};
 
+/// How many record files the writer keeps open at most (one task runs at a time).
+const OPEN_FILES: usize = 4;
+
 /// Owns the files: appends lines, applies retention. Runs on a blocking thread.
 pub(super) struct Writer {
     root: PathBuf,
@@ -26,6 +29,10 @@ pub(super) struct Writer {
     max_task_bytes: Arc<AtomicU64>,
     /// Records still being written: never removed by retention.
     open: HashSet<String>,
+    /// The files of records being written, kept open so a line costs one `write` (it was a
+    /// `mkdir`, `stat`, `open`, `write` and `close`). Closed when the task is done; at most
+    /// [`OPEN_FILES`], should a `Done` have been lost to a full channel.
+    files: HashMap<String, std::fs::File>,
     /// Every record on disk: last write and bytes. Read from the disk once at start and kept
     /// up to date by [`Writer::append`], so retention after each task costs no directory
     /// walk: with hundreds of records kept, a walk per task was ~2,000 syscalls each time.
@@ -49,6 +56,7 @@ impl Writer {
                 .then(|| (cfg.clone(), None)),
             max_task_bytes,
             open: HashSet::new(),
+            files: HashMap::new(),
             index: HashMap::new(),
             warned: false,
         }
@@ -71,6 +79,7 @@ impl Writer {
                 Msg::LineIfExists { dir, line } => self.append(&dir, &line, false, true),
                 Msg::Done { dir } => {
                     self.open.remove(&dir);
+                    self.files.remove(&dir);
                     self.prune();
                 }
             }
@@ -88,20 +97,34 @@ impl Writer {
         self.prune();
     }
 
+    /// Append `line` to `dir`'s record. A record being written (`create`) keeps its file
+    /// open until its task is done; a line for a finished record (an acknowledgement) is
+    /// written only where that record still exists.
     fn append(&mut self, dir: &str, line: &[u8], create: bool, sync: bool) {
-        let d = self.root.join(dir);
-        let path = d.join(RECORD_FILE);
-        if !create && !path.exists() {
+        let path = self.root.join(dir).join(RECORD_FILE);
+        if !create && !self.files.contains_key(dir) && !path.exists() {
             return;
         }
         let res = (|| -> std::io::Result<()> {
-            if create {
-                std::fs::create_dir_all(&d)?;
-            }
-            let mut f = std::fs::OpenOptions::new()
-                .create(create)
-                .append(true)
-                .open(&path)?;
+            let mut once;
+            let f = match self.files.get_mut(dir) {
+                Some(f) => f,
+                None if create => {
+                    std::fs::create_dir_all(self.root.join(dir))?;
+                    let f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)?;
+                    if self.files.len() >= OPEN_FILES {
+                        self.files.clear();
+                    }
+                    self.files.entry(dir.to_string()).or_insert(f)
+                }
+                None => {
+                    once = std::fs::OpenOptions::new().append(true).open(&path)?;
+                    &mut once
+                }
+            };
             f.write_all(line)?;
             if sync {
                 f.sync_data()?;
