@@ -33,7 +33,7 @@ pub(super) struct Writer {
     /// `mkdir`, `stat`, `open`, `write` and `close`). Closed when the task is done; at most
     /// [`OPEN_FILES`], should a `Done` have been lost to a full channel.
     files: HashMap<String, std::fs::File>,
-    /// Every record on disk: last write and bytes. Read from the disk once at start and kept
+    /// Every record on disk: last write and bytes. Read from the disk once (when the first task writes) and kept
     /// up to date by [`Writer::append`], so retention after each task costs no directory
     /// walk: with hundreds of records kept, a walk per task was ~2,000 syscalls each time.
     index: HashMap<String, Record>,
