@@ -19,8 +19,12 @@
 //!
 //! Only the before-snapshot is kept. The observation after the attempt is a stream: each path
 //! found now is looked up in the before rows (binary search) and compared by fingerprint, a
-//! bit set records which rows were seen (the rest were deleted or reverted), and a bounded
-//! collector keeps the first [`Limits::max_lines`] changes by path and counts the others.
+//! bit set (in git, one byte per row with the status code's flags) records which rows were
+//! seen (the rest were deleted or reverted), and a bounded collector keeps the first
+//! [`Limits::max_lines`] changes by path and counts the others. `git status` is read as git
+//! prints it, line by line, at both ends: its output (1.6 MB for 100,000 paths) is never held
+//! whole; before the attempt the listed paths go straight into the table's name buffer, after
+//! it only the first `max_lines` paths with no row are kept.
 //! With N paths tracked and C of them changed, one attempt costs:
 //!
 //! - one `git status` (or one walk) and N `lstat`s at each end, O(N log N) comparisons;
@@ -28,8 +32,9 @@
 //!   rows whose metadata changed, and for the ≤ `max_lines` listed changes (line counts):
 //!   O(C + R), never O(N). R is what was modified within 2 s before the snapshot, usually
 //!   the previous attempt's own edits;
-//! - memory O(N) for the rows of the before-snapshot (plus 32 bytes per racy row),
-//!   O(`max_lines`) for the changes, plus `git status`'s output while it is parsed.
+//! - memory O(N) for the rows of the before-snapshot (plus 16 bytes per racy row), one byte
+//!   per row while the listing after the attempt is matched, and O(`max_lines`) for the
+//!   changes: nothing in proportion to the listing's text, nor to the paths an attempt adds.
 //!
 //! The walk's cap ([`Limits::walk_cap`]) only bounds the time of a walk of a huge tree; memory
 //! stays per row.
@@ -81,10 +86,10 @@ use table::*;
 
 mod git_text;
 pub use git_text::display_path;
-use git_text::{parse_numstat, parse_status};
+use git_text::{parse_numstat_line, parse_status_line, StatusEntry};
 
 mod git;
-use git::{git, GitOut, STATUS};
+use git::{git, git_lines, STATUS};
 
 mod render;
 use render::{group_digits, render};
@@ -99,7 +104,8 @@ pub const UNAVAILABLE_PREFIX: &str = "observation unavailable: ";
 /// `.git` are watched by the coarse view.
 const IGNORED_DIRS: &[&str] = &[".git", "target", "node_modules"];
 
-/// Output kept from one git call; past it the listing is reported as incomplete.
+/// Output kept from one git call, or read from a listing; past it the listing is reported as
+/// incomplete.
 const GIT_OUTPUT_CAP: usize = 16 * 1024 * 1024;
 
 /// Bounds of one observation.
@@ -198,11 +204,13 @@ pub fn unavailable(observations: &[String]) -> Option<&str> {
 // ---------------------------------------------------------------------------------------------
 // Looking at the workspace.
 
-/// What the workspace is right now, before any file is looked at.
+/// What the workspace is right now, before any file is looked at (the entries of `git status`
+/// went to the caller as git printed them).
 enum Look {
     Git {
         root: PathBuf,
-        status: GitOut,
+        /// `git status` printed more than [`GIT_OUTPUT_CAP`]: entries past it were not seen.
+        incomplete: bool,
         head: Option<String>,
     },
     Walk {
@@ -210,7 +218,15 @@ enum Look {
     },
 }
 
-async fn look(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> Look {
+/// Where `ws` is, and in a git work tree each entry of `git status`, handed to `on_entry` as
+/// git prints it (the listing is never held whole: 1.6 MB for 100,000 paths). When git fails
+/// part way, entries already handed on are to be dropped (the walk stands in).
+async fn look(
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+    on_entry: &mut (dyn FnMut(StatusEntry) + Send),
+) -> Look {
     // Found the way git finds it (a `.git` dir or file in the workspace or above), without
     // spawning git: this runs twice per attempt. The directory holding it is the top level,
     // which `git status` paths are relative to.
@@ -227,8 +243,13 @@ async fn look(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> Look {
     let Some(root) = root else {
         return Look::Walk { git_error: None };
     };
-    let status = match git(ws, env, cancel, STATUS).await {
-        Ok(s) => s,
+    let mut on_line = |line: &str| {
+        if let Some(e) = parse_status_line(line) {
+            on_entry(e);
+        }
+    };
+    let incomplete = match git_lines(ws, env, cancel, STATUS, GIT_OUTPUT_CAP, &mut on_line).await {
+        Ok(truncated) => truncated,
         Err(e) => {
             return Look::Walk {
                 git_error: Some(e.to_string()),
@@ -240,7 +261,11 @@ async fn look(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> Look {
         .await
         .ok()
         .map(|s| s.stdout.trim().to_string());
-    Look::Git { root, status, head }
+    Look::Git {
+        root,
+        incomplete,
+        head,
+    }
 }
 
 /// Take a snapshot of `ws` with the default limits.
@@ -256,18 +281,35 @@ pub async fn snapshot_with(
     limits: Limits,
 ) -> Snapshot {
     let taken_ns = now_ns();
-    match look(ws, env, cancel).await {
-        Look::Git { root, status, head } => {
+    // The listed paths are gathered as git prints them and probed afterwards, off the runtime.
+    let mut listed = Names::default();
+    let mut ignored = Vec::new();
+    let now = look(ws, env, cancel, &mut |e| {
+        if e.code == *b"!!" {
+            ignored.push(e.path);
+        } else {
+            listed.push(&e.path);
+        }
+    })
+    .await;
+    match now {
+        Look::Git {
+            root,
+            incomplete,
+            head,
+        } => {
             let base = root.clone();
-            let (table, coarse) =
-                tokio::task::spawn_blocking(move || git_table(&base, &status.stdout, taken_ns))
-                    .await
-                    .unwrap_or_default();
+            let (table, coarse) = tokio::task::spawn_blocking(move || {
+                let table = Table::probe(&base, listed, taken_ns);
+                (table, Coarse::of(&base, ignored))
+            })
+            .await
+            .unwrap_or_default();
             Snapshot {
                 source: Source::Git {
                     root,
                     head,
-                    incomplete: status.truncated,
+                    incomplete,
                 },
                 table: Arc::new(table),
                 coarse: Arc::new(coarse),
@@ -275,6 +317,7 @@ pub async fn snapshot_with(
             }
         }
         Look::Walk { git_error } => {
+            drop((listed, ignored));
             let root = ws.to_path_buf();
             let (table, coarse, capped) = tokio::task::spawn_blocking(move || {
                 let mut table = Table::default();
@@ -295,30 +338,6 @@ pub async fn snapshot_with(
             }
         }
     }
-}
-
-/// The rows of the paths `git status` listed, and the coarse view of the ignored ones.
-fn git_table(root: &Path, status: &str, taken_ns: i128) -> (Table, Coarse) {
-    let mut table = Table::default();
-    // One row per line: sized once, not doubled while it grows.
-    let lines = status.bytes().filter(|b| *b == b'\n').count();
-    table.rows.reserve_exact(lines);
-    table
-        .names
-        .reserve_exact(status.len().saturating_sub(lines * 4));
-    let mut ignored = Vec::new();
-    for e in parse_status(status) {
-        if e.code == *b"!!" {
-            ignored.push(e.path);
-            continue;
-        }
-        let path = root.join(OsStr::from_bytes(&e.path));
-        let p = Probe::at(&path, taken_ns);
-        table.push(&e.path, &p, racy_hash(&path, &p));
-    }
-    table.finish();
-    let coarse = Coarse::of(root, ignored);
-    (table, coarse)
 }
 
 fn now_ns() -> i128 {
@@ -400,7 +419,11 @@ pub async fn observe_with(
     cancel: &CancellationToken,
     limits: Limits,
 ) -> Vec<String> {
-    let now = look(ws, env, cancel).await;
+    // The listing is matched against the before rows as git prints it: what is kept is one
+    // byte per row and the first `max_lines` new paths, never the listing.
+    let table = Arc::clone(&before.table);
+    let mut listed = Listed::new(table.rows.len(), limits.max_lines);
+    let now = look(ws, env, cancel, &mut |e| listed.add(&table, e)).await;
     let found = match (&before.source, now) {
         (
             Source::Git {
@@ -408,7 +431,11 @@ pub async fn observe_with(
                 incomplete: i0,
                 ..
             },
-            Look::Git { root, status, head },
+            Look::Git {
+                root,
+                incomplete: i1,
+                head,
+            },
         ) => {
             let mut head_lines = Vec::new();
             let mut committed = Bounded::new(limits.max_lines);
@@ -417,11 +444,14 @@ pub async fn observe_with(
                     head_lines.push(format!("HEAD moved to {}", &h[..h.len().min(7)]));
                     if let Some(old) = h0 {
                         let args = ["diff", "--no-renames", "--numstat", old.as_str(), h];
-                        if let Ok(ns) = git(ws, env, cancel, &args).await {
-                            for (path, a, d) in parse_numstat(&ns.stdout) {
+                        // Streamed: a commit of 100,000 files is counted, not held.
+                        let mut on_line = |l: &str| {
+                            if let Some((path, a, d)) = parse_numstat_line(l) {
                                 committed.add(path, (a, d));
                             }
-                        }
+                        };
+                        let _ =
+                            git_lines(ws, env, cancel, &args, GIT_OUTPUT_CAP, &mut on_line).await;
                     }
                 }
             }
@@ -432,11 +462,10 @@ pub async fn observe_with(
                     .iter()
                     .map(|(p, (a, d))| format!("committed: {} (+{a} −{d})", display_path(p))),
             );
-            let incomplete = *i0 || status.truncated;
-            let (table, max) = (Arc::clone(&before.table), limits.max_lines);
+            let incomplete = *i0 || i1;
             let same_head = *h0 == head;
             let (changes, coarse_after) = tokio::task::spawn_blocking(move || {
-                diff_git(&root, &table, &status.stdout, same_head && !incomplete, max)
+                diff_git(&root, &table, listed, same_head && !incomplete)
             })
             .await
             .unwrap_or_else(|_| (Changes::new(0), Coarse::default()));
@@ -462,7 +491,8 @@ pub async fn observe_with(
             },
             Look::Walk { git_error: e1 },
         ) => {
-            let (table, taken, c0) = (Arc::clone(&before.table), before.taken_ns, *c0);
+            drop(listed);
+            let (taken, c0) = (before.taken_ns, *c0);
             let root = ws.to_path_buf();
             let (changes, c1, coarse_after) =
                 tokio::task::spawn_blocking(move || diff_walk(&root, &table, c0, taken, limits))
@@ -513,64 +543,27 @@ fn one_end_only(e: &str) -> Vec<String> {
 /// racy there.
 const AFTER: i128 = i128::MAX;
 
-/// The paths `git status` lists now against the rows from before: O(listed · log rows) with
-/// one `lstat` each, and reads only for racily clean rows.
-fn diff_git(
-    root: &Path,
-    table: &Table,
-    status: &str,
-    may_revert: bool,
-    max: usize,
-) -> (Changes, Coarse) {
-    let mut changes = Changes::new(max);
-    let mut seen = Seen::new(table.rows.len());
-    let mut ignored = Vec::new();
-    for e in parse_status(status) {
-        if e.code == *b"!!" {
-            ignored.push(e.path);
-            continue;
-        }
-        let path = root.join(OsStr::from_bytes(&e.path));
-        let now = Probe::at(&path, AFTER);
-        let before = table.find(&e.path).map(|i| {
-            seen.set(i);
-            table.rows[i]
-        });
-        if before.is_some_and(|row| !differs(table, &row, &now, &path)) {
-            continue;
-        }
-        let tracked = e.code != *b"??";
-        let kind = if !now.exists() || e.code.contains(&b'D') {
-            Kind::Deleted
-        } else if !tracked || e.code.contains(&b'A') {
-            // An untracked file already there before and changed since is modified.
-            if before.is_some_and(|r| r.fp != ABSENT) && !tracked {
-                Kind::Modified
-            } else {
-                Kind::Added
-            }
-        } else {
-            Kind::Modified
-        };
-        changes.add(
-            e.path.as_slice(),
-            Change {
-                kind,
-                tracked,
-                size_before: before.map_or(0, |r| u64::from(r.size)),
-                size_after: now.size,
-            },
-        );
-    }
-    // Listed before, not now: gone from disk (an untracked file deleted), or clean again
-    // (reverted, or committed). "Reverted" is not claimed when a listing was cut (the path
-    // may only be missing from it) or HEAD moved (the commit lines say it).
-    for (i, row) in table.rows.iter().enumerate() {
-        if seen.get(i) {
-            continue;
-        }
+/// What `git status` listed now ([`Listed`]) against the rows from before: one `lstat` per
+/// row listed now or before, reads only for racily clean rows, and an `lstat` for each kept
+/// new path. The listing's order does not matter: the collector keeps the first changes by
+/// path.
+fn diff_git(root: &Path, table: &Table, listed: Listed, may_revert: bool) -> (Changes, Coarse) {
+    let Listed { rows, new, ignored } = listed;
+    let mut changes = Changes::new(new.max);
+    for (row, &flags) in table.rows.iter().zip(&rows) {
         let name = table.name(row);
-        let exists = Probe::at(&root.join(OsStr::from_bytes(name)), AFTER).exists();
+        let path = root.join(OsStr::from_bytes(name));
+        if flags != 0 {
+            let now = Probe::at(&path, AFTER);
+            if differs(table, row, &now, &path) {
+                changes.add(name, listed_change(Some(row), flags, &now));
+            }
+            continue;
+        }
+        // Listed before, not now: gone from disk (an untracked file deleted), or clean again
+        // (reverted, or committed). "Reverted" is not claimed when a listing was cut (the path
+        // may only be missing from it) or HEAD moved (the commit lines say it).
+        let exists = Probe::at(&path, AFTER).exists();
         let kind = match (row.fp != ABSENT, exists) {
             (true, false) => Kind::Deleted,
             // A deleted tracked file brought back is clean again too.
@@ -588,7 +581,38 @@ fn diff_git(
             },
         );
     }
+    // Listed now with no row from before: every one is a change; the first by path were
+    // kept, the others only counted.
+    let unkept = new.total - new.kept.len();
+    for (name, flags) in new.kept {
+        let now = Probe::at(&root.join(OsStr::from_bytes(&name)), AFTER);
+        changes.add(name, listed_change(None, flags, &now));
+    }
+    changes.total += unkept;
     (changes, Coarse::of(root, ignored))
+}
+
+/// A path `git status` lists now (with `flags`) that differs from its row `before`, if any.
+fn listed_change(before: Option<&Row>, flags: u8, now: &Probe) -> Change {
+    let tracked = flags & LISTED_TRACKED != 0;
+    let kind = if !now.exists() || flags & LISTED_DELETED != 0 {
+        Kind::Deleted
+    } else if !tracked || flags & LISTED_ADDED != 0 {
+        // An untracked file already there before and changed since is modified.
+        if before.is_some_and(|r| r.fp != ABSENT) && !tracked {
+            Kind::Modified
+        } else {
+            Kind::Added
+        }
+    } else {
+        Kind::Modified
+    };
+    Change {
+        kind,
+        tracked,
+        size_before: before.map_or(0, |r| u64::from(r.size)),
+        size_after: now.size,
+    }
 }
 
 /// A walk now against the rows from before. A cap on this walk hides files, so a row not

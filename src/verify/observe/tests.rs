@@ -1,6 +1,6 @@
 //! Tests of [`super`]: real git repositories and real files in temp dirs.
 
-use super::git_text::unquote;
+use super::git_text::{parse_status, unquote};
 use super::*;
 use std::ffi::OsStr;
 use std::time::Duration;
@@ -330,7 +330,7 @@ async fn a_racily_clean_file_is_compared_by_content() {
     std::fs::write(&path, "two\n").unwrap();
     let now = Probe::at(&path, i128::MAX);
     let mut table = Table::default();
-    table.push(b"a.txt", &now, content_hash(&path, 4).map(|_| [7u8; 32]));
+    table.push(b"a.txt", &now, content_hash(&path, 4).map(|_| [7u8; 16]));
     assert!(differs(&table, &table.rows[0], &now, &path));
     let mut table = Table::default();
     table.push(b"a.txt", &now, content_hash(&path, 4));
@@ -372,8 +372,8 @@ async fn memory_per_tracked_path_is_compact() {
     let t = &before.table;
     let bytes = t.names.capacity()
         + t.rows.capacity() * std::mem::size_of::<Row>()
-        + t.hashes.capacity() * 32;
-    // 24-byte rows, 11-byte names and (these files are fresh, so racy) 32-byte hashes:
+        + t.hashes.capacity() * std::mem::size_of::<ContentHash>();
+    // 24-byte rows, 11-byte names and (these files are fresh, so racy) 16-byte hashes:
     // ~67 bytes a path. The margin is wide: the old map held ~250.
     assert!(bytes < 10_000 * 120, "{bytes} bytes for 10,000 paths");
     assert_eq!(std::mem::size_of::<Row>(), 24);
@@ -683,4 +683,91 @@ async fn a_deleted_tracked_file_brought_back_is_reverted() {
         observe(&before, ws, &env, &c).await,
         vec!["reverted: a.txt".to_string()]
     );
+}
+
+/// `git status` is read as git prints it: a listing far longer than what the git call keeps
+/// of its output ([`git::LISTING_CAPTURE`]) is counted whole at both ends, and the snapshot
+/// holds each path once (the listing's buffer becomes the table's names).
+#[tokio::test]
+async fn a_listing_longer_than_the_capture_is_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    repo_with_a_commit(ws);
+    let name = |i: usize| format!("{i:04}-{}.txt", "n".repeat(56));
+    let n = 2 * git::LISTING_CAPTURE / name(0).len() + 500;
+    for i in 0..n {
+        std::fs::write(ws.join(name(i)), "x\n").unwrap();
+    }
+    let env = ChildEnv::inherit();
+    let c = CancellationToken::new();
+    let before = snapshot(ws, &env, &c).await;
+    assert_eq!(before.paths(), n);
+    assert_eq!(before.table.names.len(), n * name(0).len());
+    assert!(matches!(
+        before.source,
+        Source::Git {
+            incomplete: false,
+            ..
+        }
+    ));
+    for i in 0..n {
+        std::fs::remove_file(ws.join(name(i))).unwrap();
+    }
+    for i in 0..n {
+        std::fs::write(ws.join(format!("new-{}", name(i))), "y\n").unwrap();
+    }
+    let obs = observe_with(&before, ws, &env, &c, small(50_000, 5)).await;
+    assert_eq!(obs.len(), 6, "{obs:?}");
+    // By path: the deletions ("0000-…") come before the additions ("new-…").
+    assert_eq!(obs[0], format!("deleted: {} (−2 bytes)", name(0)));
+    assert_eq!(
+        obs[5],
+        format!("… and {} more changes not listed", group_digits(2 * n - 5))
+    );
+}
+
+/// What the after side keeps of a listing: one byte per row from before and the first
+/// `max` new paths, however many paths git lists.
+#[test]
+fn the_listing_is_kept_as_one_byte_a_row_and_the_first_new_paths() {
+    let mut table = Table::default();
+    for i in 0..1_000 {
+        let p = Probe {
+            fp: 7,
+            size: 1,
+            is_file: true,
+            racy: false,
+            changed_ns: 0,
+        };
+        table.push(format!("old/{i:04}").as_bytes(), &p, None);
+    }
+    table.finish();
+    let mut listed = Listed::new(table.rows.len(), 5);
+    let entry = |code: &[u8; 2], path: String| git_text::StatusEntry {
+        code: *code,
+        path: path.into_bytes(),
+    };
+    listed.add(&table, entry(b" M", "old/0003".into()));
+    listed.add(&table, entry(b" D", "old/0004".into()));
+    for i in (0..100_000).rev() {
+        listed.add(&table, entry(b"??", format!("new/{i:06}")));
+    }
+    listed.add(&table, entry(b"!!", "dist/".into()));
+    assert_eq!(listed.rows.len(), 1_000);
+    assert_eq!(listed.rows[3], LISTED | LISTED_TRACKED);
+    assert_eq!(listed.rows[4], LISTED | LISTED_TRACKED | LISTED_DELETED);
+    assert_eq!(listed.rows.iter().filter(|f| **f != 0).count(), 2);
+    assert_eq!(listed.new.total, 100_000);
+    let kept: Vec<&[u8]> = listed.new.kept.keys().map(Vec::as_slice).collect();
+    assert_eq!(
+        kept,
+        [
+            &b"new/000000"[..],
+            b"new/000001",
+            b"new/000002",
+            b"new/000003",
+            b"new/000004"
+        ]
+    );
+    assert_eq!(listed.ignored, [b"dist/".to_vec()]);
 }
