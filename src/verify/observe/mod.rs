@@ -15,7 +15,7 @@
 //! that was *racily clean*: modified so close to the snapshot (within 2 s, `RACY_MARGIN_NS`:
 //! the file system's timestamp granularity at worst) that a later write could leave the same
 //! metadata. That is git's rule, with the snapshot's clock standing in for the index's mtime.
-//! 24 bytes plus the path per row: ~3.8 MB for 100,000 paths.
+//! 16 bytes plus the path and its NUL end per row: ~3.1 MB for 100,000 paths of 14 bytes.
 //!
 //! Only the before-snapshot is kept. The observation after the attempt is a stream: each path
 //! found now is looked up in the before rows (binary search) and compared by fingerprint, a
@@ -112,7 +112,7 @@ const GIT_OUTPUT_CAP: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// A walk stops after this many files, so a huge tree cannot stall verification. Memory is
-    /// 24 bytes plus the path per file whatever the cap.
+    /// 16 bytes plus the path per file whatever the cap.
     pub walk_cap: usize,
     /// Lines listed; the rest are counted ("… and 4,312 more changes not listed").
     pub max_lines: usize,

@@ -32,30 +32,23 @@ pub(super) const COARSE_ROOTS: usize = 64;
 
 // The fine view: compact rows.
 
-/// No content hash for this row.
-pub(super) const NO_HASH: u32 = u32::MAX;
-
-/// A racily clean file whose hash is still to be taken ([`Table::probe`]'s second pass).
-const HASH_PENDING: u32 = u32::MAX - 1;
-
 /// A content hash: SHA-256 cut to 128 bits. It only has to tell a rewrite of a racily clean
 /// file from the same bytes; 16 bytes keep that out of reach even of a crafted collision
 /// (2⁶⁴ work) and halve what a tree of freshly written files costs (100,000 racy rows:
-/// 1.6 MB, not 3.2).
+/// 2.0 MB with their keys, not 3.6).
 pub(super) type ContentHash = [u8; 16];
 
 /// The fingerprint of a path that does not exist.
 pub(super) const ABSENT: u64 = 0;
 
-/// One path's state, 24 bytes; its name lives in [`Table::names`].
+/// One path's state, 16 bytes; its name lives in [`Table::names`], its content hash (racily
+/// clean files only) in [`Table::hashes`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Row {
     /// [`fingerprint`] of the metadata (the size is in it); [`ABSENT`] when there was no file.
     pub(super) fp: u64,
+    /// Where the name starts in [`Table::names`]; it ends at the next NUL.
     pub(super) name_at: u32,
-    pub(super) name_len: u32,
-    /// Index into [`Table::hashes`] for a racily clean file, else [`NO_HASH`].
-    pub(super) hash: u32,
     /// Bytes, saturated at [`SIZE_SATURATED`]: only shown, and compared for files small enough
     /// to hash. Four more bytes for every row would pay for the rare file past 4 GiB.
     pub(super) size: u32,
@@ -64,115 +57,108 @@ pub(super) struct Row {
 /// A [`Row::size`] this large means "4 GiB or more".
 pub(super) const SIZE_SATURATED: u32 = u32::MAX;
 
-/// Rows sorted by path bytes, their names back to back, and the few content hashes.
+/// Rows sorted by path bytes; their names back to back, each ended by a NUL (no path holds
+/// one: the end costs one byte a row where a length would cost four); and the content hashes
+/// of the racily clean rows, by [`Row::name_at`] (appended in that order).
 #[derive(Debug, Default)]
 pub(super) struct Table {
     pub(super) names: Vec<u8>,
     pub(super) rows: Vec<Row>,
-    pub(super) hashes: Vec<ContentHash>,
+    pub(super) hashes: Vec<(u32, ContentHash)>,
 }
 
 impl Table {
     pub(super) fn push(&mut self, name: &[u8], st: &Probe, hash: Option<ContentHash>) {
-        let hash = match hash {
-            Some(h) => {
-                self.hashes.push(h);
-                (self.hashes.len() - 1) as u32
-            }
-            None => NO_HASH,
-        };
         let name_at = self.names.len();
-        if self.add_row(name_at, name.len(), st, hash) {
-            self.names.extend_from_slice(name);
-        } else if hash != NO_HASH {
-            self.hashes.pop();
+        if !self.add_row(name_at, name.len(), st) {
+            return;
+        }
+        self.names.extend_from_slice(name);
+        self.names.push(0);
+        if let Some(h) = hash {
+            self.hashes.push((name_at as u32, h));
         }
     }
 
     /// The row of the name at `name_at` (`name_len` bytes) in [`Self::names`]; `false` when
-    /// the offsets do not fit (the path is dropped).
-    fn add_row(&mut self, name_at: usize, name_len: usize, st: &Probe, hash: u32) -> bool {
+    /// the offset does not fit (the path is dropped).
+    fn add_row(&mut self, name_at: usize, name_len: usize, st: &Probe) -> bool {
         // Offsets are u32: past 4 GiB of names a path is dropped rather than mis-indexed
         // (no walk or git listing within the caps gets there).
-        let (Ok(name_at), Ok(name_len)) = (u32::try_from(name_at), u32::try_from(name_len)) else {
+        let Ok(at) = u32::try_from(name_at) else {
             return false;
         };
-        if name_at.checked_add(name_len).is_none() {
+        if u32::try_from(name_at + name_len).is_err() {
             return false;
         }
         self.rows.push(Row {
             size: u32::try_from(st.size).unwrap_or(SIZE_SATURATED),
             fp: st.fp,
-            name_at,
-            name_len,
-            hash,
+            name_at: at,
         });
         true
     }
 
     /// The rows of the paths a listing named (relative to `root`), each probed now: one
     /// `lstat`, and a hash for a racily clean file. The listing's buffer becomes the table's
-    /// names (compacted in place), so the paths are held once; rows and hashes are counted
-    /// before they are allocated, so each is allocated once at its size (a tree written just
-    /// before the snapshot can be racy throughout: 100,000 hashes).
+    /// names, so the paths are held once; rows and hashes are counted before they are
+    /// allocated, so each is allocated once at its size (a tree written just before the
+    /// snapshot can be racy throughout: 100,000 hashes).
     pub(super) fn probe(root: &Path, listed: Names, taken_ns: i128) -> Table {
-        let mut t = Table::default();
-        t.rows.reserve_exact(listed.count);
-        let mut names = listed.bytes;
-        let (mut read, mut write, mut racy) = (0, 0, 0);
-        while read < names.len() {
-            let len = names[read..]
+        let mut t = Table {
+            names: listed.bytes,
+            rows: Vec::with_capacity(listed.count),
+            hashes: Vec::new(),
+        };
+        let mut racy = Seen::new(listed.count);
+        let mut at = 0;
+        while at < t.names.len() {
+            let len = t.names[at..]
                 .iter()
                 .position(|b| *b == 0)
-                .unwrap_or(names.len() - read);
+                .unwrap_or(t.names.len() - at);
             let p = Probe::at(
-                &root.join(OsStr::from_bytes(&names[read..read + len])),
+                &root.join(OsStr::from_bytes(&t.names[at..at + len])),
                 taken_ns,
             );
-            let hash = if p.racy && p.is_file {
-                HASH_PENDING
-            } else {
-                NO_HASH
-            };
-            if t.add_row(write, len, &p, hash) {
-                names.copy_within(read..read + len, write);
-                write += len;
-                racy += usize::from(hash == HASH_PENDING);
+            let i = t.rows.len();
+            if t.add_row(at, len, &p) && p.racy && p.is_file && i < listed.count {
+                racy.set(i);
             }
-            read += len + 1;
+            at += len + 1;
         }
-        names.truncate(write);
-        t.names = names;
-        t.hashes.reserve_exact(racy);
-        for i in 0..t.rows.len() {
-            let row = t.rows[i];
-            if row.hash != HASH_PENDING {
+        t.hashes
+            .reserve_exact((0..t.rows.len()).filter(|i| racy.get(*i)).count());
+        for (i, row) in t.rows.iter().enumerate() {
+            if !racy.get(i) {
                 continue;
             }
-            let path = root.join(OsStr::from_bytes(t.name(&row)));
-            t.rows[i].hash = match content_hash(&path, u64::from(row.size)) {
-                Some(h) => {
-                    t.hashes.push(h);
-                    (t.hashes.len() - 1) as u32
-                }
-                None => NO_HASH,
-            };
+            let path = root.join(OsStr::from_bytes(t.name(row)));
+            if let Some(h) = content_hash(&path, u64::from(row.size)) {
+                t.hashes.push((row.name_at, h));
+            }
         }
         t.finish();
         t
     }
 
     pub(super) fn name(&self, r: &Row) -> &[u8] {
-        &self.names[r.name_at as usize..(r.name_at + r.name_len) as usize]
+        name_at(&self.names, r.name_at)
+    }
+
+    /// The content hash kept for `r`, a racily clean file.
+    pub(super) fn hash(&self, r: &Row) -> Option<ContentHash> {
+        self.hashes
+            .binary_search_by_key(&r.name_at, |(at, _)| *at)
+            .ok()
+            .map(|i| self.hashes[i].1)
     }
 
     /// Sort for lookups and give back what growth over-allocated.
     pub(super) fn finish(&mut self) {
         let names = std::mem::take(&mut self.names);
-        self.rows.sort_unstable_by(|a, b| {
-            names[a.name_at as usize..(a.name_at + a.name_len) as usize]
-                .cmp(&names[b.name_at as usize..(b.name_at + b.name_len) as usize])
-        });
+        self.rows
+            .sort_unstable_by(|a, b| name_at(&names, a.name_at).cmp(name_at(&names, b.name_at)));
         self.names = names;
         self.names.shrink_to_fit();
         self.rows.shrink_to_fit();
@@ -182,6 +168,12 @@ impl Table {
     pub(super) fn find(&self, name: &[u8]) -> Option<usize> {
         self.rows.binary_search_by(|r| self.name(r).cmp(name)).ok()
     }
+}
+
+/// The NUL-ended name at `at` in `names`.
+fn name_at(names: &[u8], at: u32) -> &[u8] {
+    let rest = &names[at as usize..];
+    &rest[..rest.iter().position(|b| *b == 0).unwrap_or(rest.len())]
 }
 
 /// The paths a listing named, in the order it named them, before they are probed: their
@@ -194,6 +186,13 @@ pub(super) struct Names {
 
 impl Names {
     pub(super) fn push(&mut self, name: &[u8]) {
+        // Grown by a quarter, not doubled: the buffer becomes the table's names and is the
+        // largest allocation of a snapshot after the rows.
+        let need = name.len() + 1;
+        if self.bytes.capacity() - self.bytes.len() < need {
+            let more = (self.bytes.capacity() / 4).max(need).max(16 * 1024);
+            self.bytes.reserve_exact(more);
+        }
         self.bytes.extend_from_slice(name);
         self.bytes.push(0);
         self.count += 1;
@@ -315,7 +314,7 @@ pub(super) fn racy_hash(path: &Path, p: &Probe) -> Option<ContentHash> {
 
 /// Whether the path behind `row` changed, now that it probes as `now`.
 pub(super) fn differs(table: &Table, row: &Row, now: &Probe, path: &Path) -> bool {
-    let hashed = (row.hash != NO_HASH).then(|| table.hashes[row.hash as usize]);
+    let hashed = table.hash(row);
     if row.fp == now.fp {
         // Same metadata: unchanged, unless the row was racily clean and the content moved
         // within the timestamp's resolution.
