@@ -58,13 +58,15 @@
 //!
 //! # Layout
 //!
-//! - this file: [`Snapshot`], [`snapshot`], [`observe`] and the two diffs (git, walk);
+//! - this file: [`Snapshot`], [`snapshot`], [`observe`];
+//! - `diff.rs`: the two diffs (git, walk) against the before rows;
 //! - `table.rs`: the compact state (rows, probes and fingerprints, the coarse view, the
 //!   bounded collector);
 //! - `git.rs`: the observer's one hardened git call;
 //! - `git_text.rs`: git's quoted output read back to bytes, and [`display_path`];
 //! - `render.rs`: the changes as lines;
-//! - `tests.rs`: real repositories and files in temp dirs.
+//! - `tests.rs`: real repositories and files in temp dirs (`tests/memory.rs`: what an
+//!   observation holds).
 //!
 //! "Could not observe" is never "unchanged": when git cannot read the work tree the snapshot
 //! falls back to the walk and says so; when the two ends cannot be compared the list is one
@@ -72,7 +74,6 @@
 //! reports `error`). A walk past its cap or a `git status` past its output cap is reported as
 //! such, never as deletions.
 
-use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -93,6 +94,9 @@ use git::{git, git_lines, STATUS};
 
 mod render;
 use render::{group_digits, render};
+
+mod diff;
+use diff::{diff_git, diff_walk};
 
 /// The one observation meaning "nothing changed".
 pub const UNCHANGED: &str = "workspace unchanged";
@@ -537,156 +541,6 @@ fn one_end_only(e: &str) -> Vec<String> {
     vec![format!(
         "{UNAVAILABLE_PREFIX}git could read the work tree at only one end of the attempt: {e}"
     )]
-}
-
-/// The snapshot time given to probes of the after side: they keep no hash, so no file is
-/// racy there.
-const AFTER: i128 = i128::MAX;
-
-/// What `git status` listed now ([`Listed`]) against the rows from before: one `lstat` per
-/// row listed now or before, reads only for racily clean rows, and an `lstat` for each kept
-/// new path. The listing's order does not matter: the collector keeps the first changes by
-/// path.
-fn diff_git(root: &Path, table: &Table, listed: Listed, may_revert: bool) -> (Changes, Coarse) {
-    let Listed { rows, new, ignored } = listed;
-    let mut changes = Changes::new(new.max);
-    for (row, &flags) in table.rows.iter().zip(&rows) {
-        let name = table.name(row);
-        let path = root.join(OsStr::from_bytes(name));
-        if flags != 0 {
-            let now = Probe::at(&path, AFTER);
-            if differs(table, row, &now, &path) {
-                changes.add(name, listed_change(Some(row), flags, &now));
-            }
-            continue;
-        }
-        // Listed before, not now: gone from disk (an untracked file deleted), or clean again
-        // (reverted, or committed). "Reverted" is not claimed when a listing was cut (the path
-        // may only be missing from it) or HEAD moved (the commit lines say it).
-        let exists = Probe::at(&path, AFTER).exists();
-        let kind = match (row.fp != ABSENT, exists) {
-            (true, false) => Kind::Deleted,
-            // A deleted tracked file brought back is clean again too.
-            (_, true) if may_revert => Kind::Reverted,
-            // Deleted before and still gone, now unlisted: the deletion was committed.
-            _ => continue,
-        };
-        changes.add(
-            name,
-            Change {
-                kind,
-                tracked: false,
-                size_before: u64::from(row.size),
-                size_after: 0,
-            },
-        );
-    }
-    // Listed now with no row from before: every one is a change; the first by path were
-    // kept, the others only counted.
-    let unkept = new.total - new.kept.len();
-    for (name, flags) in new.kept {
-        let now = Probe::at(&root.join(OsStr::from_bytes(&name)), AFTER);
-        changes.add(name, listed_change(None, flags, &now));
-    }
-    changes.total += unkept;
-    (changes, Coarse::of(root, ignored))
-}
-
-/// A path `git status` lists now (with `flags`) that differs from its row `before`, if any.
-fn listed_change(before: Option<&Row>, flags: u8, now: &Probe) -> Change {
-    let tracked = flags & LISTED_TRACKED != 0;
-    let kind = if !now.exists() || flags & LISTED_DELETED != 0 {
-        Kind::Deleted
-    } else if !tracked || flags & LISTED_ADDED != 0 {
-        // An untracked file already there before and changed since is modified.
-        if before.is_some_and(|r| r.fp != ABSENT) && !tracked {
-            Kind::Modified
-        } else {
-            Kind::Added
-        }
-    } else {
-        Kind::Modified
-    };
-    Change {
-        kind,
-        tracked,
-        size_before: before.map_or(0, |r| u64::from(r.size)),
-        size_after: now.size,
-    }
-}
-
-/// A walk now against the rows from before. A cap on this walk hides files, so a row not
-/// seen is checked on disk before it is called deleted; a cap on the earlier walk means a
-/// path with no row may have existed unseen, so it is listed only when newer than that walk.
-fn diff_walk(
-    root: &Path,
-    table: &Table,
-    capped_before: bool,
-    taken_ns: i128,
-    limits: Limits,
-) -> (Changes, bool, Coarse) {
-    let mut changes = Changes::new(limits.max_lines);
-    let mut seen = Seen::new(table.rows.len());
-    let (capped_after, coarse) = walk(root, limits.walk_cap, |rel, path, meta| {
-        let now = Probe::of(meta, AFTER);
-        match table.find(rel) {
-            Some(i) => {
-                seen.set(i);
-                let row = table.rows[i];
-                if differs(table, &row, &now, path) {
-                    changes.add(rel, modified(&row, &now));
-                }
-            }
-            None if !capped_before || now.changed_ns >= taken_ns => changes.add(
-                rel,
-                Change {
-                    kind: if capped_before {
-                        Kind::AddedOrChanged
-                    } else {
-                        Kind::Added
-                    },
-                    tracked: false,
-                    size_before: 0,
-                    size_after: now.size,
-                },
-            ),
-            None => {}
-        }
-    });
-    for (i, row) in table.rows.iter().enumerate() {
-        if seen.get(i) {
-            continue;
-        }
-        let name = table.name(row);
-        let now = if capped_after {
-            Probe::at(&root.join(OsStr::from_bytes(name)), AFTER)
-        } else {
-            Probe::ABSENT
-        };
-        if !now.exists() {
-            changes.add(
-                name,
-                Change {
-                    kind: Kind::Deleted,
-                    tracked: false,
-                    size_before: u64::from(row.size),
-                    size_after: 0,
-                },
-            );
-        } else if differs(table, row, &now, &root.join(OsStr::from_bytes(name))) {
-            changes.add(name, modified(row, &now));
-        }
-    }
-    (changes, capped_after, coarse)
-}
-
-fn modified(row: &Row, now: &Probe) -> Change {
-    Change {
-        kind: Kind::Modified,
-        tracked: false,
-        size_before: u64::from(row.size),
-        size_after: now.size,
-    }
 }
 
 /// What the workspace holds against its baseline, for a verification run with no attempt
