@@ -14,7 +14,8 @@
 //!
 //! `--quick` shortens the long runs (fewer tasks, 10 s instead of 60 s of idle CPU, no
 //! 100,000-file rows in figure 13). The
-//! results table goes to stdout and, with `--out`, to FILE (markdown).
+//! results table goes to stdout and, with `--out`, to FILE (markdown). Figure 13 can be
+//! narrowed to some rows: `BENCH_13_SHAPES=d BENCH_13_SIZES=100000 bench --only 13`.
 //!
 //! # Layout
 //!

@@ -228,11 +228,21 @@ async fn one(o: &Opts, shape: Shape, n: usize) -> Row {
     )
 }
 
-/// Figure 13: every shape at every size.
+/// Figure 13: every shape at every size. `BENCH_13_SHAPES` (letters of the rows, e.g. `d`)
+/// and `BENCH_13_SIZES` (e.g. `100000`) narrow it to the rows being worked on.
 pub(crate) async fn scaling(o: &Opts, sizes: &[usize]) -> Vec<Row> {
+    let shapes = std::env::var("BENCH_13_SHAPES").unwrap_or_else(|_| "abcd".into());
+    let only: Vec<usize> = std::env::var("BENCH_13_SIZES")
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_default();
     let mut rows = Vec::new();
-    for shape in [Shape::Git, Shape::Creates, Shape::NoGit, Shape::Corrective] {
-        for &n in sizes {
+    for (letter, shape) in
+        ('a'..).zip([Shape::Git, Shape::Creates, Shape::NoGit, Shape::Corrective])
+    {
+        if !shapes.contains(letter) {
+            continue;
+        }
+        for &n in sizes.iter().filter(|n| only.is_empty() || only.contains(n)) {
             eprintln!("bench: 13 {shape:?} {n}");
             rows.push(one(o, shape, n).await);
         }

@@ -1,5 +1,6 @@
 //! The observer's git: one hardened call (the git directory checked first, no optional
-//! locks, quoted paths), its output capped, and why a call gave nothing.
+//! locks, quoted paths), its output capped or streamed line by line, and why a call gave
+//! nothing.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -29,9 +30,9 @@ pub(super) enum GitCallError {
 
 /// What one git call gave.
 pub(super) struct GitOut {
+    /// Up to the cap: the callers read short outputs (a commit id, the line counts of the
+    /// listed paths); a listing goes through [`git_lines`].
     pub(super) stdout: String,
-    /// Output past the cap was dropped.
-    pub(super) truncated: bool,
 }
 
 pub(super) async fn git(
@@ -51,6 +52,48 @@ pub(super) async fn git_os<'a>(
     args: impl IntoIterator<Item = &'a OsStr>,
 ) -> Result<GitOut, GitCallError> {
     let args: Vec<&OsStr> = args.into_iter().collect();
+    run(ws, env, cancel, &args, GIT_OUTPUT_CAP, None).await
+}
+
+/// What a listing keeps of git's own output: enough for an error message. The lines go to
+/// the caller as they arrive, so a listing of 100,000 paths (1.6 MB) is never held whole.
+pub(super) const LISTING_CAPTURE: usize = 64 * 1024;
+
+/// [`git`] for a listing: each stdout line goes to `on_line` as it arrives and is not kept.
+/// Lines past `cap` bytes of output are not handed on; `Ok(true)` says so (the listing is
+/// incomplete).
+pub(super) async fn git_lines(
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+    args: &[&str],
+    cap: usize,
+    on_line: &mut (dyn FnMut(&str) + Send),
+) -> Result<bool, GitCallError> {
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let (mut seen, mut truncated) = (0usize, false);
+    let mut capped = |line: &str| {
+        seen = seen.saturating_add(line.len() + 1);
+        if seen > cap {
+            truncated = true;
+        } else {
+            on_line(line);
+        }
+    };
+    run(ws, env, cancel, &args, LISTING_CAPTURE, Some(&mut capped)).await?;
+    Ok(truncated)
+}
+
+/// The one hardened call: `output_cap` bytes of each stream kept, stdout lines also handed
+/// to `on_line` when given.
+async fn run(
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+    args: &[&OsStr],
+    output_cap: usize,
+    on_line: Option<process::LineCallback<'_>>,
+) -> Result<GitOut, GitCallError> {
     // The daemon's git never runs what the repository names (hooks, fsmonitor, filters):
     // a git directory the task could have written is checked first.
     if let Some(why) = crate::git::harden::refusal(ws, env, cancel).await {
@@ -70,13 +113,10 @@ pub(super) async fn git_os<'a>(
     let limits = process::Limits {
         timeout: Some(Duration::from_secs(30)),
         grace: Duration::from_millis(500),
-        output_cap: GIT_OUTPUT_CAP,
+        output_cap,
     };
-    match process::run(&spec, &limits, cancel, None).await {
-        Ok(o) if o.exit.success() => Ok(GitOut {
-            truncated: o.dropped_bytes > 0,
-            stdout: o.stdout,
-        }),
+    match process::run_with(&spec, &limits, cancel, None, on_line).await {
+        Ok(o) if o.exit.success() => Ok(GitOut { stdout: o.stdout }),
         Ok(o) => Err(GitCallError::Failed {
             command: args
                 .first()

@@ -10,23 +10,28 @@ pub(super) struct StatusEntry {
 
 /// The entries of `git status --porcelain` output; a rename or copy gives its new path. Lines
 /// that are not entries (an elision marker in a capped listing) are skipped.
+#[cfg(test)]
 pub(super) fn parse_status(s: &str) -> impl Iterator<Item = StatusEntry> + '_ {
-    s.lines().filter_map(|line| {
-        let b = line.as_bytes();
-        let valid = |c: u8| b" MTADRCU?!".contains(&c);
-        if b.len() < 4 || !valid(b[0]) || !valid(b[1]) || b[2] != b' ' {
-            return None;
-        }
-        let code = [b[0], b[1]];
-        let rest = &line[3..];
-        let path = if code[0] == b'R' || code[0] == b'C' {
-            let (_, after) = split_quoted(rest);
-            unquote(after.strip_prefix(" -> ")?)
-        } else {
-            unquote(rest)
-        };
-        Some(StatusEntry { code, path })
-    })
+    s.lines().filter_map(parse_status_line)
+}
+
+/// One line of `git status --porcelain`, as [`super`] reads the listing while git prints it;
+/// `None` for a line that is not an entry.
+pub(super) fn parse_status_line(line: &str) -> Option<StatusEntry> {
+    let b = line.as_bytes();
+    let valid = |c: u8| b" MTADRCU?!".contains(&c);
+    if b.len() < 4 || !valid(b[0]) || !valid(b[1]) || b[2] != b' ' {
+        return None;
+    }
+    let code = [b[0], b[1]];
+    let rest = &line[3..];
+    let path = if code[0] == b'R' || code[0] == b'C' {
+        let (_, after) = split_quoted(rest);
+        unquote(after.strip_prefix(" -> ")?)
+    } else {
+        unquote(rest)
+    };
+    Some(StatusEntry { code, path })
 }
 
 /// The first path of `s` (quoted or not, ending at a space when unquoted) and the rest.
@@ -93,11 +98,14 @@ pub(super) fn unquote(s: &str) -> Vec<u8> {
 
 /// `git diff --numstat` lines: (path, added, deleted); binary files show `-`.
 pub(super) fn parse_numstat(s: &str) -> impl Iterator<Item = (Vec<u8>, String, String)> + '_ {
-    s.lines().filter_map(|l| {
-        let mut it = l.splitn(3, '\t');
-        let (a, d, p) = (it.next()?, it.next()?, it.next()?);
-        Some((unquote(p), a.to_string(), d.to_string()))
-    })
+    s.lines().filter_map(parse_numstat_line)
+}
+
+/// One `git diff --numstat` line; `None` for a line that is not one.
+pub(super) fn parse_numstat_line(l: &str) -> Option<(Vec<u8>, String, String)> {
+    let mut it = l.splitn(3, '\t');
+    let (a, d, p) = (it.next()?, it.next()?, it.next()?);
+    Some((unquote(p), a.to_string(), d.to_string()))
 }
 
 /// A path for a line of text: UTF-8 as is, every other byte as `\xNN`, and backslashes and

@@ -15,12 +15,16 @@
 //! that was *racily clean*: modified so close to the snapshot (within 2 s, `RACY_MARGIN_NS`:
 //! the file system's timestamp granularity at worst) that a later write could leave the same
 //! metadata. That is git's rule, with the snapshot's clock standing in for the index's mtime.
-//! 24 bytes plus the path per row: ~3.8 MB for 100,000 paths.
+//! 16 bytes plus the path and its NUL end per row: ~3.1 MB for 100,000 paths of 14 bytes.
 //!
 //! Only the before-snapshot is kept. The observation after the attempt is a stream: each path
 //! found now is looked up in the before rows (binary search) and compared by fingerprint, a
-//! bit set records which rows were seen (the rest were deleted or reverted), and a bounded
-//! collector keeps the first [`Limits::max_lines`] changes by path and counts the others.
+//! bit set (in git, one byte per row with the status code's flags) records which rows were
+//! seen (the rest were deleted or reverted), and a bounded collector keeps the first
+//! [`Limits::max_lines`] changes by path and counts the others. `git status` is read as git
+//! prints it, line by line, at both ends: its output (1.6 MB for 100,000 paths) is never held
+//! whole; before the attempt the listed paths go straight into the table's name buffer, after
+//! it only the first `max_lines` paths with no row are kept.
 //! With N paths tracked and C of them changed, one attempt costs:
 //!
 //! - one `git status` (or one walk) and N `lstat`s at each end, O(N log N) comparisons;
@@ -28,8 +32,9 @@
 //!   rows whose metadata changed, and for the ≤ `max_lines` listed changes (line counts):
 //!   O(C + R), never O(N). R is what was modified within 2 s before the snapshot, usually
 //!   the previous attempt's own edits;
-//! - memory O(N) for the rows of the before-snapshot (plus 32 bytes per racy row),
-//!   O(`max_lines`) for the changes, plus `git status`'s output while it is parsed.
+//! - memory O(N) for the rows of the before-snapshot (plus 16 bytes per racy row), one byte
+//!   per row while the listing after the attempt is matched, and O(`max_lines`) for the
+//!   changes: nothing in proportion to the listing's text, nor to the paths an attempt adds.
 //!
 //! The walk's cap ([`Limits::walk_cap`]) only bounds the time of a walk of a huge tree; memory
 //! stays per row.
@@ -53,13 +58,15 @@
 //!
 //! # Layout
 //!
-//! - this file: [`Snapshot`], [`snapshot`], [`observe`] and the two diffs (git, walk);
+//! - this file: [`Snapshot`], [`snapshot`], [`observe`];
+//! - `diff.rs`: the two diffs (git, walk) against the before rows;
 //! - `table.rs`: the compact state (rows, probes and fingerprints, the coarse view, the
 //!   bounded collector);
 //! - `git.rs`: the observer's one hardened git call;
 //! - `git_text.rs`: git's quoted output read back to bytes, and [`display_path`];
 //! - `render.rs`: the changes as lines;
-//! - `tests.rs`: real repositories and files in temp dirs.
+//! - `tests.rs`: real repositories and files in temp dirs (`tests/memory.rs`: what an
+//!   observation holds).
 //!
 //! "Could not observe" is never "unchanged": when git cannot read the work tree the snapshot
 //! falls back to the walk and says so; when the two ends cannot be compared the list is one
@@ -67,7 +74,6 @@
 //! reports `error`). A walk past its cap or a `git status` past its output cap is reported as
 //! such, never as deletions.
 
-use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -81,13 +87,16 @@ use table::*;
 
 mod git_text;
 pub use git_text::display_path;
-use git_text::{parse_numstat, parse_status};
+use git_text::{parse_numstat_line, parse_status_line, StatusEntry};
 
 mod git;
-use git::{git, GitOut, STATUS};
+use git::{git, git_lines, STATUS};
 
 mod render;
 use render::{group_digits, render};
+
+mod diff;
+use diff::{diff_git, diff_walk};
 
 /// The one observation meaning "nothing changed".
 pub const UNCHANGED: &str = "workspace unchanged";
@@ -99,14 +108,15 @@ pub const UNAVAILABLE_PREFIX: &str = "observation unavailable: ";
 /// `.git` are watched by the coarse view.
 const IGNORED_DIRS: &[&str] = &[".git", "target", "node_modules"];
 
-/// Output kept from one git call; past it the listing is reported as incomplete.
+/// Output kept from one git call, or read from a listing; past it the listing is reported as
+/// incomplete.
 const GIT_OUTPUT_CAP: usize = 16 * 1024 * 1024;
 
 /// Bounds of one observation.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// A walk stops after this many files, so a huge tree cannot stall verification. Memory is
-    /// 24 bytes plus the path per file whatever the cap.
+    /// 16 bytes plus the path per file whatever the cap.
     pub walk_cap: usize,
     /// Lines listed; the rest are counted ("… and 4,312 more changes not listed").
     pub max_lines: usize,
@@ -198,11 +208,13 @@ pub fn unavailable(observations: &[String]) -> Option<&str> {
 // ---------------------------------------------------------------------------------------------
 // Looking at the workspace.
 
-/// What the workspace is right now, before any file is looked at.
+/// What the workspace is right now, before any file is looked at (the entries of `git status`
+/// went to the caller as git printed them).
 enum Look {
     Git {
         root: PathBuf,
-        status: GitOut,
+        /// `git status` printed more than [`GIT_OUTPUT_CAP`]: entries past it were not seen.
+        incomplete: bool,
         head: Option<String>,
     },
     Walk {
@@ -210,7 +222,15 @@ enum Look {
     },
 }
 
-async fn look(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> Look {
+/// Where `ws` is, and in a git work tree each entry of `git status`, handed to `on_entry` as
+/// git prints it (the listing is never held whole: 1.6 MB for 100,000 paths). When git fails
+/// part way, entries already handed on are to be dropped (the walk stands in).
+async fn look(
+    ws: &Path,
+    env: &ChildEnv,
+    cancel: &CancellationToken,
+    on_entry: &mut (dyn FnMut(StatusEntry) + Send),
+) -> Look {
     // Found the way git finds it (a `.git` dir or file in the workspace or above), without
     // spawning git: this runs twice per attempt. The directory holding it is the top level,
     // which `git status` paths are relative to.
@@ -227,8 +247,13 @@ async fn look(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> Look {
     let Some(root) = root else {
         return Look::Walk { git_error: None };
     };
-    let status = match git(ws, env, cancel, STATUS).await {
-        Ok(s) => s,
+    let mut on_line = |line: &str| {
+        if let Some(e) = parse_status_line(line) {
+            on_entry(e);
+        }
+    };
+    let incomplete = match git_lines(ws, env, cancel, STATUS, GIT_OUTPUT_CAP, &mut on_line).await {
+        Ok(truncated) => truncated,
         Err(e) => {
             return Look::Walk {
                 git_error: Some(e.to_string()),
@@ -240,7 +265,11 @@ async fn look(ws: &Path, env: &ChildEnv, cancel: &CancellationToken) -> Look {
         .await
         .ok()
         .map(|s| s.stdout.trim().to_string());
-    Look::Git { root, status, head }
+    Look::Git {
+        root,
+        incomplete,
+        head,
+    }
 }
 
 /// Take a snapshot of `ws` with the default limits.
@@ -256,18 +285,35 @@ pub async fn snapshot_with(
     limits: Limits,
 ) -> Snapshot {
     let taken_ns = now_ns();
-    match look(ws, env, cancel).await {
-        Look::Git { root, status, head } => {
+    // The listed paths are gathered as git prints them and probed afterwards, off the runtime.
+    let mut listed = Names::default();
+    let mut ignored = Vec::new();
+    let now = look(ws, env, cancel, &mut |e| {
+        if e.code == *b"!!" {
+            ignored.push(e.path);
+        } else {
+            listed.push(&e.path);
+        }
+    })
+    .await;
+    match now {
+        Look::Git {
+            root,
+            incomplete,
+            head,
+        } => {
             let base = root.clone();
-            let (table, coarse) =
-                tokio::task::spawn_blocking(move || git_table(&base, &status.stdout, taken_ns))
-                    .await
-                    .unwrap_or_default();
+            let (table, coarse) = tokio::task::spawn_blocking(move || {
+                let table = Table::probe(&base, listed, taken_ns);
+                (table, Coarse::of(&base, ignored))
+            })
+            .await
+            .unwrap_or_default();
             Snapshot {
                 source: Source::Git {
                     root,
                     head,
-                    incomplete: status.truncated,
+                    incomplete,
                 },
                 table: Arc::new(table),
                 coarse: Arc::new(coarse),
@@ -275,6 +321,7 @@ pub async fn snapshot_with(
             }
         }
         Look::Walk { git_error } => {
+            drop((listed, ignored));
             let root = ws.to_path_buf();
             let (table, coarse, capped) = tokio::task::spawn_blocking(move || {
                 let mut table = Table::default();
@@ -295,30 +342,6 @@ pub async fn snapshot_with(
             }
         }
     }
-}
-
-/// The rows of the paths `git status` listed, and the coarse view of the ignored ones.
-fn git_table(root: &Path, status: &str, taken_ns: i128) -> (Table, Coarse) {
-    let mut table = Table::default();
-    // One row per line: sized once, not doubled while it grows.
-    let lines = status.bytes().filter(|b| *b == b'\n').count();
-    table.rows.reserve_exact(lines);
-    table
-        .names
-        .reserve_exact(status.len().saturating_sub(lines * 4));
-    let mut ignored = Vec::new();
-    for e in parse_status(status) {
-        if e.code == *b"!!" {
-            ignored.push(e.path);
-            continue;
-        }
-        let path = root.join(OsStr::from_bytes(&e.path));
-        let p = Probe::at(&path, taken_ns);
-        table.push(&e.path, &p, racy_hash(&path, &p));
-    }
-    table.finish();
-    let coarse = Coarse::of(root, ignored);
-    (table, coarse)
 }
 
 fn now_ns() -> i128 {
@@ -400,7 +423,11 @@ pub async fn observe_with(
     cancel: &CancellationToken,
     limits: Limits,
 ) -> Vec<String> {
-    let now = look(ws, env, cancel).await;
+    // The listing is matched against the before rows as git prints it: what is kept is one
+    // byte per row and the first `max_lines` new paths, never the listing.
+    let table = Arc::clone(&before.table);
+    let mut listed = Listed::new(table.rows.len(), limits.max_lines);
+    let now = look(ws, env, cancel, &mut |e| listed.add(&table, e)).await;
     let found = match (&before.source, now) {
         (
             Source::Git {
@@ -408,7 +435,11 @@ pub async fn observe_with(
                 incomplete: i0,
                 ..
             },
-            Look::Git { root, status, head },
+            Look::Git {
+                root,
+                incomplete: i1,
+                head,
+            },
         ) => {
             let mut head_lines = Vec::new();
             let mut committed = Bounded::new(limits.max_lines);
@@ -417,11 +448,14 @@ pub async fn observe_with(
                     head_lines.push(format!("HEAD moved to {}", &h[..h.len().min(7)]));
                     if let Some(old) = h0 {
                         let args = ["diff", "--no-renames", "--numstat", old.as_str(), h];
-                        if let Ok(ns) = git(ws, env, cancel, &args).await {
-                            for (path, a, d) in parse_numstat(&ns.stdout) {
+                        // Streamed: a commit of 100,000 files is counted, not held.
+                        let mut on_line = |l: &str| {
+                            if let Some((path, a, d)) = parse_numstat_line(l) {
                                 committed.add(path, (a, d));
                             }
-                        }
+                        };
+                        let _ =
+                            git_lines(ws, env, cancel, &args, GIT_OUTPUT_CAP, &mut on_line).await;
                     }
                 }
             }
@@ -432,11 +466,10 @@ pub async fn observe_with(
                     .iter()
                     .map(|(p, (a, d))| format!("committed: {} (+{a} −{d})", display_path(p))),
             );
-            let incomplete = *i0 || status.truncated;
-            let (table, max) = (Arc::clone(&before.table), limits.max_lines);
+            let incomplete = *i0 || i1;
             let same_head = *h0 == head;
             let (changes, coarse_after) = tokio::task::spawn_blocking(move || {
-                diff_git(&root, &table, &status.stdout, same_head && !incomplete, max)
+                diff_git(&root, &table, listed, same_head && !incomplete)
             })
             .await
             .unwrap_or_else(|_| (Changes::new(0), Coarse::default()));
@@ -462,7 +495,8 @@ pub async fn observe_with(
             },
             Look::Walk { git_error: e1 },
         ) => {
-            let (table, taken, c0) = (Arc::clone(&before.table), before.taken_ns, *c0);
+            drop(listed);
+            let (taken, c0) = (before.taken_ns, *c0);
             let root = ws.to_path_buf();
             let (changes, c1, coarse_after) =
                 tokio::task::spawn_blocking(move || diff_walk(&root, &table, c0, taken, limits))
@@ -507,162 +541,6 @@ fn one_end_only(e: &str) -> Vec<String> {
     vec![format!(
         "{UNAVAILABLE_PREFIX}git could read the work tree at only one end of the attempt: {e}"
     )]
-}
-
-/// The snapshot time given to probes of the after side: they keep no hash, so no file is
-/// racy there.
-const AFTER: i128 = i128::MAX;
-
-/// The paths `git status` lists now against the rows from before: O(listed · log rows) with
-/// one `lstat` each, and reads only for racily clean rows.
-fn diff_git(
-    root: &Path,
-    table: &Table,
-    status: &str,
-    may_revert: bool,
-    max: usize,
-) -> (Changes, Coarse) {
-    let mut changes = Changes::new(max);
-    let mut seen = Seen::new(table.rows.len());
-    let mut ignored = Vec::new();
-    for e in parse_status(status) {
-        if e.code == *b"!!" {
-            ignored.push(e.path);
-            continue;
-        }
-        let path = root.join(OsStr::from_bytes(&e.path));
-        let now = Probe::at(&path, AFTER);
-        let before = table.find(&e.path).map(|i| {
-            seen.set(i);
-            table.rows[i]
-        });
-        if before.is_some_and(|row| !differs(table, &row, &now, &path)) {
-            continue;
-        }
-        let tracked = e.code != *b"??";
-        let kind = if !now.exists() || e.code.contains(&b'D') {
-            Kind::Deleted
-        } else if !tracked || e.code.contains(&b'A') {
-            // An untracked file already there before and changed since is modified.
-            if before.is_some_and(|r| r.fp != ABSENT) && !tracked {
-                Kind::Modified
-            } else {
-                Kind::Added
-            }
-        } else {
-            Kind::Modified
-        };
-        changes.add(
-            e.path.as_slice(),
-            Change {
-                kind,
-                tracked,
-                size_before: before.map_or(0, |r| u64::from(r.size)),
-                size_after: now.size,
-            },
-        );
-    }
-    // Listed before, not now: gone from disk (an untracked file deleted), or clean again
-    // (reverted, or committed). "Reverted" is not claimed when a listing was cut (the path
-    // may only be missing from it) or HEAD moved (the commit lines say it).
-    for (i, row) in table.rows.iter().enumerate() {
-        if seen.get(i) {
-            continue;
-        }
-        let name = table.name(row);
-        let exists = Probe::at(&root.join(OsStr::from_bytes(name)), AFTER).exists();
-        let kind = match (row.fp != ABSENT, exists) {
-            (true, false) => Kind::Deleted,
-            // A deleted tracked file brought back is clean again too.
-            (_, true) if may_revert => Kind::Reverted,
-            // Deleted before and still gone, now unlisted: the deletion was committed.
-            _ => continue,
-        };
-        changes.add(
-            name,
-            Change {
-                kind,
-                tracked: false,
-                size_before: u64::from(row.size),
-                size_after: 0,
-            },
-        );
-    }
-    (changes, Coarse::of(root, ignored))
-}
-
-/// A walk now against the rows from before. A cap on this walk hides files, so a row not
-/// seen is checked on disk before it is called deleted; a cap on the earlier walk means a
-/// path with no row may have existed unseen, so it is listed only when newer than that walk.
-fn diff_walk(
-    root: &Path,
-    table: &Table,
-    capped_before: bool,
-    taken_ns: i128,
-    limits: Limits,
-) -> (Changes, bool, Coarse) {
-    let mut changes = Changes::new(limits.max_lines);
-    let mut seen = Seen::new(table.rows.len());
-    let (capped_after, coarse) = walk(root, limits.walk_cap, |rel, path, meta| {
-        let now = Probe::of(meta, AFTER);
-        match table.find(rel) {
-            Some(i) => {
-                seen.set(i);
-                let row = table.rows[i];
-                if differs(table, &row, &now, path) {
-                    changes.add(rel, modified(&row, &now));
-                }
-            }
-            None if !capped_before || now.changed_ns >= taken_ns => changes.add(
-                rel,
-                Change {
-                    kind: if capped_before {
-                        Kind::AddedOrChanged
-                    } else {
-                        Kind::Added
-                    },
-                    tracked: false,
-                    size_before: 0,
-                    size_after: now.size,
-                },
-            ),
-            None => {}
-        }
-    });
-    for (i, row) in table.rows.iter().enumerate() {
-        if seen.get(i) {
-            continue;
-        }
-        let name = table.name(row);
-        let now = if capped_after {
-            Probe::at(&root.join(OsStr::from_bytes(name)), AFTER)
-        } else {
-            Probe::ABSENT
-        };
-        if !now.exists() {
-            changes.add(
-                name,
-                Change {
-                    kind: Kind::Deleted,
-                    tracked: false,
-                    size_before: u64::from(row.size),
-                    size_after: 0,
-                },
-            );
-        } else if differs(table, row, &now, &root.join(OsStr::from_bytes(name))) {
-            changes.add(name, modified(row, &now));
-        }
-    }
-    (changes, capped_after, coarse)
-}
-
-fn modified(row: &Row, now: &Probe) -> Change {
-    Change {
-        kind: Kind::Modified,
-        tracked: false,
-        size_before: u64::from(row.size),
-        size_after: now.size,
-    }
 }
 
 /// What the workspace holds against its baseline, for a verification run with no attempt

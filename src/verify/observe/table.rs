@@ -12,7 +12,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use super::git_text::display_path;
+use super::git_text::{display_path, StatusEntry};
 
 /// Racily clean files larger than this are not hashed (a content change that keeps size and
 /// timestamps of a file this large within one timestamp tick is not worth reading it for);
@@ -32,21 +32,23 @@ pub(super) const COARSE_ROOTS: usize = 64;
 
 // The fine view: compact rows.
 
-/// No content hash for this row.
-pub(super) const NO_HASH: u32 = u32::MAX;
+/// A content hash: SHA-256 cut to 128 bits. It only has to tell a rewrite of a racily clean
+/// file from the same bytes; 16 bytes keep that out of reach even of a crafted collision
+/// (2⁶⁴ work) and halve what a tree of freshly written files costs (100,000 racy rows:
+/// 2.0 MB with their keys, not 3.6).
+pub(super) type ContentHash = [u8; 16];
 
 /// The fingerprint of a path that does not exist.
 pub(super) const ABSENT: u64 = 0;
 
-/// One path's state, 24 bytes; its name lives in [`Table::names`].
+/// One path's state, 16 bytes; its name lives in [`Table::names`], its content hash (racily
+/// clean files only) in [`Table::hashes`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Row {
     /// [`fingerprint`] of the metadata (the size is in it); [`ABSENT`] when there was no file.
     pub(super) fp: u64,
+    /// Where the name starts in [`Table::names`]; it ends at the next NUL.
     pub(super) name_at: u32,
-    pub(super) name_len: u32,
-    /// Index into [`Table::hashes`] for a racily clean file, else [`NO_HASH`].
-    pub(super) hash: u32,
     /// Bytes, saturated at [`SIZE_SATURATED`]: only shown, and compared for files small enough
     /// to hash. Four more bytes for every row would pay for the rare file past 4 GiB.
     pub(super) size: u32,
@@ -55,54 +57,108 @@ pub(super) struct Row {
 /// A [`Row::size`] this large means "4 GiB or more".
 pub(super) const SIZE_SATURATED: u32 = u32::MAX;
 
-/// Rows sorted by path bytes, their names back to back, and the few content hashes.
+/// Rows sorted by path bytes; their names back to back, each ended by a NUL (no path holds
+/// one: the end costs one byte a row where a length would cost four); and the content hashes
+/// of the racily clean rows, by [`Row::name_at`] (appended in that order).
 #[derive(Debug, Default)]
 pub(super) struct Table {
     pub(super) names: Vec<u8>,
     pub(super) rows: Vec<Row>,
-    pub(super) hashes: Vec<[u8; 32]>,
+    pub(super) hashes: Vec<(u32, ContentHash)>,
 }
 
 impl Table {
-    pub(super) fn push(&mut self, name: &[u8], st: &Probe, hash: Option<[u8; 32]>) {
-        // Offsets are u32: past 4 GiB of names a path is dropped rather than mis-indexed
-        // (no walk or git listing within the caps gets there).
-        let (Ok(name_at), Ok(name_len)) =
-            (u32::try_from(self.names.len()), u32::try_from(name.len()))
-        else {
-            return;
-        };
-        if name_at.checked_add(name_len).is_none() {
+    pub(super) fn push(&mut self, name: &[u8], st: &Probe, hash: Option<ContentHash>) {
+        let name_at = self.names.len();
+        if !self.add_row(name_at, name.len(), st) {
             return;
         }
         self.names.extend_from_slice(name);
-        let hash = match hash {
-            Some(h) => {
-                self.hashes.push(h);
-                (self.hashes.len() - 1) as u32
-            }
-            None => NO_HASH,
+        self.names.push(0);
+        if let Some(h) = hash {
+            self.hashes.push((name_at as u32, h));
+        }
+    }
+
+    /// The row of the name at `name_at` (`name_len` bytes) in [`Self::names`]; `false` when
+    /// the offset does not fit (the path is dropped).
+    fn add_row(&mut self, name_at: usize, name_len: usize, st: &Probe) -> bool {
+        // Offsets are u32: past 4 GiB of names a path is dropped rather than mis-indexed
+        // (no walk or git listing within the caps gets there).
+        let Ok(at) = u32::try_from(name_at) else {
+            return false;
         };
+        if u32::try_from(name_at + name_len).is_err() {
+            return false;
+        }
         self.rows.push(Row {
             size: u32::try_from(st.size).unwrap_or(SIZE_SATURATED),
             fp: st.fp,
-            name_at,
-            name_len,
-            hash,
+            name_at: at,
         });
+        true
+    }
+
+    /// The rows of the paths a listing named (relative to `root`), each probed now: one
+    /// `lstat`, and a hash for a racily clean file. The listing's buffer becomes the table's
+    /// names, so the paths are held once; rows and hashes are counted before they are
+    /// allocated, so each is allocated once at its size (a tree written just before the
+    /// snapshot can be racy throughout: 100,000 hashes).
+    pub(super) fn probe(root: &Path, listed: Names, taken_ns: i128) -> Table {
+        let mut t = Table {
+            names: listed.bytes,
+            rows: Vec::with_capacity(listed.count),
+            hashes: Vec::new(),
+        };
+        let mut racy = Seen::new(listed.count);
+        let mut at = 0;
+        while at < t.names.len() {
+            let len = t.names[at..]
+                .iter()
+                .position(|b| *b == 0)
+                .unwrap_or(t.names.len() - at);
+            let p = Probe::at(
+                &root.join(OsStr::from_bytes(&t.names[at..at + len])),
+                taken_ns,
+            );
+            let i = t.rows.len();
+            if t.add_row(at, len, &p) && p.racy && p.is_file && i < listed.count {
+                racy.set(i);
+            }
+            at += len + 1;
+        }
+        t.hashes
+            .reserve_exact((0..t.rows.len()).filter(|i| racy.get(*i)).count());
+        for (i, row) in t.rows.iter().enumerate() {
+            if !racy.get(i) {
+                continue;
+            }
+            let path = root.join(OsStr::from_bytes(t.name(row)));
+            if let Some(h) = content_hash(&path, u64::from(row.size)) {
+                t.hashes.push((row.name_at, h));
+            }
+        }
+        t.finish();
+        t
     }
 
     pub(super) fn name(&self, r: &Row) -> &[u8] {
-        &self.names[r.name_at as usize..(r.name_at + r.name_len) as usize]
+        name_at(&self.names, r.name_at)
+    }
+
+    /// The content hash kept for `r`, a racily clean file.
+    pub(super) fn hash(&self, r: &Row) -> Option<ContentHash> {
+        self.hashes
+            .binary_search_by_key(&r.name_at, |(at, _)| *at)
+            .ok()
+            .map(|i| self.hashes[i].1)
     }
 
     /// Sort for lookups and give back what growth over-allocated.
     pub(super) fn finish(&mut self) {
         let names = std::mem::take(&mut self.names);
-        self.rows.sort_unstable_by(|a, b| {
-            names[a.name_at as usize..(a.name_at + a.name_len) as usize]
-                .cmp(&names[b.name_at as usize..(b.name_at + b.name_len) as usize])
-        });
+        self.rows
+            .sort_unstable_by(|a, b| name_at(&names, a.name_at).cmp(name_at(&names, b.name_at)));
         self.names = names;
         self.names.shrink_to_fit();
         self.rows.shrink_to_fit();
@@ -111,6 +167,35 @@ impl Table {
 
     pub(super) fn find(&self, name: &[u8]) -> Option<usize> {
         self.rows.binary_search_by(|r| self.name(r).cmp(name)).ok()
+    }
+}
+
+/// The NUL-ended name at `at` in `names`.
+fn name_at(names: &[u8], at: u32) -> &[u8] {
+    let rest = &names[at as usize..];
+    &rest[..rest.iter().position(|b| *b == 0).unwrap_or(rest.len())]
+}
+
+/// The paths a listing named, in the order it named them, before they are probed: their
+/// bytes back to back, each ended by a NUL (which no path holds), and counted.
+#[derive(Debug, Default)]
+pub(super) struct Names {
+    bytes: Vec<u8>,
+    count: usize,
+}
+
+impl Names {
+    pub(super) fn push(&mut self, name: &[u8]) {
+        // Grown by a quarter, not doubled: the buffer becomes the table's names and is the
+        // largest allocation of a snapshot after the rows.
+        let need = name.len() + 1;
+        if self.bytes.capacity() - self.bytes.len() < need {
+            let more = (self.bytes.capacity() / 4).max(need).max(16 * 1024);
+            self.bytes.reserve_exact(more);
+        }
+        self.bytes.extend_from_slice(name);
+        self.bytes.push(0);
+        self.count += 1;
     }
 }
 
@@ -175,7 +260,7 @@ pub(super) fn fingerprint(m: &std::fs::Metadata) -> u64 {
 
 /// SHA-256 of a regular file's content, read in blocks; `None` when it cannot be read or is
 /// larger than [`MAX_HASHED_BYTES`].
-pub(super) fn content_hash(path: &Path, size: u64) -> Option<[u8; 32]> {
+pub(super) fn content_hash(path: &Path, size: u64) -> Option<ContentHash> {
     if size > MAX_HASHED_BYTES {
         return None;
     }
@@ -190,7 +275,8 @@ pub(super) fn content_hash(path: &Path, size: u64) -> Option<[u8; 32]> {
             Err(_) => return None,
         }
     }
-    Some(h.finalize().into())
+    let full: [u8; 32] = h.finalize().into();
+    full[..16].try_into().ok()
 }
 
 /// Lines of a regular file (a last line without a newline counts), read in blocks; `None`
@@ -218,7 +304,7 @@ pub(super) fn line_count(path: &Path) -> Option<u64> {
 }
 
 /// The row's content hash to keep, for a racily clean regular file.
-pub(super) fn racy_hash(path: &Path, p: &Probe) -> Option<[u8; 32]> {
+pub(super) fn racy_hash(path: &Path, p: &Probe) -> Option<ContentHash> {
     if p.racy && p.is_file {
         content_hash(path, p.size)
     } else {
@@ -228,7 +314,7 @@ pub(super) fn racy_hash(path: &Path, p: &Probe) -> Option<[u8; 32]> {
 
 /// Whether the path behind `row` changed, now that it probes as `now`.
 pub(super) fn differs(table: &Table, row: &Row, now: &Probe, path: &Path) -> bool {
-    let hashed = (row.hash != NO_HASH).then(|| table.hashes[row.hash as usize]);
+    let hashed = table.hash(row);
     if row.fp == now.fp {
         // Same metadata: unchanged, unless the row was racily clean and the content moved
         // within the timestamp's resolution.
@@ -392,6 +478,59 @@ impl<V> Bounded<V> {
         {
             self.kept.pop_last();
             self.kept.insert(path.into(), v);
+        }
+    }
+}
+
+/// What a `git status` listing says now, against the rows from before, gathered while git
+/// prints it: one byte of [`Listed::rows`] per before row (0: not listed now, else the
+/// `LISTED_*` flags of its status code), the first `max` listed paths that have no row (by
+/// path; the rest are counted), and the ignored roots. O(rows + `max`) whatever the length of
+/// the listing: neither the listing nor the paths of every new file are held.
+#[derive(Debug)]
+pub(super) struct Listed {
+    pub(super) rows: Vec<u8>,
+    pub(super) new: Bounded<u8>,
+    pub(super) ignored: Vec<Vec<u8>>,
+}
+
+/// Listed now (any status code).
+pub(super) const LISTED: u8 = 1;
+/// Tracked by git (the code is not `??`).
+pub(super) const LISTED_TRACKED: u8 = 2;
+/// The code says deleted.
+pub(super) const LISTED_DELETED: u8 = 4;
+/// The code says added to the index.
+pub(super) const LISTED_ADDED: u8 = 8;
+
+impl Listed {
+    pub(super) fn new(rows: usize, max: usize) -> Listed {
+        Listed {
+            rows: vec![0; rows],
+            new: Bounded::new(max),
+            ignored: Vec::new(),
+        }
+    }
+
+    /// One entry of the listing, looked up in the rows of `table`.
+    pub(super) fn add(&mut self, table: &Table, e: StatusEntry) {
+        if e.code == *b"!!" {
+            self.ignored.push(e.path);
+            return;
+        }
+        let mut flags = LISTED;
+        if e.code != *b"??" {
+            flags |= LISTED_TRACKED;
+        }
+        if e.code.contains(&b'D') {
+            flags |= LISTED_DELETED;
+        }
+        if e.code.contains(&b'A') {
+            flags |= LISTED_ADDED;
+        }
+        match table.find(&e.path) {
+            Some(i) => self.rows[i] = flags,
+            None => self.new.add(e.path, flags),
         }
     }
 }
