@@ -11,7 +11,7 @@ async fn first_task_clones_second_reuses_and_resets_the_workspace() {
     // Without the branch workflow, task 1's edits stay in the workspace: exactly what the
     // reset before task 2 must undo.
     c.git.enabled = false;
-    let h = s.start(c).await;
+    let mut h = s.start(c).await;
     // A plain path works as a repository URL too.
     let repo = remote.path().display().to_string();
 
@@ -44,7 +44,9 @@ async fn first_task_clones_second_reuses_and_resets_the_workspace() {
     assert!(out.contains("original"), "local change survived: {out}");
     assert!(!out.contains("changed"), "{out}");
 
-    // Both tasks used clones in state_dir/workspaces, no lock left behind.
+    // Both tasks used clones in state_dir/workspaces, no lock left behind (a task's lock
+    // goes with its leftovers, after its result: looked at once the daemon has stopped).
+    h.stop_daemon().await;
     let entries: Vec<String> = std::fs::read_dir(h.dir().join("workspaces"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -177,7 +179,11 @@ async fn a_live_lock_fails_the_task_and_a_dead_one_is_taken_over() {
     h.assign(shell_task("lock-2", "true", &remote.url(), "stale"));
     let done = terminal(h.hub(), "lock-2").await;
     assert_eq!(done["type"], "task_complete", "{done}");
-    assert!(!lock.exists(), "released after the task");
+    // Released with the task's other leftovers, once its result is sent.
+    assert!(
+        crate::util::wait_until(|| !lock.exists(), T).await,
+        "released after the task"
+    );
     h.finish().await;
 }
 
@@ -202,8 +208,9 @@ async fn a_task_without_repo_or_repo_dir_gets_a_temp_dir_removed_afterwards() {
         "{cwd}"
     );
     assert!(done["result"].get("branch").is_none());
+    // Removed once the result is sent (see `runner::Leftovers`).
     assert!(
-        !Path::new(&cwd).exists(),
+        crate::util::wait_until(|| !Path::new(&cwd).exists(), T).await,
         "temp workspace {cwd} left behind"
     );
     h.finish().await;
