@@ -18,7 +18,7 @@ pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCod
     crate::sandbox::refuse_powerless_root().map_err(anyhow::Error::msg)?;
     let cfg = args.config.load()?;
     // The probe first: it forks a test child and is the longest step before `identify`.
-    let probe = daemon::Probe::start(&cfg);
+    let probe = crate::sandbox::Probing::start(cfg.containment);
     logs.set(Redactor::from_config(&cfg));
     config::warn_about(&cfg);
     tracing::info!(agent_id = %cfg.agent_id, hub = %cfg.hub_url, state = %cfg.state_file().display(), "hub-sidecar starting");

@@ -35,7 +35,7 @@ use crate::process::ChildEnv;
 use crate::recorder::Recorder;
 use crate::redact::Redactor;
 use crate::runner::RunnerDeps;
-use crate::sandbox::Policy;
+use crate::sandbox::Probing;
 use crate::state::{ActiveTask, OutboxMeta, Phase, StateStore};
 use crate::task::Task;
 
@@ -61,35 +61,9 @@ const RECOVERY_ANSWER: Duration = Duration::from_secs(60);
 const REPROBE_FIRST: Duration = Duration::from_secs(2);
 const REPROBE_MAX: Duration = Duration::from_secs(300);
 
-/// The containment probe (see [`crate::sandbox::Policy::probe_blocking`]), started as
-/// soon as the config is known: a forked test child, the longest step on the way to
-/// `identify`.
-pub struct Probe(JoinHandle<Policy>);
-
-impl Probe {
-    /// Start probing on the blocking pool for `cfg`'s containment level.
-    pub fn start(cfg: &Config) -> Probe {
-        let configured = cfg.containment;
-        Probe(tokio::task::spawn_blocking(move || {
-            Policy::probe_blocking(configured)
-        }))
-    }
-
-    /// The probe's answer, logged once. A probe that panicked proved nothing: strict then
-    /// refuses work, as on a machine without the layers.
-    async fn answer(self, configured: Option<crate::config::Containment>) -> Policy {
-        let policy = self
-            .0
-            .await
-            .unwrap_or_else(|_| Policy::decide(configured, crate::sandbox::Support::none()));
-        policy.log();
-        policy
-    }
-}
-
 /// Run the daemon until shutdown. `ops` receives metrics and health.
 pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
-    let probe = Probe::start(&cfg);
+    let probe = Probing::start(cfg.containment);
     run_probed(cfg, shutdown, ops, probe).await
 }
 
@@ -98,7 +72,7 @@ pub async fn run_probed(
     cfg: Config,
     shutdown: Shutdown,
     ops: Ops,
-    probe: Probe,
+    probe: Probing,
 ) -> anyhow::Result<ExitReason> {
     let cfg = Arc::new(cfg);
     // Start-up waits on three things, each a few hundred microseconds to milliseconds, and
@@ -297,7 +271,7 @@ impl Daemon {
         budget: Arc<RateBudget>,
         link: Link,
         state: LoadedState,
-        probe: Probe,
+        probe: Probing,
     ) -> (Daemon, JoinHandle<()>) {
         let Link {
             handle: link,
@@ -313,7 +287,7 @@ impl Daemon {
             Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
         let ledger =
             Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await);
-        let containment = Arc::new(probe.answer(cfg.containment).await);
+        let containment = Arc::new(probe.answer().await);
         ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
         let deps = RunnerDeps {
             config: cfg.clone(),

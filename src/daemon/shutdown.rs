@@ -54,17 +54,17 @@ pub enum ExitReason {
 /// How long a drain waits for the outbox to empty after the task finished.
 pub(super) const OUTBOX_FLUSH: Duration = Duration::from_secs(10);
 
-/// Wait for `fut` at most `limit`, and not at all once `immediate` is cancelled.
-/// `true` when `fut` finished.
-pub(super) async fn wait_unless_immediate(
+/// Wait for `fut` at most `limit`, and not at all once `immediate` is cancelled: its
+/// output when it finished, `None` when it did not.
+pub(super) async fn wait_unless_immediate<F: Future>(
     immediate: &CancellationToken,
     limit: Duration,
-    fut: impl Future,
-) -> bool {
+    fut: F,
+) -> Option<F::Output> {
     tokio::select! {
         biased;
-        _ = immediate.cancelled() => false,
-        r = tokio::time::timeout(limit, fut) => r.is_ok(),
+        _ = immediate.cancelled() => None,
+        r = tokio::time::timeout(limit, fut) => r.ok(),
     }
 }
 
@@ -89,13 +89,8 @@ impl Daemon {
             r.cancel.cancel();
             let grace =
                 Duration::from_millis(self.cfg.executor.kill_grace_ms) + Duration::from_secs(2);
-            let ended = tokio::select! {
-                biased;
-                _ = immediate.cancelled() => None,
-                r = tokio::time::timeout(grace, &mut r.handle) => r.ok(),
-            };
-            match ended {
-                // Removed before the daemon exits (see `run_daemon`).
+            match wait_unless_immediate(&immediate, grace, &mut r.handle).await {
+                // Removed before the daemon exits (see `run_probed`).
                 Some(Ok(finished)) => {
                     self.leftovers = Some(tokio::spawn(finished.leftovers.remove()));
                 }

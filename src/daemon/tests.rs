@@ -87,7 +87,7 @@ async fn daemon(seed: Seed, tweak: impl FnOnce(&mut Config)) -> (Daemon, Rig) {
         events: ev_rx,
         announce: tokio::sync::watch::channel(None).0,
     };
-    let probe = super::Probe::start(&cfg);
+    let probe = crate::sandbox::Probing::start(cfg.containment);
     let (d, _writer) = Daemon::new(
         cfg,
         shutdown.clone(),
@@ -363,13 +363,25 @@ async fn wait_unless_immediate_waits_at_most_its_limit_and_not_at_all_once_cance
     let immediate = CancellationToken::new();
     let t0 = Instant::now();
     let quick = tokio::time::sleep(Duration::from_secs(1));
-    assert!(wait_unless_immediate(&immediate, Duration::from_secs(5), quick).await);
+    assert!(
+        wait_unless_immediate(&immediate, Duration::from_secs(5), quick)
+            .await
+            .is_some()
+    );
     assert_eq!(t0.elapsed(), Duration::from_secs(1));
     let slow = std::future::pending::<()>();
-    assert!(!wait_unless_immediate(&immediate, Duration::from_secs(5), slow).await);
+    assert!(
+        wait_unless_immediate(&immediate, Duration::from_secs(5), slow)
+            .await
+            .is_none()
+    );
     assert_eq!(t0.elapsed(), Duration::from_secs(6));
     immediate.cancel();
     let slow = std::future::pending::<()>();
-    assert!(!wait_unless_immediate(&immediate, Duration::from_secs(5), slow).await);
+    assert!(
+        wait_unless_immediate(&immediate, Duration::from_secs(5), slow)
+            .await
+            .is_none()
+    );
     assert_eq!(t0.elapsed(), Duration::from_secs(6));
 }

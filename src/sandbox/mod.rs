@@ -77,6 +77,36 @@ use landlock::FsPolicy;
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
 
+/// The containment probe ([`Policy::probe_blocking`]) for the `configured` level (the
+/// config's `containment`), running on the blocking pool from [`Probing::start`]: it forks a
+/// test child, the longest step on the daemon's way to `identify`, so the daemon starts it
+/// as soon as the config is read and collects it when it needs the answer.
+pub struct Probing {
+    configured: Option<Containment>,
+    handle: tokio::task::JoinHandle<Policy>,
+}
+
+impl Probing {
+    /// Start probing now.
+    pub fn start(configured: Option<Containment>) -> Probing {
+        Probing {
+            configured,
+            handle: tokio::task::spawn_blocking(move || Policy::probe_blocking(configured)),
+        }
+    }
+
+    /// The probe's answer, logged once. A probe that panicked proved nothing: strict then
+    /// refuses work, as on a machine without the layers.
+    pub async fn answer(self) -> Policy {
+        let policy = self
+            .handle
+            .await
+            .unwrap_or_else(|_| Policy::decide(self.configured, Support::none()));
+        policy.log();
+        policy
+    }
+}
+
 /// What this machine lets the daemon enforce; probed once at start-up.
 #[derive(Debug, Clone)]
 pub struct Support {
@@ -190,15 +220,9 @@ impl Policy {
         Policy::decide(configured, support)
     }
 
-    /// [`Policy::probe_blocking`] on the blocking pool for the `configured` level (the
-    /// config's `containment`), and the outcome logged once: what every entry point that
-    /// runs tasks does first. Borrows nothing, so it can run beside other start-up work.
+    /// [`Probing`] from start to answer: what every entry point that runs tasks does first.
     pub async fn probe_and_decide(configured: Option<Containment>) -> Policy {
-        let policy = tokio::task::spawn_blocking(move || Policy::probe_blocking(configured))
-            .await
-            .unwrap_or_else(|_| Policy::decide(configured, Support::none()));
-        policy.log();
-        policy
+        Probing::start(configured).answer().await
     }
 
     /// Why no task may run now, with what to do about it; `None` when tasks may run.
