@@ -66,18 +66,12 @@ pub(super) async fn prepare(
     .await?;
     let git = GitRunner::new(cfg, &git_env, cancel.clone());
     let (ws, branch) = prepare_workspace(cfg, task, &git, progress).await?;
-    let env = confine_off_runtime(cfg, deps, tmp, task_grants(task, &ws)).await;
+    let (ws, env) = task_sandbox(task, deps, tmp, ws).await?;
     let git = match ws.git_dir() {
         Some(dir) => git.trusting(&ws.path, dir),
         None => git,
     };
-    match env {
-        Ok(env) => Ok((git, ws, branch, env)),
-        Err(e) => {
-            ws.release().await;
-            Err(PrepareError::Containment(e))
-        }
-    }
+    Ok((git, ws, branch, env))
 }
 
 /// [`prepare`] for a task in a per-task directory ([`workspace::is_temp`]): nobody's
@@ -92,8 +86,20 @@ async fn prepare_temp(
 ) -> Result<Prepared, PrepareError> {
     let cfg = &deps.config;
     let ws = workspace::prepare_temp(cfg, task).await?;
-    match confine_off_runtime(cfg, deps, tmp, task_grants(task, &ws)).await {
-        Ok(env) => Ok((GitRunner::new(cfg, &env, cancel.clone()), ws, None, env)),
+    let (ws, env) = task_sandbox(task, deps, tmp, ws).await?;
+    Ok((GitRunner::new(cfg, &env, cancel.clone()), ws, None, env))
+}
+
+/// The task's own children's sandbox over `ws` ([`task_grants`]); a workspace the task
+/// cannot be confined in is released.
+async fn task_sandbox(
+    task: &Task,
+    deps: &RunnerDeps,
+    tmp: &Path,
+    ws: Workspace,
+) -> Result<(Workspace, ChildEnv), PrepareError> {
+    match confine_off_runtime(&deps.config, deps, tmp, task_grants(task, &ws)).await {
+        Ok(env) => Ok((ws, env)),
         Err(e) => {
             ws.release().await;
             Err(PrepareError::Containment(e))
