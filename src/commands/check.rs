@@ -133,7 +133,7 @@ pub async fn probe_all(cfg: &Config) -> Vec<Item> {
     let workspace = cfg
         .repo_dir
         .clone()
-        .unwrap_or_else(|| cfg.state_dir.join("work"));
+        .unwrap_or_else(|| crate::workspace::task_dirs_root(cfg));
     let (hub, claude, ollama, git, state, work) = tokio::join!(
         probe_hub(cfg),
         probe_claude(cfg),

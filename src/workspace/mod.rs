@@ -150,7 +150,7 @@ pub fn is_temp(cfg: &Config, task: &Task) -> bool {
 /// Whether `path` is a per-task directory ([`WorkspaceKind::Temp`], `state_dir/work/<id>`):
 /// nobody's repository, removed with its task.
 pub fn is_task_dir(cfg: &Config, path: &Path) -> bool {
-    cfg.repo_dir.is_none() && path.parent() == Some(cfg.state_dir.join("work").as_path())
+    cfg.repo_dir.is_none() && path.parent() == Some(task_dirs_root(cfg).as_path())
 }
 
 /// The per-task directory of a task that [`is_temp`]: created empty, removed on release.
@@ -339,7 +339,7 @@ fn keep_patterns(paths: &[String]) -> Result<Vec<String>, WorkspaceError> {
 pub fn workspace_for(cfg: &Config, task: &Task) -> PathBuf {
     match &cfg.repo_dir {
         Some(d) => d.clone(),
-        None => cfg.state_dir.join("work").join(safe_name(&task.task_id)),
+        None => task_dirs_root(cfg).join(safe_name(&task.task_id)),
     }
 }
 
@@ -360,7 +360,17 @@ fn safe_name(id: &str) -> String {
 /// The task's private TMPDIR, `state_dir/tmp/<task>`: inside the state directory, which a
 /// task's children cannot otherwise reach, and removed with the task.
 pub fn task_tmp_dir(cfg: &Config, task: &Task) -> PathBuf {
-    cfg.state_dir.join("tmp").join(safe_name(&task.task_id))
+    tmp_dirs_root(cfg).join(safe_name(&task.task_id))
+}
+
+/// Where the per-task directories ([`WorkspaceKind::Temp`]) are: `state_dir/work`.
+pub fn task_dirs_root(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("work")
+}
+
+/// Where the tasks' private TMPDIRs are: `state_dir/tmp`.
+fn tmp_dirs_root(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("tmp")
 }
 
 /// Remove what tasks of an earlier run left in the state directory: the per-task TMPDIRs
@@ -370,7 +380,7 @@ pub fn task_tmp_dir(cfg: &Config, task: &Task) -> PathBuf {
 /// remove them. Returns how many were removed.
 pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> usize {
     let keep = keep.map(|t| safe_name(&t.task_id));
-    let roots = [cfg.state_dir.join("tmp"), cfg.state_dir.join("work")];
+    let roots = [tmp_dirs_root(cfg), task_dirs_root(cfg)];
     let removed = tokio::task::spawn_blocking(move || {
         let mut removed = 0;
         for root in roots {
