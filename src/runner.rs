@@ -1,10 +1,10 @@
 //! Runs one task to its terminal frame: workspace, task branch, executor, verification
 //! loop, commit/push/PR, result.
 //!
-//! The runner owns nothing durable: it returns the frame and the daemon puts it in the
+//! The runner owns nothing durable: it returns the frame, which the daemon puts in the
 //! outbox, and what the task leaves to remove ([`Leftovers`]), which the daemon removes once
-//! the frame is on its way. Everything it sends is redacted first, with the task's own secrets (a password in
-//! its `repo` URL) added to the daemon's.
+//! the frame is on its way. Everything it sends is redacted first, with the task's own
+//! secrets (a password in its `repo` URL) added to the daemon's.
 //!
 //! Layout: this file runs the phases and builds the terminal frame; `prepare.rs` is the
 //! first phase (workspace, task branch, the children's sandbox).

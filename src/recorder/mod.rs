@@ -29,8 +29,8 @@
 //!   capped per task (`recorder.max_task_bytes`, keeping the head and the last chunk);
 //!   records are queued on a bounded channel and dropped (counted) rather than blocking a
 //!   task; retention keeps at most `recorder.max_tasks` records and `recorder.max_total_bytes`
-//!   in total, oldest removed first, checked at start and after every task. Unset, the two
-//!   byte bounds are this agent's share of the host ([`sizing`]).
+//!   in total, oldest removed first, checked when the first task writes and after every
+//!   task. Unset, the two byte bounds are this agent's share of the host ([`sizing`]).
 //! - No blocking on the runtime: files are written by one `spawn_blocking` writer that ends
 //!   when every handle is dropped.
 
@@ -134,7 +134,7 @@ impl Recorder {
             return (Recorder::disabled(), tokio::spawn(async {}));
         }
         let (tx, rx) = mpsc::channel(QUEUE);
-        // Until the writer has sized the budget (its first act, a moment after start).
+        // Until the writer has sized the budget (when the first task writes).
         let max_task_bytes =
             Arc::new(AtomicU64::new(cfg.max_task_bytes.unwrap_or_else(|| {
                 sizing::task_bound(cfg.max_total_bytes.unwrap_or(u64::MAX))
