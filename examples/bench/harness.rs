@@ -194,6 +194,25 @@ impl Daemon {
             .unwrap_or(0)
     }
 
+    /// Await `fut` while sampling `RssAnon` and `RssFile` every `every` (`VmHWM` has no
+    /// anonymous/file split): its output and the two peaks seen, in kB.
+    pub(crate) async fn sampling_split<F: std::future::Future>(
+        &self,
+        every: Duration,
+        fut: F,
+    ) -> (F::Output, u64, u64) {
+        let (mut anon_max, mut file_max) = (0, 0);
+        tokio::pin!(fut);
+        loop {
+            anon_max = anon_max.max(self.status_kb("RssAnon"));
+            file_max = file_max.max(self.status_kb("RssFile"));
+            tokio::select! {
+                out = &mut fut => return (out, anon_max, file_max),
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
     /// Resident kB split by what backs it (`/proc/<pid>/smaps`): the executable's own
     /// file pages, shared libraries, and anonymous memory (heap, stacks, arenas).
     pub(crate) fn rss_split(&self) -> (u64, u64, u64) {

@@ -17,18 +17,12 @@ pub(crate) async fn flood(o: &Opts) -> Vec<Row> {
     let rss_before = d.status_kb("VmRSS");
     let (anon_before, file_before) = (d.status_kb("RssAnon"), d.status_kb("RssFile"));
     hub.assign(sample_shell_task("flood", "seq 1 200000"));
-    // VmHWM has no anonymous/file split: sample both every millisecond while the task runs.
-    let (mut anon_max, mut file_max) = (0, 0);
-    let done = hub.wait_for_type("task_complete", T);
-    tokio::pin!(done);
-    let done = loop {
-        anon_max = anon_max.max(d.status_kb("RssAnon"));
-        file_max = file_max.max(d.status_kb("RssFile"));
-        tokio::select! {
-            f = &mut done => break f,
-            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
-        }
-    };
+    let (done, anon_max, file_max) = d
+        .sampling_split(
+            Duration::from_millis(1),
+            hub.wait_for_type("task_complete", T),
+        )
+        .await;
     let Some(done) = done else {
         let log = d.dir.path().join("daemon.log");
         let seen: Vec<String> = hub
@@ -176,18 +170,13 @@ pub(crate) async fn big_output(o: &Opts, runs: usize) -> Vec<Row> {
         let id = format!("big-{r}");
         let idle_kb = d.status_kb("VmRSS");
         hub.assign(sample_shell_task(&id, cmd));
-        // VmHWM has no anonymous/file split: sample both every 5 ms while the task runs.
-        let (mut anon_max, mut file_max) = (0, 0);
-        let done = hub.wait_for_type("task_complete", T * 4);
-        tokio::pin!(done);
-        loop {
-            anon_max = anon_max.max(d.status_kb("RssAnon"));
-            file_max = file_max.max(d.status_kb("RssFile"));
-            tokio::select! {
-                f = &mut done => { f.expect("big output: task_complete"); break; }
-                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-            }
-        }
+        let (done, anon_max, file_max) = d
+            .sampling_split(
+                Duration::from_millis(5),
+                hub.wait_for_type("task_complete", T * 4),
+            )
+            .await;
+        done.expect("big output: task_complete");
         idle.push(idle_kb as f64 / 1024.0);
         anons.push(anon_max as f64 / 1024.0);
         files.push(file_max as f64 / 1024.0);
