@@ -540,8 +540,9 @@ fn history_json(lo: &LoopOutcome) -> Vec<Value> {
 
 /// `task_complete.result` (PROTOCOL.md §7), plus the fields the README's protocol notes list
 /// (the hub ignores fields it does not know and stores the result whole): `retry_budget` and
-/// `max_verification_retries` (the effective budget and why), `plan`, `resumed_at`, and
-/// `flaky_checks` when the loop stopped for a flaky check.
+/// `max_verification_retries` (the effective budget and why), `plan`, `resumed_at`,
+/// `flaky_checks` when the loop stopped for a flaky check, and for a shell task
+/// `shell_runs` (every run of its command: `run`, `exit`, `error`, `execution_ms`).
 pub fn result_json(lo: &LoopOutcome) -> Value {
     let status = match lo.verification_status {
         VerificationStatus::Verified => "success",
@@ -574,6 +575,9 @@ pub fn result_json(lo: &LoopOutcome) -> Value {
     }
     if !lo.flaky_checks.is_empty() {
         v["flaky_checks"] = json!(lo.flaky_checks);
+    }
+    if !lo.last_exec.shell_runs.is_empty() {
+        v["shell_runs"] = json!(lo.last_exec.shell_runs);
     }
     v
 }

@@ -120,7 +120,9 @@ pub struct ExecutorConfig {
     pub ollama_timeout_secs: u64,
     /// Shell default timeout when `metadata.timeout_ms` is absent.
     pub shell_timeout_ms: u64,
-    /// Re-runs of a shell command that exited non-zero (not on timeout or cancel).
+    /// Re-runs of a shell command that exited non-zero (not on timeout or cancel). Default 0:
+    /// a command runs once; re-running it (a migration, a deploy, a push) is the operator's
+    /// explicit choice, announced in progress and kept run by run in `result.shell_runs`.
     pub shell_retries: u32,
     /// Execution timeout for trivial tasks (LLM executors).
     pub trivial_timeout_secs: u64,
@@ -154,7 +156,7 @@ impl Default for ExecutorConfig {
             ollama_allow_insecure_remote: false,
             ollama_timeout_secs: 120,
             shell_timeout_ms: 60_000,
-            shell_retries: 1,
+            shell_retries: 0,
             trivial_timeout_secs: 600,
             standard_timeout_secs: 1_800,
             kill_grace_ms: 5_000,
@@ -167,8 +169,10 @@ impl Default for ExecutorConfig {
 
 /// The daily cost cap when the config sets none (USD).
 pub const DEFAULT_MAX_COST_USD_PER_DAY: f64 = 20.0;
-/// Corrective retries allowed when the config sets no ceiling.
-pub const DEFAULT_RETRY_CEILING: u32 = 3;
+/// Corrective retries allowed when the config sets no ceiling: the specification's cap (5,
+/// [`crate::task::MAX_VERIFICATION_RETRIES`]), so a default install gives a task what it asks
+/// for; an operator may set a lower ceiling.
+pub const DEFAULT_RETRY_CEILING: u32 = crate::task::MAX_VERIFICATION_RETRIES;
 
 /// `[verification]`: checks and the corrective-retry loop.
 #[derive(Debug, Clone)]

@@ -197,6 +197,7 @@ impl ClaudeExecutor {
             iterations_used: totals.turns,
             permission_denials: totals.denials,
             narrative: totals.narrative,
+            shell_runs: Vec::new(),
         }
     }
 }

@@ -137,6 +137,10 @@ pub struct ExecOutcome {
     /// [`crate::verify::plan::NARRATIVE_HEAD_BYTES`]): where the loop looks for its plan.
     #[serde(default)]
     pub narrative: String,
+    /// Shell: every run of the command, first first (more than one only when the operator
+    /// set `executor.shell_retries`); `result.shell_runs`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shell_runs: Vec<shell::ShellRun>,
 }
 
 impl ExecOutcome {
@@ -157,6 +161,7 @@ impl ExecOutcome {
             iterations_used: None,
             permission_denials: Vec::new(),
             narrative: String::new(),
+            shell_runs: Vec::new(),
         }
     }
 

@@ -117,6 +117,14 @@ mod tests {
         }))
         .unwrap();
         t.max_verification_retries = Some(5);
+        // A default install gives the task the specification's cap: nothing lowers it.
+        let b = RetryBudget::decide(&t, &vcfg, true);
+        assert_eq!(
+            (b.max_retries, b.requested, b.operator_ceiling, b.limited_by),
+            (5, 5, 5, None)
+        );
+        // An operator may lower it, and the result says so.
+        vcfg.retry_ceiling = 3;
         let b = RetryBudget::decide(&t, &vcfg, true);
         assert_eq!(
             (b.max_retries, b.requested, b.limited_by),

@@ -223,22 +223,11 @@ async fn a_quiet_task_still_sends_heartbeat_progress() {
     h.finish().await;
 }
 
+/// A shell command runs once by default: a failing one is reported with its exit code and
+/// stderr, and not run again (a migration, a deploy, a push must not run twice).
 #[tokio::test]
-async fn a_failing_shell_command_is_retried_once_then_reported_with_exit_code_and_stderr() {
+async fn a_failing_shell_command_runs_once_and_is_reported_with_exit_code_and_stderr() {
     let h = Harness::start().await;
-    let runs = probe(h.dir()).join("runs");
-    let flaky = format!(
-        "echo x >> {0}; [ $(wc -l < {0}) -ge 2 ] || {{ echo first-try-fails >&2; exit 1; }}; echo ok",
-        runs.display()
-    );
-    h.assign(sample_shell_task("flaky-cmd", &flaky));
-    let done = h
-        .wait_for_type("task_complete", T)
-        .await
-        .expect("second run succeeds");
-    assert_eq!(done["result"]["verification_status"], "verified");
-    assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 2);
-
     let always = probe(h.dir()).join("always");
     let failing = format!(
         "echo x >> {}; echo boom-on-stderr >&2; exit 3",
@@ -253,8 +242,71 @@ async fn a_failing_shell_command_is_retried_once_then_reported_with_exit_code_an
     );
     assert_eq!(
         std::fs::read_to_string(&always).unwrap().lines().count(),
-        2,
-        "one run and exactly one retry"
+        1,
+        "run exactly once"
+    );
+    let runs = &failed["result"]["shell_runs"];
+    assert_eq!(runs.as_array().map(Vec::len), Some(1), "{failed}");
+    assert_eq!(runs[0]["exit"], "exit code 3");
+    assert!(!failed.to_string().contains("retrying"), "{failed}");
+    h.finish().await;
+}
+
+/// Re-running is the operator's explicit choice (`executor.shell_retries`): announced in
+/// progress, and every run kept in the result, first first, so the first failure is never
+/// hidden by a later one (an install that failed on TLS, then "venv already exists").
+#[tokio::test]
+async fn shell_retries_is_announced_and_every_run_is_kept_in_the_result() {
+    let s = Harness::setup().await;
+    let mut c = s.cfg();
+    c.executor.shell_retries = 1;
+    let h = s.start(c).await;
+    let marker = probe(h.dir()).join("venv");
+    let cmd = format!(
+        "if [ -e {0} ]; then echo 'error: a virtual environment already exists' >&2; exit 2; fi; touch {0}; echo 'error: TLS handshake failed' >&2; exit 1",
+        marker.display()
+    );
+    h.assign(sample_shell_task("twice", &cmd));
+    let failed = h.wait_for_type("task_failed", T).await.unwrap();
+    let reason = failed["reason"].as_str().unwrap();
+    let first = reason.find("TLS handshake failed").expect(reason);
+    let second = reason.find("already exists").expect(reason);
+    assert!(first < second, "the first failure comes first: {reason}");
+    assert!(reason.contains("executor.shell_retries = 1"), "{reason}");
+    let runs = failed["result"]["shell_runs"].as_array().unwrap().clone();
+    assert_eq!(runs.len(), 2, "{failed}");
+    assert_eq!(
+        (&runs[0]["run"], &runs[0]["exit"]),
+        (&json!(1), &json!("exit code 1"))
+    );
+    assert!(runs[0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("TLS handshake failed"));
+    assert_eq!(
+        (&runs[1]["run"], &runs[1]["exit"]),
+        (&json!(2), &json!("exit code 2"))
+    );
+    assert!(runs[1]["error"]
+        .as_str()
+        .unwrap()
+        .contains("already exists"));
+    // What the hub was told while it ran (progress frames, and the last batch that may
+    // ride in the result).
+    let mut said: String = h
+        .received_of("task_progress")
+        .iter()
+        .filter(|f| f["task_id"] == "twice")
+        .map(|f| f["execution_event"].to_string())
+        .collect();
+    said.push_str(&failed["result"]["last_progress"].to_string());
+    assert!(
+        said.contains("executor.shell_retries = 1: a failing shell command is run again"),
+        "{said}"
+    );
+    assert!(
+        said.contains("shell command failed on run 1 (exit code 1); running it again"),
+        "{said}"
     );
     h.finish().await;
 }

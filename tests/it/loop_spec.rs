@@ -97,8 +97,12 @@ async fn greeting(
 
 #[tokio::test]
 async fn a_retry_is_announced_with_its_failing_checks_one_attempt_number_and_its_budget() {
-    // The task asks for 5; the operator's ceiling (default 3) lowers it, and says so.
-    let (done, events, _) = greeting(|t| t["max_verification_retries"] = json!(5), |_| {}).await;
+    // The task asks for 5; the operator lowered the ceiling to 3, and that is said.
+    let (done, events, _) = greeting(
+        |t| t["max_verification_retries"] = json!(5),
+        |c| c.verification.retry_ceiling = 3,
+    )
+    .await;
     assert_eq!(done["type"], "task_complete", "{done}");
     let r = &done["result"];
     assert_eq!(r["verification_status"], "verified");

@@ -126,26 +126,27 @@ async fn retry_cap_of_five_holds_for_a_task_asking_nine() {
     assert_eq!(out.executions, 6);
 }
 
+/// The hub fills in 5 for a task submitted without a number; a default install gives it the
+/// five retries the specification allows (the operator's ceiling defaults to that cap).
 #[tokio::test]
-async fn the_default_local_retry_ceiling_caps_what_the_hub_fills_in() {
+async fn the_default_retry_ceiling_is_the_specifications_cap() {
     let dir = tempfile::tempdir().unwrap();
     let (ctx, _) = ctx_for(
         dir.path(),
         json!({"description": "x", "max_verification_retries": 5,
             "verification_steps": [{"type": "file_exists", "target": "never.txt"}]}),
     );
-    assert_eq!(
-        ctx.config.verification.retry_ceiling,
-        hub_sidecar::config::DEFAULT_RETRY_CEILING
-    );
+    assert_eq!(ctx.config.verification.retry_ceiling, 5);
     let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, k| {
         std::fs::write(ws.join(format!("try{k}.txt")), "x\n").unwrap();
     })
     .await;
     assert_eq!(out.termination_reason, "retries_exhausted");
+    assert_eq!(out.executions, 6, "five corrective retries after the first");
     assert_eq!(
-        out.executions,
-        hub_sidecar::config::DEFAULT_RETRY_CEILING + 1
+        (out.budget.max_retries, out.budget.limited_by),
+        (5, None),
+        "nothing lowered what the task asked for"
     );
 }
 
