@@ -1,7 +1,9 @@
 //! The mechanical checks (`verification_steps[]`) and one verification run over all of them.
 //!
-//! Owns: path resolution inside the workspace, test-runner detection, the per-check and
-//! global deadlines, and the `verification_check_result` progress events. Every command goes
+//! Owns: path resolution inside the workspace, the per-check and global deadlines, the
+//! file and git checks, and the `verification_check_result` progress events; a check's
+//! command and its verdict are `check_command`, `test_passes` and its runner detection
+//! `test_runner`. Every command goes
 //! through [`crate::process::run`] (own process group, capped output, group kill), so a
 //! check that hangs is killed with its whole tree and the runtime never blocks.
 //!
@@ -13,16 +15,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::executor::ExecContext;
-use crate::process::{self, CommandSpec, Exit, Limits};
+use crate::process::Exit;
 use crate::progress::{EventKind, ProgressEvent};
 use crate::task::{CheckType, Task, VerificationStep};
 
+use super::check_command::{command_succeeds, run_bounded, timed_out, CHECK_KILL_GRACE};
 use super::judge;
 use super::report::{CheckResult, CheckStatus, ReportStatus, VerificationReport};
-
-/// SIGTERM → SIGKILL grace for check commands. Short on purpose: a check is disposable and
-/// the report's deadline must hold even when a test runner ignores SIGTERM.
-const CHECK_KILL_GRACE: Duration = Duration::from_millis(300);
+use super::test_runner::test_passes;
 
 /// Default global deadline of one verification run (PROTOCOL.md §5).
 pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
@@ -346,125 +346,8 @@ async fn git_clean(ctx: &ExecContext, target: &str, bound: Duration) -> (CheckSt
     }
 }
 
-async fn command_succeeds(
-    ctx: &ExecContext,
-    target: &str,
-    bound: Duration,
-) -> (CheckStatus, String) {
-    if target.trim().is_empty() {
-        return (
-            CheckStatus::Error,
-            "command_succeeds needs a command as its target; the target is empty".into(),
-        );
-    }
-    let spec = CommandSpec::shell(target, &ctx.workspace, ctx.env.clone());
-    command_result(ctx, &spec, bound, "sh").await
-}
-
-/// The test command `test_passes` runs for `target: "auto"`: detected from marker files.
-pub async fn detect_test_runner(workspace: &Path) -> Option<(&'static str, Vec<&'static str>)> {
-    const RUNNERS: &[(&[&str], &str, &[&str])] = &[
-        (&["Cargo.toml"], "cargo", &["test"]),
-        (&["mix.exs"], "mix", &["test"]),
-        (&["package.json"], "npm", &["test"]),
-        (&["pyproject.toml", "pytest.ini"], "pytest", &[]),
-        (&["go.mod"], "go", &["test", "./..."]),
-        (&["Makefile"], "make", &["test"]),
-    ];
-    for (markers, program, args) in RUNNERS {
-        for m in *markers {
-            if tokio::fs::try_exists(workspace.join(m))
-                .await
-                .unwrap_or(false)
-            {
-                return Some((program, args.to_vec()));
-            }
-        }
-    }
-    None
-}
-
-async fn test_passes(ctx: &ExecContext, target: &str, bound: Duration) -> (CheckStatus, String) {
-    let t = target.trim();
-    if t.is_empty() {
-        return (
-            CheckStatus::Error,
-            "test_passes needs a target: \"auto\" or a test command; the target is empty".into(),
-        );
-    }
-    if t != "auto" {
-        let spec = CommandSpec::shell(t, &ctx.workspace, ctx.env.clone());
-        return command_result(ctx, &spec, bound, "sh").await;
-    }
-    let Some((program, args)) = detect_test_runner(&ctx.workspace).await else {
-        return (
-            CheckStatus::Error,
-            "no test runner detected (looked for Cargo.toml, mix.exs, package.json, pyproject.toml, pytest.ini, go.mod, Makefile); give the test command as the target".into(),
-        );
-    };
-    let spec = CommandSpec::new(program, &ctx.workspace, ctx.env.clone()).args(args);
-    command_result(ctx, &spec, bound, program).await
-}
-
-async fn run_bounded(
-    ctx: &ExecContext,
-    spec: &CommandSpec,
-    bound: Duration,
-) -> std::io::Result<process::RunOutput> {
-    let limits = Limits {
-        timeout: Some(bound),
-        grace: CHECK_KILL_GRACE,
-        output_cap: ctx.config.verification.check_output_cap_bytes.max(1024),
-    };
-    process::run(spec, &limits, &ctx.cancel, None).await
-}
-
-fn timed_out(bound: Duration, output: &str) -> (CheckStatus, String) {
-    (
-        CheckStatus::Timeout,
-        format!(
-            "timed out after {} ms; the process group was killed\n{output}",
-            bound.as_millis()
-        ),
-    )
-}
-
-/// Exit 0 → pass, non-zero → fail, not startable → error.
-async fn command_result(
-    ctx: &ExecContext,
-    spec: &CommandSpec,
-    bound: Duration,
-    program: &str,
-) -> (CheckStatus, String) {
-    let out = match run_bounded(ctx, spec, bound).await {
-        Ok(o) => o,
-        Err(e) => {
-            return (
-                CheckStatus::Error,
-                format!("could not start `{program}`: {e}"),
-            )
-        }
-    };
-    let text = out.combined();
-    match out.exit {
-        Exit::Code(0) => (CheckStatus::Pass, text),
-        Exit::TimedOut => timed_out(bound, &text),
-        Exit::Cancelled => (CheckStatus::Error, format!("cancelled\n{text}")),
-        // sh reports a missing program as 127: the check could not run at all.
-        Exit::Code(127) if text.contains("not found") && program != "sh" => (
-            CheckStatus::Error,
-            format!("`{program}` is not installed: {text}"),
-        ),
-        // Containment refused it a path (sandbox/denial.rs): no edit can fix that.
-        other => match ctx.env.sandbox().and_then(|sb| sb.denial(&text)) {
-            Some(denied) => (CheckStatus::Error, format!("{denied}\n{text}")),
-            None => (CheckStatus::Fail, format!("{text}\n[{}]", other.describe())),
-        },
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::Config;
     use crate::process::ChildEnv;
@@ -539,19 +422,19 @@ mod tests {
         use CheckStatus::*;
         assert_eq!(
             st,
-            vec![Pass, Fail, Error, Error, Pass, Fail, Fail, Error, Error, Pass],
+            vec![Pass, Fail, Error, Error, Pass, Fail, Fail, Error, Fail, Pass],
             "{:#?}",
             r.checks
         );
         assert!(r.checks[5].output.contains("boom") && r.checks[5].output.contains("exit code 3"));
         assert!(r.checks[6].output.contains("present.txt"));
         assert_eq!(r.checks[7].output, "unknown check type: frobnicate");
-        assert!(r.checks[8].output.contains("no test runner detected"));
+        assert!(r.checks[8].output.contains("no project file"));
         assert_eq!(r.status, ReportStatus::Error);
         assert_eq!(r.summary.total, 10);
         assert_eq!(
             (r.summary.passed, r.summary.failed, r.summary.errors),
-            (3, 3, 4)
+            (3, 4, 3)
         );
         assert_eq!(ctx.progress.emitted(), 10);
         let ev = ctx.progress.take_event().unwrap();
@@ -612,42 +495,6 @@ mod tests {
         assert_eq!(r.checks[0].status, CheckStatus::Pass, "{:?}", r.checks[0]);
         assert_eq!(r.checks[1].status, CheckStatus::Error, "{:?}", r.checks[1]);
         assert_eq!(r.run_number, 2);
-    }
-
-    #[tokio::test]
-    async fn runner_detection_follows_marker_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path();
-        assert_eq!(detect_test_runner(ws).await, None);
-        std::fs::write(ws.join("Makefile"), "test:\n\ttrue\n").unwrap();
-        assert_eq!(detect_test_runner(ws).await, Some(("make", vec!["test"])));
-        std::fs::write(ws.join("go.mod"), "").unwrap();
-        assert_eq!(
-            detect_test_runner(ws).await,
-            Some(("go", vec!["test", "./..."]))
-        );
-        std::fs::write(ws.join("pytest.ini"), "").unwrap();
-        assert_eq!(detect_test_runner(ws).await, Some(("pytest", vec![])));
-        std::fs::write(ws.join("package.json"), "{}").unwrap();
-        assert_eq!(detect_test_runner(ws).await, Some(("npm", vec!["test"])));
-        std::fs::write(ws.join("mix.exs"), "").unwrap();
-        assert_eq!(detect_test_runner(ws).await, Some(("mix", vec!["test"])));
-        std::fs::write(ws.join("Cargo.toml"), "").unwrap();
-        assert_eq!(detect_test_runner(ws).await, Some(("cargo", vec!["test"])));
-    }
-
-    #[tokio::test]
-    async fn auto_runner_runs_make_test() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path();
-        std::fs::write(ws.join("Makefile"), "test:\n\t@echo ran-tests\n").unwrap();
-        let ctx = ctx_for(
-            ws,
-            serde_json::json!({"verification_steps": [{"type": "test_passes", "target": "auto"}]}),
-        );
-        let r = run_checks(&ctx, 1, &[]).await;
-        assert_eq!(r.status, ReportStatus::Pass, "{:?}", r.checks);
-        assert!(r.checks[0].output.contains("ran-tests"));
     }
 
     #[tokio::test]

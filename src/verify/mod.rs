@@ -3,7 +3,9 @@
 //! # Layout
 //!
 //! - [`report`]: the report shape of PROTOCOL.md §7.
-//! - [`checks`]: the check types and one verification run (deadlines, progress events).
+//! - [`checks`]: the check types and one verification run (deadlines, progress events);
+//!   `check_command`: a check's command and its verdict; [`test_runner`]: `test_passes`
+//!   and its runner detection.
 //! - [`observe`]: workspace snapshots and what an attempt changed.
 //! - [`judge`]: the optional `llm_judge` check.
 //! - [`signature`]: failure signatures (no-progress and oscillation detection).
@@ -14,6 +16,7 @@
 //!   guard, a failed check run once more, is `flaky`).
 
 pub mod budget;
+mod check_command;
 pub mod checks;
 mod flaky;
 pub mod judge;
@@ -23,6 +26,7 @@ pub mod prompt;
 pub mod report;
 pub mod retry_loop;
 pub mod signature;
+pub mod test_runner;
 
 use serde::{Deserialize, Serialize};
 

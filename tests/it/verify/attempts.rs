@@ -295,7 +295,7 @@ async fn a_check_no_edit_can_fix_stops_the_loop_at_once_with_check_error() {
         dir.path(),
         json!({"description": "x", "max_verification_retries": 3,
         "verification_steps": [
-            {"type": "test_passes", "target": "auto"},
+            {"type": "file_exists", "target": "../outside-the-workspace"},
             {"type": "file_exists", "target": "never.txt"}
         ]}),
     );
@@ -311,6 +311,38 @@ async fn a_check_no_edit_can_fix_stops_the_loop_at_once_with_check_error() {
     );
     assert_eq!(prompts.len(), 1);
     assert_eq!(out.attempts[0].report.status, ReportStatus::Error);
+}
+
+/// A task whose job is to create the project: `test_passes auto` before the project file
+/// exists is a failed check the agent can fix, so the loop retries, and the attempt that
+/// adds the project (with a passing test) is verified.
+#[tokio::test]
+async fn test_passes_auto_before_the_project_exists_is_fixed_by_creating_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, _) = ctx_for(
+        dir.path(),
+        json!({"description": "create the project", "max_verification_retries": 2,
+            "verification_steps": [{"type": "test_passes", "target": "auto"}]}),
+    );
+    let (out, prompts) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, k| {
+        if k == 1 {
+            std::fs::write(ws.join("notes.txt"), "started\n").unwrap();
+        } else {
+            std::fs::write(ws.join("Makefile"), "test:\n\t@echo tests-ran\n").unwrap();
+        }
+    })
+    .await;
+    assert_eq!(out.termination_reason, "verified", "{:#?}", out.attempts);
+    assert_eq!(out.executions, 2);
+    assert_eq!(out.attempts[0].report.status, ReportStatus::Fail);
+    assert!(
+        prompts[1].contains("no project file"),
+        "the retry says what to fix: {}",
+        prompts[1]
+    );
+    assert!(out.attempts[1].report.checks[0]
+        .output
+        .contains("tests-ran"));
 }
 
 #[tokio::test]
