@@ -12,13 +12,15 @@
 //! - [`claude_stream`]: its `stream-json` lines, usage and typed failures.
 //! - [`ollama`]: `/api/chat` calls, and the agentic tool loop; `ollama_stream`: one
 //!   response's NDJSON lines folded into a reply, and its bounds; `ollama_context`: the chat
-//!   kept inside the context window.
+//!   kept inside the context window; `ollama_message`: reading a chat message (tool calls,
+//!   one-line summaries), used by both.
 //! - [`tools`]: the agentic tools and their workspace sandbox.
 
 pub mod claude;
 pub mod claude_stream;
 pub mod ollama;
 mod ollama_context;
+mod ollama_message;
 mod ollama_stream;
 pub mod shell;
 pub mod tools;

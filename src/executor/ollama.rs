@@ -49,6 +49,7 @@ use crate::task::{Task, Tier};
 use crate::util::truncate_chars;
 
 use super::ollama_context::{fit_context, report_context_overflow};
+use super::ollama_message::{one_line, parse_call};
 use super::ollama_stream::{ChatError, ChatReply, LineParser, MAX_LINE_BYTES, MAX_RESPONSE_BYTES};
 use super::tools::{self, Tools};
 use super::{Attempt, ExecContext, ExecOutcome, ExecStatus, ExecutorError};
@@ -568,26 +569,6 @@ fn options(ctx: &ExecContext) -> Value {
     json!({"num_ctx": ctx.config.executor.ollama_num_ctx})
 }
 
-/// `(name, arguments)` of a tool call; `arguments` may come as an object or a JSON string.
-pub(super) fn parse_call(call: &Value) -> (String, Value) {
-    let f = &call["function"];
-    let name = f
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("unknown")
-        .to_string();
-    let args = match f.get("arguments") {
-        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| json!({})),
-        Some(v @ Value::Object(_)) => v.clone(),
-        _ => json!({}),
-    };
-    (name, args)
-}
-
-pub(super) fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
 fn call_error_outcome(e: CallError, ctx: &ExecContext) -> ExecOutcome {
     match e {
         CallError::Failed(msg) => ExecOutcome::new(ExecStatus::Failed, String::new(), Some(msg)),
@@ -604,22 +585,5 @@ fn call_error_outcome(e: CallError, ctx: &ExecContext) -> ExecOutcome {
                 ctx.llm_timeout().as_secs()
             )),
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tool_call_arguments_as_object_or_string() {
-        let (n, a) =
-            parse_call(&json!({"function": {"name": "read_file", "arguments": {"path": "a"}}}));
-        assert_eq!((n.as_str(), a), ("read_file", json!({"path": "a"})));
-        let (_, a) =
-            parse_call(&json!({"function": {"name": "x", "arguments": "{\"path\":\"b\"}"}}));
-        assert_eq!(a, json!({"path": "b"}));
-        let (n, a) = parse_call(&json!({}));
-        assert_eq!((n.as_str(), a), ("unknown", json!({})));
     }
 }

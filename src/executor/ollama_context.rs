@@ -1,13 +1,21 @@
 //! Keeping an Ollama chat inside the model's context window (`executor.ollama_num_ctx`):
 //! a conservative token estimate, older turns summarised then folded into one message, and
 //! a warning when Ollama says it cut a prompt anyway (it does so silently).
+//!
+//! Two things are never shortened, whatever the chat's length: the task statement (the
+//! system prompt and the first user message) and the plan — the newest message that holds
+//! one in the shape the first prompt asked for ([`Plan::find`]): the model's own plan in the
+//! first attempt, the corrective turn that hands the stored plan back in a later one. A
+//! shortened plan is a different plan; the model would re-plan from a 200-character stub.
 
 use serde_json::{json, Value};
 
 use crate::progress::{EventKind, ProgressEvent};
 use crate::util::truncate_chars;
 
-use super::ollama::{one_line, parse_call};
+use crate::verify::plan::Plan;
+
+use super::ollama_message::{one_line, parse_call};
 use super::ExecContext;
 
 /// Characters counted as one token by the context estimate (conservative: code and JSON
@@ -31,9 +39,21 @@ fn estimate_tokens(messages: &[Value]) -> usize {
         .sum()
 }
 
-/// Keep the chat under `num_ctx` (module docs): the system prompt and the task stay, the
-/// newest turns stay whole, older tool results and answers are summarised, then folded into
-/// one message. Says so in a `status` event when it changed anything.
+/// The message holding the plan (module docs): the newest user or assistant message in
+/// which a plan in the requested shape is found, after the head.
+fn plan_message(messages: &[Value], head_end: usize) -> Option<usize> {
+    (head_end..messages.len()).rev().find(|&i| {
+        let m = &messages[i];
+        matches!(m["role"].as_str(), Some("user" | "assistant"))
+            && m["content"]
+                .as_str()
+                .is_some_and(|c| Plan::find(c, 0).is_some())
+    })
+}
+
+/// Keep the chat under `num_ctx` (module docs): the system prompt, the task and the plan
+/// stay whole, the newest turns stay whole, older tool results and answers are summarised,
+/// then folded into one message. Says so in a `status` event when it changed anything.
 pub(super) fn fit_context(ctx: &ExecContext, messages: &mut Vec<Value>) {
     let num_ctx = ctx.config.executor.ollama_num_ctx as usize;
     // A quarter of the window is left for the answer.
@@ -47,6 +67,8 @@ pub(super) fn fit_context(ctx: &ExecContext, messages: &mut Vec<Value>) {
         .iter()
         .position(|m| m["role"] == "user")
         .map_or(0, |i| i + 1);
+    let plan_at = plan_message(messages, head_end);
+    let pinned = |i: usize| i < head_end || Some(i) == plan_at;
     // The newest turns, whole, within half the budget (at least the last two).
     let mut recent_start = messages.len();
     let mut recent_tokens = 0;
@@ -65,31 +87,51 @@ pub(super) fn fit_context(ctx: &ExecContext, messages: &mut Vec<Value>) {
         if estimate_tokens(messages) <= limit {
             break;
         }
-        if summarise(&mut messages[i]) {
+        if !pinned(i) && summarise(&mut messages[i]) {
             summarised += 1;
         }
     }
-    // 2: still too long: the older turns fold into one message listing what was done.
+    // 2: still too long: the older turns fold into one message listing what was done; the
+    // plan, if it is among them, stays whole just before that message.
     if estimate_tokens(messages) > limit && recent_start > head_end {
-        let folded: Vec<Value> = messages.drain(head_end..recent_start).collect();
-        let mut text = format!(
-            "[{} earlier messages of this task were folded to fit the context window; what they did:]\n",
-            folded.len()
-        );
-        for m in &folded {
-            text.push_str(&fold_line(m));
-            text.push('\n');
+        let older: Vec<(usize, Value)> = messages
+            .drain(head_end..recent_start)
+            .enumerate()
+            .map(|(k, m)| (head_end + k, m))
+            .collect();
+        let mut kept = Vec::new();
+        let mut folded = 0usize;
+        let mut text = String::new();
+        for (i, m) in older {
+            if pinned(i) {
+                kept.push(m);
+            } else {
+                text.push_str(&fold_line(&m));
+                text.push('\n');
+                folded += 1;
+            }
         }
-        summarised += folded.len();
-        messages.insert(head_end, json!({"role": "user", "content": text}));
+        let mut at = head_end;
+        for m in kept {
+            messages.insert(at, m);
+            at += 1;
+        }
+        if folded > 0 {
+            let note = format!(
+                "[{folded} earlier messages of this task were folded to fit the context window; what they did:]\n{text}"
+            );
+            messages.insert(at, json!({"role": "user", "content": note}));
+        }
+        summarised += folded;
     }
     // 3: the newest turns themselves are too long: all but the last are summarised.
+    let plan_at = plan_message(messages, head_end);
     let last = messages.len().saturating_sub(1);
     for i in head_end..last {
         if estimate_tokens(messages) <= limit {
             break;
         }
-        if summarise(&mut messages[i]) {
+        if Some(i) != plan_at && summarise(&mut messages[i]) {
             summarised += 1;
         }
     }

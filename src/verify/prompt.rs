@@ -13,8 +13,8 @@
 //! practice these are `fail` and `timeout`), and their count is in the first line.
 //!
 //! Two corrective forms: [`corrective_prompt`], self-contained (task, plan, previous output),
-//! for an executor that starts afresh; [`corrective_turn`], only what failed, for a
-//! conversation the executor kept.
+//! for an executor that starts afresh; [`corrective_turn`], what failed and the stored plan,
+//! for a conversation the executor kept.
 
 use crate::task::Task;
 use crate::util::truncate_chars;
@@ -127,6 +127,41 @@ pub fn excerpt(output: &str, budget: usize) -> String {
 }
 /// Characters of the previous attempt's output shown in a corrective prompt.
 pub const PREVIOUS_OUTPUT_CHARS: usize = 1_000;
+
+/// The first whole lines of `text` within `budget` characters, and whether anything was left
+/// out. Never a line cut in the middle, except a first line longer than the whole budget
+/// (then its start, marked `[…]`, so the quote is never empty).
+pub fn head_lines(text: &str, budget: usize) -> (String, bool) {
+    let mut s = String::new();
+    let mut used = 0usize;
+    for line in text.lines() {
+        let n = line.chars().count() + usize::from(!s.is_empty());
+        if used + n > budget {
+            if s.is_empty() {
+                s = format!("{} […]", truncate_chars(line, budget));
+            }
+            return (s, true);
+        }
+        if !s.is_empty() {
+            s.push('\n');
+        }
+        s.push_str(line);
+        used += n;
+    }
+    (s, false)
+}
+
+/// The previous attempt's output as a corrective prompt quotes it: its first whole lines
+/// within [`PREVIOUS_OUTPUT_CHARS`] (the plan, when there was one, is at its start), and a
+/// line saying that the rest was left out.
+pub fn quote_previous_output(output: &str) -> String {
+    match head_lines(output.trim(), PREVIOUS_OUTPUT_CHARS) {
+        (s, false) => s,
+        (s, true) => format!(
+            "{s}\n[… the rest is not shown: only whole lines are quoted, up to {PREVIOUS_OUTPUT_CHARS} characters]"
+        ),
+    }
+}
 
 /// The task as the agent must understand it: description, success criteria, and the
 /// verification steps as completion criteria. Every prompt restates it, never a previous
@@ -268,13 +303,15 @@ pub fn corrective_prompt(
     plan_section(&mut s, plan);
     s.push_str(&format!(
         "\nYOUR PREVIOUS OUTPUT:\n{}\n",
-        truncate_chars(previous_output.trim(), PREVIOUS_OUTPUT_CHARS)
+        quote_previous_output(previous_output)
     ));
     s
 }
 
 /// The short corrective turn added to a conversation the executor kept (Ollama's chat): the
-/// task, the plan and the agent's own answer are already in it, so only what failed is new.
+/// task and the agent's own answer are already in it, so what failed is new — and the stored
+/// plan, whole, as the loop keeps it: the model's own plan message may have been summarised
+/// to fit the context window, and a retry must not re-plan from a stub.
 pub fn corrective_turn(
     retry: u32,
     max_retries: u32,
@@ -283,12 +320,7 @@ pub fn corrective_turn(
 ) -> String {
     let mut s = header(retry, max_retries, history);
     failure_sections(&mut s, history);
-    match plan {
-        Some(_) => s.push_str(
-            "\nKeep to the plan you made; redo only the steps whose verification failed.\n",
-        ),
-        None => plan_section(&mut s, None),
-    }
+    plan_section(&mut s, plan);
     s
 }
 
@@ -402,9 +434,43 @@ mod tests {
         // The short turn for a kept chat: what failed, no task, no previous output.
         let t = corrective_turn(2, 4, &h, plan.as_ref());
         assert!(t.starts_with("VERIFICATION RETRY 2/4: fixing 1 failed check(s)."));
-        assert!(t.contains("FAILED CHECKS:") && t.contains("Keep to the plan you made"));
+        assert!(t.contains("FAILED CHECKS:") && t.contains("YOUR PLAN (made on attempt 1"));
+        assert!(t.contains("1. write hello.txt -> verify: grep hi"), "{t}");
         assert!(!t.contains("ORIGINAL TASK") && !t.contains("YOUR PREVIOUS OUTPUT"));
         assert!(t.len() < p.len());
+    }
+
+    /// The retry that asks for the plan again quotes what the agent said in whole lines.
+    #[test]
+    fn the_previous_output_is_quoted_in_whole_lines() {
+        let h = vec![rec(
+            1,
+            vec![("file_exists", "hello.txt", CheckStatus::Fail, "missing")],
+            &["workspace unchanged"],
+        )];
+        // 40 lines of 35 characters: 1,000 characters end in the middle of line 28.
+        let said: Vec<String> = (0..40)
+            .map(|i| format!("my plan, roughly, step {i:02} of forty."))
+            .collect();
+        let p = corrective_prompt(&task(), 1, 3, &h, &said.join("\n"), None);
+        assert!(p.contains("You did not write a plan"), "{p}");
+        let quoted = p.split("YOUR PREVIOUS OUTPUT:\n").nth(1).unwrap();
+        let lines: Vec<&str> = quoted.lines().collect();
+        let whole = lines
+            .iter()
+            .filter(|l| said.iter().any(|s| s == *l))
+            .count();
+        assert_eq!(whole, 27, "{quoted}");
+        assert_eq!(
+            lines[..27],
+            said[..27].iter().map(String::as_str).collect::<Vec<_>>()[..]
+        );
+        assert!(
+            lines[27].starts_with("[… the rest is not shown: only whole lines"),
+            "no line is cut in the middle: {quoted}"
+        );
+        // Short output is quoted as is.
+        assert_eq!(quote_previous_output("a\nb\n"), "a\nb");
     }
 
     #[test]

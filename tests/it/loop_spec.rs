@@ -325,7 +325,12 @@ async fn an_ollama_retry_continues_the_kept_chat_with_a_short_corrective_turn() 
         !turn.contains("ORIGINAL TASK") && !turn.contains("Write done.txt saying done."),
         "{turn}"
     );
-    assert!(turn.contains("Keep to the plan you made"), "{turn}");
+    // The plan the loop stored rides along whole (the chat's copy may be summarised).
+    assert!(
+        turn.contains("YOUR PLAN (made on attempt 1")
+            && turn.contains("Goal: done.txt says done\nSteps:\n1. write it -> verify: grep done"),
+        "{turn}"
+    );
     // The flight record shows what the model was sent: the turn, not the full prompt.
     let record = hub_sidecar::recorder::root(h.dir())
         .join(hub_sidecar::recorder::dir_name("kept-chat"))

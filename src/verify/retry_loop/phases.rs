@@ -576,10 +576,13 @@ impl<'a> LoopRun<'a> {
             execution_ms: self.out.execution_ms,
             executions: self.out.executions,
             plan: self.out.plan.clone(),
-            last_output: crate::util::truncate_chars(
-                &self.out.last_exec.output,
-                prompt::PREVIOUS_OUTPUT_CHARS,
-            ),
+            // Whole lines, more than a prompt quotes: the prompt rebuilt after a restart
+            // cuts them the same way as one built before it.
+            last_output: prompt::head_lines(
+                self.out.last_exec.output.trim(),
+                2 * prompt::PREVIOUS_OUTPUT_CHARS,
+            )
+            .0,
             signatures: self.signatures.clone(),
             oscillation: self.out.oscillation,
         };

@@ -548,3 +548,105 @@ async fn a_20_iteration_run_stays_under_num_ctx_by_summarising_older_turns() {
         .iter()
         .any(|e| e.text.starts_with("context: ") && e.text.contains("num_ctx 16384")));
 }
+
+/// A plan in the shape the first prompt asks for, 5 steps, over 500 characters.
+const PLAN: &str = "PLAN\nGoal: summarise every file of the workspace into SUMMARY.md, one line per file\nSteps:\n1. List the workspace -> verify: list_directory shows the twenty f*.txt files\n2. Read each file in turn -> verify: read_file returned its content without an error\n3. Write one line per file into SUMMARY.md -> verify: SUMMARY.md has twenty lines\n4. Re-read SUMMARY.md -> verify: every line names its file and says what it holds\n5. Finish with a short summary -> verify: the answer lists SUMMARY.md as the change";
+
+/// The model's plan arrives with its first tool call; then 19 more rounds of 16 KiB tool
+/// results push the chat five times over the window. The context fitting summarises and
+/// folds the older turns, but never the plan (nor the task): the last request holds both
+/// whole.
+#[tokio::test]
+async fn the_plan_and_the_task_stay_whole_through_20_iterations() {
+    let ws = tempfile::tempdir().unwrap();
+    let big: String = (0..16 * 1024 / 64)
+        .map(|i| format!("{i:05} the quick brown fox jumps over the lazy dog, again.....\n"))
+        .collect();
+    let mut replies = Vec::new();
+    for i in 0..20 {
+        std::fs::write(ws.path().join(format!("f{i:02}.txt")), &big).unwrap();
+        let call = json!({"function": {"name": "read_file",
+                                       "arguments": {"path": format!("f{i:02}.txt")}}});
+        let content = if i == 0 { PLAN } else { "" };
+        replies.push(Reply::Ndjson(vec![crate::fakes::done_line(
+            json!({"role": "assistant", "content": content, "tool_calls": [call]}),
+            100,
+            10,
+        )]));
+    }
+    let server = FakeOllama::start(replies).await;
+    let statement = format!("THE-TASK: summarise the files. {}", "Detail. ".repeat(60));
+    let task = json!({"task_id": "t-plan", "description": "x",
+        "routing_decision": {"target_type": "ollama", "effective_tier": "complex",
+                             "selected_endpoint": server.endpoint(), "selected_model": MODEL}});
+    let (ctx, _events) = context(task, ws.path(), ChildEnv::inherit(), |_| {});
+    let mut ex = OllamaExecutor::new(&ctx).unwrap();
+    let out = ex.execute(&ctx, &attempt(&statement)).await;
+    assert_eq!(out.iterations_used, Some(20), "{:?}", out.error);
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 20);
+    let last = reqs[19]["messages"].as_array().unwrap();
+    let whole = |text: &str| last.iter().any(|m| m["content"] == text);
+    assert!(whole(PLAN), "the plan was shortened: {last:#?}");
+    assert!(whole(&statement), "the task was shortened");
+    // The chat was cut to fit all the same: older turns were summarised or folded.
+    assert!(last.iter().any(|m| m["content"]
+        .as_str()
+        .is_some_and(|c| c.starts_with("[summarised") || c.contains("were folded"))));
+    let chars: usize = last.iter().map(|m| m.to_string().len()).sum();
+    assert!(chars / 4 < 16_384, "{chars} chars");
+}
+
+/// A corrective retry continues the chat with a short turn that carries the plan the loop
+/// stored, whole: the model does not have to find it in a history that may be summarised.
+#[tokio::test]
+async fn an_ollama_retry_carries_the_stored_plan_in_its_corrective_turn() {
+    let ws = tempfile::tempdir().unwrap();
+    let write = |text: &str| {
+        json!({"function": {"name": "write_file",
+        "arguments": {"path": "out.txt", "content": text}}})
+    };
+    let server = FakeOllama::start(vec![
+        Reply::Ndjson(vec![crate::fakes::done_line(
+            json!({"role": "assistant", "content": PLAN, "tool_calls": [write("wrong\n")]}),
+            100,
+            10,
+        )]),
+        answer("done"),
+        tool_calls(&[(
+            "write_file",
+            json!({"path": "out.txt", "content": "right\n"}),
+        )]),
+        answer("fixed"),
+    ])
+    .await;
+    let task = json!({"task_id": "t-retry-plan", "description": "write out.txt",
+        "max_verification_retries": 1,
+        "verification_steps": [{"type": "command_succeeds", "target": "grep -q right out.txt"}],
+        "routing_decision": {"target_type": "ollama", "effective_tier": "standard",
+                             "selected_endpoint": server.endpoint(), "selected_model": MODEL}});
+    let (ctx, _events) = context(task, ws.path(), ChildEnv::inherit(), |_| {});
+    let mut exec = hub_sidecar::executor::Executor::for_task(&ctx).unwrap();
+    let out = hub_sidecar::verify::retry_loop::run(&mut exec, &ctx).await;
+    assert_eq!(
+        out.termination_reason, "verified",
+        "{:?}",
+        out.last_exec.error
+    );
+    assert_eq!(out.executions, 2);
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 4);
+    let msgs = reqs[2]["messages"].as_array().unwrap();
+    let turn = msgs.last().unwrap();
+    assert_eq!(turn["role"], "user");
+    let turn = turn["content"].as_str().unwrap();
+    assert!(turn.starts_with("VERIFICATION RETRY 1/1"), "{turn}");
+    assert!(turn.contains("YOUR PLAN (made on attempt 1"), "{turn}");
+    let plan = out.plan.expect("the loop stored the plan");
+    assert_eq!(plan.steps.len(), 5);
+    assert!(turn.contains(&plan.render()), "the plan, whole: {turn}");
+    assert!(
+        !turn.contains("ORIGINAL TASK"),
+        "a short turn: the chat has the task"
+    );
+}
