@@ -6,24 +6,29 @@
 //! turns the pending state into at most one `task_progress` frame per budget token, and a
 //! heartbeat frame when the task is quiet so the hub's stale-task sweep leaves it alone.
 //!
-//! What the hub does with the merged frame: it reads the §6 fields of `execution_event` (the
-//! last merged event's) and ignores fields it does not know (PROTOCOL.md, first section), so
-//! `merged_events` and `folded_events` — every merged event with its own `timestamp` and fields —
-//! are for readers of the raw frames and records; the README's "Protocol notes" list them. A
-//! cancelled task is gone at the hub, so progress still pending when the task is taken away is
-//! discarded, not flushed ([`Pump::dropped`]).
+//! What the hub does with the merged frame: it reads the §6 fields of `execution_event` and
+//! ignores fields it does not know (PROTOCOL.md, first section). So the frame takes the shape
+//! of the **most important** event it merges ([`EventKind::rank`]: a retry's start or end
+//! over an error, over a check's result, over a tool call, over a status line; the newest
+//! among equals), and its `text` — a §6 field every hub shows — starts with that event's
+//! text, then every other event's, oldest first, then the stream's tail: no event that
+//! matters is hidden behind a status line. `merged_events` and `folded_events` — every merged
+//! event with its own `timestamp` and fields — are for readers of the raw frames and records;
+//! the README's "Protocol notes" list them. A cancelled task is gone at the hub, so progress
+//! still pending when the task is taken away is discarded, not flushed ([`Pump::dropped`]).
+//!
+//! Layout: this file holds the events and the sink; `pump.rs` sends them under the budget.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
-use crate::hub::budget::RateBudget;
-use crate::hub::proto::Outbound;
 use crate::redact::Redactor;
 use crate::util::{now_ms, tail_bytes};
+
+mod pump;
+pub use pump::{FrameSender, Pump};
 
 /// `execution_event.event_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -56,6 +61,19 @@ impl EventKind {
             self,
             EventKind::Token | EventKind::Stdout | EventKind::Stderr
         )
+    }
+
+    /// How much the hub needs to see an event of this kind when one frame merges several
+    /// (module docs): the frame takes the shape of the highest.
+    pub fn rank(self) -> u8 {
+        match self {
+            EventKind::VerificationRetryStart | EventKind::VerificationRetryComplete => 5,
+            EventKind::Error => 4,
+            EventKind::VerificationCheckResult => 3,
+            EventKind::ToolCall => 2,
+            EventKind::Status => 1,
+            EventKind::Token | EventKind::Stdout | EventKind::Stderr => 0,
+        }
     }
 
     /// The wire name, `event_type` in the frame.
@@ -132,6 +150,27 @@ impl ProgressEvent {
         m.insert("model".into(), json!(self.model));
         m.insert("timestamp".into(), json!(self.timestamp));
         Value::Object(m)
+    }
+}
+
+/// A frame's text within about `max` bytes: `lead` (the head event's text; past half the
+/// cap its end is cut, marked as every cut is), then the tail of `rest`.
+fn lead_then_rest(lead: &str, rest: &str, max: usize) -> String {
+    let mut end = lead.len().min(max / 2);
+    while !lead.is_char_boundary(end) {
+        end -= 1;
+    }
+    let lead = match lead.len() - end {
+        0 => lead.to_string(),
+        cut => format!("{}\n{}", &lead[..end], crate::util::elision(cut as u64)),
+    };
+    match (lead.is_empty(), rest.is_empty()) {
+        (_, true) => lead.to_string(),
+        (true, false) => tail_bytes(rest, max),
+        (false, false) => format!(
+            "{lead}\n{}",
+            tail_bytes(rest, max.saturating_sub(lead.len() + 1))
+        ),
     }
 }
 
@@ -334,7 +373,19 @@ impl ProgressSink {
         } else {
             p.stream_kind.take()
         };
-        let mut texts: Vec<String> = events.iter().map(|e| e.text.clone()).collect();
+        // The frame takes the shape of the most important event (the newest among equals:
+        // it carries the newest state), else of the stream; its text comes first.
+        let first = events
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, e)| (e.kind.rank(), *i))
+            .map(|(i, _)| i);
+        let mut texts: Vec<String> = events
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != first)
+            .map(|(_, e)| e.text.clone())
+            .collect();
         if !stream.is_empty() {
             texts.push(if cut > 0 {
                 format!("{}\n{stream}", crate::util::elision(cut as u64))
@@ -342,13 +393,11 @@ impl ProgressSink {
                 stream
             });
         }
-        // The frame takes the shape of the last structured event (it carries the newest
-        // state: attempt numbers, statuses), else of the stream.
-        let mut head = match events.last() {
-            Some(e) => e.clone(),
+        let mut head = match first {
+            Some(i) => events[i].clone(),
             None => ProgressEvent::new(stream_kind.unwrap_or(EventKind::Status), ""),
         };
-        head.text = tail_bytes(&texts.join("\n"), max);
+        head.text = lead_then_rest(&head.text, &texts.join("\n"), max);
         head.tokens_so_far = p.tokens_so_far;
         head.model = p.model.clone();
         let mut v = head.to_json();
@@ -368,111 +417,6 @@ impl ProgressSink {
 
     async fn changed(&self) {
         self.shared.notify.notified().await
-    }
-}
-
-/// Where the pump sends its frames (the hub link, or a test's channel).
-pub trait FrameSender: Send + Sync {
-    /// Queue one `task_progress` frame; the budget was already taken for it.
-    fn send_progress(&self, frame: Outbound);
-}
-
-/// Turns one task's pending progress into `task_progress` frames under the budget.
-pub struct Pump {
-    /// The task's sink, which executors and checks emit into.
-    pub sink: ProgressSink,
-    /// The task the frames are about.
-    pub task_id: String,
-    /// The hub's "normal" bucket, shared with lifecycle frames (whose reserve it keeps).
-    pub budget: Arc<RateBudget>,
-    /// Where frames go: the hub link, or a test's channel.
-    pub out: Arc<dyn FrameSender>,
-    /// Scrubs secrets from every event before it leaves.
-    pub redactor: Arc<Redactor>,
-    /// At most one frame per this interval.
-    pub min_interval: Duration,
-    /// A frame at least this often, even when nothing happened.
-    pub heartbeat: Duration,
-    /// Cancelled when the task is taken away (the hub cancelled it, an abort, a forced
-    /// stop). The hub deletes a cancelled task, so progress still pending for it would only
-    /// spend budget: it is discarded instead of flushed.
-    pub dropped: CancellationToken,
-}
-
-impl Pump {
-    /// Run until `cancel`. Returns the last batch when the budget had no room for it (the
-    /// runner puts it in the terminal frame, so it is never lost).
-    pub async fn run(self, cancel: CancellationToken) -> Option<Value> {
-        let Pump {
-            sink,
-            task_id,
-            budget,
-            out,
-            redactor,
-            min_interval,
-            heartbeat,
-            dropped,
-        } = self;
-        let send = |mut event: Value| {
-            redactor.scrub_value(&mut event);
-            out.send_progress(Outbound::TaskProgress {
-                task_id: task_id.clone(),
-                progress: None,
-                execution_event: Some(event),
-            });
-        };
-        let mut last_sent = tokio::time::Instant::now();
-        'run: loop {
-            let beat = tokio::time::sleep_until(last_sent + heartbeat);
-            tokio::select! {
-                _ = cancel.cancelled() => break 'run,
-                _ = sink.changed() => {}
-                _ = beat => {
-                    sink.emit(ProgressEvent::status("still working"));
-                }
-            }
-            // Let events accumulate: one frame per interval at most.
-            tokio::select! {
-                _ = cancel.cancelled() => break 'run,
-                _ = tokio::time::sleep_until(last_sent + min_interval) => {}
-            }
-            loop {
-                match budget.try_progress() {
-                    Ok(()) => break,
-                    Err(wait) => tokio::select! {
-                        _ = cancel.cancelled() => break 'run,
-                        _ = tokio::time::sleep(wait) => {}
-                    },
-                }
-            }
-            if let Some(event) = sink.take_event() {
-                send(event);
-                last_sent = tokio::time::Instant::now();
-            }
-        }
-        if dropped.is_cancelled() {
-            let discarded = sink.take_event().is_some();
-            tracing::debug!(task_id = %task_id, discarded, "task dropped: pending progress discarded");
-            return None;
-        }
-        // The task ended: what is still pending (often the verdict's events) goes out once,
-        // ahead of the terminal frame, if the budget above the reserve allows. Otherwise it
-        // is handed back, for the terminal frame to carry: waiting for the budget would hold
-        // up the result, and sending past the reserve would starve the lifecycle frames.
-        let event = sink.take_event()?;
-        if budget.try_progress().is_ok() {
-            send(event);
-            return None;
-        }
-        tracing::info!(task_id = %task_id, "the task's last progress batch goes with its result: no budget above the reserve");
-        Some(event)
-    }
-}
-
-/// The hub link is where a task's progress frames go in the daemon.
-impl FrameSender for crate::hub::link::LinkHandle {
-    fn send_progress(&self, frame: Outbound) {
-        self.send(frame);
     }
 }
 
@@ -571,6 +515,90 @@ mod tests {
         );
     }
 
+    /// The demo's "6 events in one frame" reached the hub as `[status] running claude`: the
+    /// retry that started was hidden. The frame now takes the retry's shape and text first,
+    /// and the status lines stay readable after it.
+    #[test]
+    fn a_merged_frame_leads_with_its_most_important_event() {
+        let s = ProgressSink::new(8192);
+        s.emit(ProgressEvent::status("retry budget: 3 corrective retries"));
+        s.emit(
+            ProgressEvent::new(
+                EventKind::VerificationRetryStart,
+                "Verification retry 1/3: fixing 1 failed check",
+            )
+            .with("attempt", 1)
+            .with("max_retries", 3),
+        );
+        s.emit(ProgressEvent::status("running claude"));
+        s.stream(EventKind::Token, "thinking");
+        let v = s.take_event().unwrap();
+        assert_eq!(v["event_type"], "verification_retry_start", "{v}");
+        assert_eq!(
+            (v["attempt"].clone(), v["max_retries"].clone()),
+            (1.into(), 3.into())
+        );
+        let text = v["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("Verification retry 1/3: fixing 1 failed check\n"),
+            "{text}"
+        );
+        for other in [
+            "retry budget: 3 corrective retries",
+            "running claude",
+            "thinking",
+        ] {
+            assert!(text.contains(other), "{other} lost: {text}");
+        }
+        assert_eq!(v["merged_events"].as_array().unwrap().len(), 3);
+        // Among equals the newest leads; an error outranks a status line and a check.
+        s.emit(ProgressEvent::new(
+            EventKind::VerificationRetryComplete,
+            "Retry 1/3 complete",
+        ));
+        s.emit(ProgressEvent::new(
+            EventKind::VerificationRetryStart,
+            "Verification retry 2/3",
+        ));
+        s.emit(ProgressEvent::status("running claude"));
+        assert_eq!(
+            s.take_event().unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .lines()
+                .next(),
+            Some("Verification retry 2/3")
+        );
+        s.emit(ProgressEvent::new(
+            EventKind::VerificationCheckResult,
+            "check: fail",
+        ));
+        s.emit(ProgressEvent::new(EventKind::Error, "ollama call failed"));
+        s.emit(ProgressEvent::status("still working"));
+        assert_eq!(s.take_event().unwrap()["event_type"], "error");
+    }
+
+    /// However long the merged text, the leading event's text is kept and the rest keeps
+    /// its tail, within the cap.
+    #[test]
+    fn the_leading_text_survives_the_cap() {
+        let s = ProgressSink::new(256);
+        s.emit(ProgressEvent::new(
+            EventKind::VerificationRetryStart,
+            "RETRY-STARTS",
+        ));
+        for i in 0..30 {
+            s.emit(ProgressEvent::status(format!("status line number {i:02}")));
+        }
+        let text = s.take_event().unwrap()["text"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(text.starts_with("RETRY-STARTS\n"), "{text}");
+        assert!(text.ends_with("status line number 29"), "{text}");
+        assert!(text.len() <= 256 + 64, "{}", text.len());
+    }
+
     #[test]
     fn folded_events_keep_their_fields() {
         let s = ProgressSink::new(8192);
@@ -597,82 +625,5 @@ mod tests {
             (0..40).collect::<Vec<u64>>(),
             "every event's fields arrive"
         );
-    }
-
-    struct Frames(Mutex<Vec<Outbound>>);
-
-    impl FrameSender for Frames {
-        fn send_progress(&self, frame: Outbound) {
-            self.0.lock().unwrap().push(frame);
-        }
-    }
-
-    async fn pump_until_stopped(dropped: bool) -> usize {
-        let sink = ProgressSink::new(8192);
-        let frames = Arc::new(Frames(Mutex::new(Vec::new())));
-        let task_cancel = CancellationToken::new();
-        let stop = task_cancel.child_token();
-        let pump = Pump {
-            sink: sink.clone(),
-            task_id: "t".into(),
-            budget: Arc::new(RateBudget::new(60, 60, 0)),
-            out: frames.clone(),
-            redactor: Arc::new(Redactor::new(Vec::new())),
-            min_interval: Duration::from_secs(3600),
-            heartbeat: Duration::from_secs(3600),
-            dropped: task_cancel.clone(),
-        };
-        sink.emit(ProgressEvent::status("queued before the end"));
-        if dropped {
-            task_cancel.cancel();
-        } else {
-            stop.cancel();
-        }
-        pump.run(stop).await;
-        let n = frames.0.lock().unwrap().len();
-        n
-    }
-
-    #[tokio::test]
-    async fn a_dropped_task_pending_progress_is_discarded_a_finished_one_flushed() {
-        assert_eq!(pump_until_stopped(false).await, 1);
-        assert_eq!(pump_until_stopped(true).await, 0);
-    }
-
-    #[tokio::test]
-    async fn the_last_batch_is_handed_back_when_the_budget_has_no_room() {
-        let budget = Arc::new(RateBudget::new(2, 60, 1));
-        let sink = ProgressSink::new(8192);
-        let out = Arc::new(Frames(Mutex::new(Vec::new())));
-        let pump = |budget: Arc<RateBudget>| Pump {
-            sink: sink.clone(),
-            task_id: "t".into(),
-            budget,
-            out: out.clone(),
-            redactor: Arc::new(Redactor::new(Vec::new())),
-            min_interval: Duration::from_secs(3600),
-            heartbeat: Duration::from_secs(3600),
-            dropped: CancellationToken::new(),
-        };
-        // Room: sent as a frame, nothing handed back.
-        sink.emit(ProgressEvent::new(EventKind::Status, "first"));
-        let cancel = CancellationToken::new();
-        cancel.cancel();
-        assert_eq!(pump(budget.clone()).run(cancel).await, None);
-        assert_eq!(out.0.lock().unwrap().len(), 1);
-        // At the reserve: handed back whole, fields included.
-        assert!(budget.try_progress().is_err(), "at the reserve now");
-        sink.emit(
-            ProgressEvent::new(EventKind::VerificationRetryComplete, "verdict").with("attempt", 1),
-        );
-        let cancel = CancellationToken::new();
-        cancel.cancel();
-        let back = pump(budget)
-            .run(cancel)
-            .await
-            .expect("handed back, not dropped");
-        assert_eq!(back["event_type"], "verification_retry_complete");
-        assert_eq!(back["attempt"], 1);
-        assert_eq!(out.0.lock().unwrap().len(), 1);
     }
 }

@@ -1,0 +1,205 @@
+//! Sending one task's progress under the hub's budget: a [`Pump`] turns what the task's
+//! [`ProgressSink`] merged into at most one `task_progress` frame per budget token, a
+//! heartbeat frame when the task is quiet, and at the end either one last frame or the last
+//! batch handed back for the terminal frame to carry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::hub::budget::RateBudget;
+use crate::hub::proto::Outbound;
+use crate::redact::Redactor;
+
+use super::{ProgressEvent, ProgressSink};
+
+/// Where the pump sends its frames (the hub link, or a test's channel).
+pub trait FrameSender: Send + Sync {
+    /// Queue one `task_progress` frame; the budget was already taken for it.
+    fn send_progress(&self, frame: Outbound);
+}
+
+/// Turns one task's pending progress into `task_progress` frames under the budget.
+pub struct Pump {
+    /// The task's sink, which executors and checks emit into.
+    pub sink: ProgressSink,
+    /// The task the frames are about.
+    pub task_id: String,
+    /// The hub's "normal" bucket, shared with lifecycle frames (whose reserve it keeps).
+    pub budget: Arc<RateBudget>,
+    /// Where frames go: the hub link, or a test's channel.
+    pub out: Arc<dyn FrameSender>,
+    /// Scrubs secrets from every event before it leaves.
+    pub redactor: Arc<Redactor>,
+    /// At most one frame per this interval.
+    pub min_interval: Duration,
+    /// A frame at least this often, even when nothing happened.
+    pub heartbeat: Duration,
+    /// Cancelled when the task is taken away (the hub cancelled it, an abort, a forced
+    /// stop). The hub deletes a cancelled task, so progress still pending for it would only
+    /// spend budget: it is discarded instead of flushed.
+    pub dropped: CancellationToken,
+}
+
+impl Pump {
+    /// Run until `cancel`. Returns the last batch when the budget had no room for it (the
+    /// runner puts it in the terminal frame, so it is never lost).
+    pub async fn run(self, cancel: CancellationToken) -> Option<Value> {
+        let Pump {
+            sink,
+            task_id,
+            budget,
+            out,
+            redactor,
+            min_interval,
+            heartbeat,
+            dropped,
+        } = self;
+        let send = |mut event: Value| {
+            redactor.scrub_value(&mut event);
+            out.send_progress(Outbound::TaskProgress {
+                task_id: task_id.clone(),
+                progress: None,
+                execution_event: Some(event),
+            });
+        };
+        let mut last_sent = tokio::time::Instant::now();
+        'run: loop {
+            let beat = tokio::time::sleep_until(last_sent + heartbeat);
+            tokio::select! {
+                _ = cancel.cancelled() => break 'run,
+                _ = sink.changed() => {}
+                _ = beat => {
+                    sink.emit(ProgressEvent::status("still working"));
+                }
+            }
+            // Let events accumulate: one frame per interval at most.
+            tokio::select! {
+                _ = cancel.cancelled() => break 'run,
+                _ = tokio::time::sleep_until(last_sent + min_interval) => {}
+            }
+            loop {
+                match budget.try_progress() {
+                    Ok(()) => break,
+                    Err(wait) => tokio::select! {
+                        _ = cancel.cancelled() => break 'run,
+                        _ = tokio::time::sleep(wait) => {}
+                    },
+                }
+            }
+            if let Some(event) = sink.take_event() {
+                send(event);
+                last_sent = tokio::time::Instant::now();
+            }
+        }
+        if dropped.is_cancelled() {
+            let discarded = sink.take_event().is_some();
+            tracing::debug!(task_id = %task_id, discarded, "task dropped: pending progress discarded");
+            return None;
+        }
+        // The task ended: what is still pending (often the verdict's events) goes out once,
+        // ahead of the terminal frame, if the budget above the reserve allows. Otherwise it
+        // is handed back, for the terminal frame to carry: waiting for the budget would hold
+        // up the result, and sending past the reserve would starve the lifecycle frames.
+        let event = sink.take_event()?;
+        if budget.try_progress().is_ok() {
+            send(event);
+            return None;
+        }
+        tracing::info!(task_id = %task_id, "the task's last progress batch goes with its result: no budget above the reserve");
+        Some(event)
+    }
+}
+
+/// The hub link is where a task's progress frames go in the daemon.
+impl FrameSender for crate::hub::link::LinkHandle {
+    fn send_progress(&self, frame: Outbound) {
+        self.send(frame);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::progress::EventKind;
+    use std::sync::Mutex;
+
+    struct Frames(Mutex<Vec<Outbound>>);
+
+    impl FrameSender for Frames {
+        fn send_progress(&self, frame: Outbound) {
+            self.0.lock().unwrap().push(frame);
+        }
+    }
+
+    async fn pump_until_stopped(dropped: bool) -> usize {
+        let sink = ProgressSink::new(8192);
+        let frames = Arc::new(Frames(Mutex::new(Vec::new())));
+        let task_cancel = CancellationToken::new();
+        let stop = task_cancel.child_token();
+        let pump = Pump {
+            sink: sink.clone(),
+            task_id: "t".into(),
+            budget: Arc::new(RateBudget::new(60, 60, 0)),
+            out: frames.clone(),
+            redactor: Arc::new(Redactor::new(Vec::new())),
+            min_interval: Duration::from_secs(3600),
+            heartbeat: Duration::from_secs(3600),
+            dropped: task_cancel.clone(),
+        };
+        sink.emit(ProgressEvent::status("queued before the end"));
+        if dropped {
+            task_cancel.cancel();
+        } else {
+            stop.cancel();
+        }
+        pump.run(stop).await;
+        let n = frames.0.lock().unwrap().len();
+        n
+    }
+
+    #[tokio::test]
+    async fn a_dropped_task_pending_progress_is_discarded_a_finished_one_flushed() {
+        assert_eq!(pump_until_stopped(false).await, 1);
+        assert_eq!(pump_until_stopped(true).await, 0);
+    }
+
+    #[tokio::test]
+    async fn the_last_batch_is_handed_back_when_the_budget_has_no_room() {
+        let budget = Arc::new(RateBudget::new(2, 60, 1));
+        let sink = ProgressSink::new(8192);
+        let out = Arc::new(Frames(Mutex::new(Vec::new())));
+        let pump = |budget: Arc<RateBudget>| Pump {
+            sink: sink.clone(),
+            task_id: "t".into(),
+            budget,
+            out: out.clone(),
+            redactor: Arc::new(Redactor::new(Vec::new())),
+            min_interval: Duration::from_secs(3600),
+            heartbeat: Duration::from_secs(3600),
+            dropped: CancellationToken::new(),
+        };
+        // Room: sent as a frame, nothing handed back.
+        sink.emit(ProgressEvent::new(EventKind::Status, "first"));
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        assert_eq!(pump(budget.clone()).run(cancel).await, None);
+        assert_eq!(out.0.lock().unwrap().len(), 1);
+        // At the reserve: handed back whole, fields included.
+        assert!(budget.try_progress().is_err(), "at the reserve now");
+        sink.emit(
+            ProgressEvent::new(EventKind::VerificationRetryComplete, "verdict").with("attempt", 1),
+        );
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let back = pump(budget)
+            .run(cancel)
+            .await
+            .expect("handed back, not dropped");
+        assert_eq!(back["event_type"], "verification_retry_complete");
+        assert_eq!(back["attempt"], 1);
+        assert_eq!(out.0.lock().unwrap().len(), 1);
+    }
+}
