@@ -23,11 +23,48 @@ use serde::{Deserialize, Serialize};
 /// finishes here, so its entry would otherwise stay forever).
 const STALE_TASK_MS: i64 = 7 * 86_400_000;
 
+/// What one execution or judge call used, recorded the moment it is known
+/// ([`SpendLedger::charge`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Input tokens.
+    pub tokens_in: u64,
+    /// Output tokens.
+    pub tokens_out: u64,
+    /// USD on the reference Claude model.
+    pub equivalent_claude_cost_usd: f64,
+    /// Execution wall time.
+    pub execution_ms: u64,
+    /// Executions (0 for a judge call).
+    pub executions: u32,
+}
+
+impl Usage {
+    /// Add `other` to these totals.
+    pub fn add(&mut self, other: &Usage) {
+        self.tokens_in += other.tokens_in;
+        self.tokens_out += other.tokens_out;
+        self.equivalent_claude_cost_usd += other.equivalent_claude_cost_usd;
+        self.execution_ms += other.execution_ms;
+        self.executions += other.executions;
+    }
+
+    /// Nothing a restart would miss if it were not written (no tokens, no reference cost).
+    fn is_free(&self) -> bool {
+        self.tokens_in == 0 && self.tokens_out == 0 && self.equivalent_claude_cost_usd == 0.0
+    }
+}
+
 /// One task's record.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TaskSpend {
     /// USD spent on the task so far, over all its executions and judge calls.
     pub spent_usd: f64,
+    /// Tokens, reference cost, wall time and executions so far, over all its executions
+    /// and judge calls: written with the dollars, the moment they are known, so a restart
+    /// at any point of an attempt keeps them.
+    #[serde(default)]
+    pub used: Usage,
     /// The last attempt that ran to its verdict (1-based; 0 = none yet). An attempt cut
     /// short by a restart is not counted: it runs again (what it spent stays counted).
     pub attempt: u32,
@@ -118,37 +155,53 @@ impl SpendLedger {
     }
 
     /// Record that attempt `attempt` of `task_id` ran to its verdict, with what the loop
-    /// carries into the next one (written in the same atomic update, so a restart never sees
-    /// an attempt count without its reports).
+    /// carries into the next one and its totals so far (`used`: everything charged, and any
+    /// free execution too), written in the same atomic update, so a restart never sees an
+    /// attempt count without its reports.
     pub async fn complete_attempt(
         &self,
         task_id: &str,
         attempt: u32,
         carry: Option<serde_json::Value>,
+        used: Usage,
     ) {
         let mut g = self.inner.lock().await;
         let now = crate::util::now_ms();
         let t = g.tasks.entry(task_id.to_string()).or_default();
         t.attempt = attempt;
+        t.used = used;
         t.updated_ms = now;
         t.carry = carry;
         self.persist(&g).await;
     }
 
     /// Add `usd` (negative and non-finite values count as 0) to today's total and to
-    /// `task_id`'s spend; returns today's new total. Nothing spent is nothing to write: a
-    /// shell task's execution costs 0, and each write is a temp file, two fsyncs and a rename.
+    /// `task_id`'s spend; returns today's new total.
     pub async fn add(&self, task_id: &str, usd: f64) -> f64 {
+        self.charge(task_id, usd, &Usage::default()).await
+    }
+
+    /// Record what one execution or judge call of `task_id` spent: `usd` (negative and
+    /// non-finite values count as 0) on today's total and the task's, and its `used` tokens,
+    /// time and executions on the task's totals, in one atomic write; returns today's new
+    /// total. Nothing spent is nothing to write (no dollars, no tokens: a shell command);
+    /// each write is a temp file, two fsyncs and a rename. Such a free execution is counted
+    /// in memory and written with the next write (the attempt's verdict at the latest).
+    pub async fn charge(&self, task_id: &str, usd: f64, used: &Usage) -> f64 {
         let usd = if usd.is_finite() { usd.max(0.0) } else { 0.0 };
         let mut g = self.inner.lock().await;
         let now = crate::util::now_ms();
         g.roll(now);
-        if usd == 0.0 {
+        if usd == 0.0 && used.is_free() {
+            if let Some(t) = g.tasks.get_mut(task_id) {
+                t.used.add(used);
+            }
             return g.spent_today_usd;
         }
         g.spent_today_usd += usd;
         let t = g.tasks.entry(task_id.to_string()).or_default();
         t.spent_usd += usd;
+        t.used.add(used);
         t.updated_ms = now;
         let today = g.spent_today_usd;
         self.last_today
@@ -240,7 +293,7 @@ mod tests {
         let path = dir.path().join("spend.json");
         let l = SpendLedger::open(path.clone()).await;
         assert_eq!(l.spent_today().await, 0.0);
-        l.complete_attempt("t1", 2, None).await;
+        l.complete_attempt("t1", 2, None, Usage::default()).await;
         assert_eq!(l.add("t1", 0.5).await, 0.5);
         assert_eq!(l.add("t2", 0.25).await, 0.75);
         assert_eq!(l.add("t2", -3.0).await, 0.75);
@@ -258,6 +311,43 @@ mod tests {
             l.spent_today().await,
             0.75,
             "a finished task's spend stays in the day"
+        );
+    }
+
+    /// Tokens and executions are written with the dollars, when spent: a ledger reopened
+    /// between a charge and the attempt's verdict has them (an Ollama run, which costs no
+    /// dollars, too).
+    #[tokio::test]
+    async fn tokens_and_executions_are_written_when_spent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spend.json");
+        let l = SpendLedger::open(path.clone()).await;
+        let run = Usage {
+            tokens_in: 850,
+            tokens_out: 40,
+            equivalent_claude_cost_usd: 0.0031,
+            execution_ms: 1200,
+            executions: 1,
+        };
+        l.charge("t", 0.0031, &run).await;
+        l.charge("ollama", 0.0, &run).await;
+        l.charge(
+            "ollama",
+            0.0,
+            &Usage {
+                executions: 1,
+                ..Usage::default()
+            },
+        )
+        .await;
+        drop(l);
+        let l = SpendLedger::open(path).await;
+        let t = l.task("t").await.unwrap();
+        assert_eq!((t.spent_usd, t.attempt, t.used), (0.0031, 0, run));
+        let o = l.task("ollama").await.unwrap();
+        assert_eq!(
+            (o.spent_usd, o.used.tokens_in, o.used.executions),
+            (0.0, 850, 1)
         );
     }
 

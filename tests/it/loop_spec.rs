@@ -420,3 +420,69 @@ async fn after_a_restart_task_continue_resumes_with_the_corrective_prompt_and_th
     assert!((r["estimated_cost_usd"].as_f64().unwrap() - 0.0062).abs() < 1e-9);
     h.finish().await;
 }
+
+/// The daemon is killed after attempt 1 has spent (claude reported $0.0031 and 890 tokens)
+/// and before its verdict (its check is still running). What was spent was written when it
+/// was spent, so the task resumed by `task_continue` counts it: in the result (both lives'
+/// dollars and tokens) and under the per-task cap ($0.005), which stops the task before a
+/// third claude run that would have passed it.
+#[tokio::test]
+async fn a_restart_between_spend_and_verdict_keeps_the_money_in_the_result_and_the_cap() {
+    let s = Harness::setup().await;
+    let ws = s.dir().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let log = probe(s.dir()).join("prompts.log");
+    // A copy of the stand-in in the probe directory, which the task's sandbox may read.
+    let real = probe(s.dir()).join("stand-in-claude");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/stand-in-claude/claude"),
+        &real,
+    )
+    .unwrap();
+    let claude = probe(s.dir()).join("claude");
+    write_script(
+        &claude,
+        &format!(
+            "#!/bin/sh\n# Test double: records each prompt, then runs the stand-in claude on it.\np=$(cat)\nprintf '%s\\n=====\\n' \"$p\" >> '{}'\nprintf '%s' \"$p\" | exec '{}' \"$@\"\n",
+            log.display(),
+            real.display()
+        ),
+    );
+    let extra = format!(
+        "repo_dir = \"{}\"\n[executor]\nclaude_path = \"{}\"\nkill_grace_ms = 500\n[verification]\nmax_cost_usd_per_task = 0.005\n",
+        ws.display(),
+        claude.display(),
+    );
+    let mut h = s.start_bin("test-token", &extra, &[]).await;
+    let mut task = hub_sidecar::commands::demo::sample_task();
+    // The first run of the check (in the first life) hangs until the daemon is killed.
+    task["verification_steps"] = json!([{"type": "command_succeeds",
+        "target": "if [ ! -e .checked ]; then touch .checked; sleep 30; fi; grep -qx 'Hello, hub!' greeting.txt"}]);
+    h.assign(task);
+    h.accepted("demo-greeting").await;
+    assert!(
+        wait_until(|| ws.join(".checked").exists(), T).await,
+        "the check never started"
+    );
+    h.bin_mut().kill9().await;
+    h.set_recovery_answer("demo-greeting", RecoveryAnswer::Continue);
+    h.start_bin_again(&[]);
+    let done = h.completed("demo-greeting").await;
+
+    // Life 1: attempt 1 (spent, no verdict). Life 2: attempt 1 again, then the cap.
+    assert_eq!(prompts(&log).len(), 2, "no third claude run past the cap");
+    let r = &done["result"];
+    assert_eq!(r["termination_reason"], "budget_exhausted", "{done}");
+    assert_eq!(r["verification_status"], "partial_pass");
+    assert_eq!(r["resumed_at"], 1);
+    assert!(
+        (r["estimated_cost_usd"].as_f64().unwrap() - 0.0062).abs() < 1e-9,
+        "both lives' dollars: {r}"
+    );
+    assert_eq!(done["tokens_used"], 2 * (850 + 40), "both lives' tokens");
+    assert_eq!(
+        (&r["tokens_in"], &r["tokens_out"]),
+        (&json!(1700), &json!(80))
+    );
+    h.finish().await;
+}

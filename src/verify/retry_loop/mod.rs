@@ -49,10 +49,13 @@
 //!
 //! # Restart
 //!
-//! Every execution's cost is counted whatever its status, and so is a judge's. After each
-//! verdict the attempt number and a [`Carry`] (reports, tokens, plan, last output) are
-//! persisted in the ledger, so a restart — then `task_continue` — resumes with the
-//! corrective prompt of the next retry and the earlier attempts in the result.
+//! Every execution's cost is counted whatever its status, and so is a judge's: dollars,
+//! tokens, time and the execution itself are written to the ledger the moment they are known,
+//! before any check runs, so a restart at any point of an attempt keeps them (in the result
+//! and under the per-task cap). After each verdict the attempt number and a [`Carry`]
+//! (reports, plan, last output) are persisted with them, so a restart — then
+//! `task_continue` — resumes with the corrective prompt of the next retry and the earlier
+//! attempts in the result; an attempt cut short before its verdict runs again.
 //!
 //! The phases are in `phases.rs`; the budgets are [`super::budget`], the flaky guard
 //! [`super::flaky`].
@@ -114,21 +117,13 @@ pub struct LoopOutcome {
 }
 
 /// What the loop persists with each verdict so a restarted task goes on where it was
-/// (kept in the [`SpendLedger`] with the attempt number, written in one update).
+/// (kept in the [`SpendLedger`] with the attempt number, written in one update). What the
+/// task spent (dollars, tokens, time, executions) is not here: the ledger records it when it
+/// is spent ([`SpendLedger::charge`]), so a restart before a verdict keeps it too.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Carry {
     /// Every verification run so far (check outputs cut to [`CARRIED_OUTPUT_BYTES`]).
     pub attempts: Vec<AttemptRecord>,
-    /// Tokens so far (executions and judge).
-    pub tokens_in: u64,
-    /// Tokens so far.
-    pub tokens_out: u64,
-    /// Reference-model cost so far.
-    pub equivalent_claude_cost_usd: f64,
-    /// Execution wall time so far.
-    pub execution_ms: u64,
-    /// Executions so far.
-    pub executions: u32,
     /// The plan, once made.
     pub plan: Option<Plan>,
     /// The last execution's output (what the corrective prompt quotes).

@@ -3,7 +3,7 @@
 
 use crate::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus};
 use crate::progress::{EventKind, ProgressEvent};
-use crate::spend::SpendLedger;
+use crate::spend::{SpendLedger, Usage};
 use crate::verify::budget::{Caps, RetryBudget};
 use crate::verify::checks;
 use crate::verify::flaky;
@@ -180,26 +180,30 @@ impl<'a> LoopRun<'a> {
     /// A task run again after a restart (`task_continue`) keeps its attempt count, spend,
     /// reports, tokens and plan, and continues with the corrective prompt of its next retry;
     /// an attempt the restart cut short runs again.
+    ///
+    /// What the task spent — dollars, tokens, time, executions — is restored whenever the
+    /// ledger has it, also when the restart came before the first verdict: it was written
+    /// when spent, so the result and the per-task cap count every life of the task.
     async fn resume(&mut self) -> Result<(), LoopOutcome> {
         let task = &self.ctx.task;
         let Some(prev) = self.ledger.task(&task.task_id).await else {
             return Ok(());
         };
-        if prev.attempt == 0 {
+        if prev.attempt == 0 && prev.spent_usd == 0.0 && prev.used == Usage::default() {
             return Ok(());
         }
         let max = self.out.budget.max_retries;
         self.first = prev.attempt + 1;
         self.out.resumed_at = Some(self.first);
         self.out.cost_usd = prev.spent_usd;
+        self.out.tokens_in = prev.used.tokens_in;
+        self.out.tokens_out = prev.used.tokens_out;
+        self.out.equivalent_claude_cost_usd = prev.used.equivalent_claude_cost_usd;
+        self.out.execution_ms = prev.used.execution_ms;
+        self.out.executions = prev.used.executions;
         let carry: Option<Carry> = prev.carry.and_then(|c| serde_json::from_value(c).ok());
         if let Some(c) = carry {
             self.out.attempts = c.attempts;
-            self.out.tokens_in = c.tokens_in;
-            self.out.tokens_out = c.tokens_out;
-            self.out.equivalent_claude_cost_usd = c.equivalent_claude_cost_usd;
-            self.out.execution_ms = c.execution_ms;
-            self.out.executions = c.executions;
             self.out.plan = c.plan;
             self.out.oscillation = c.oscillation;
             self.out.last_exec = ExecOutcome::new(ExecStatus::Succeeded, c.last_output, None);
@@ -325,8 +329,16 @@ impl<'a> LoopRun<'a> {
         self.ctx.progress.emit(ev);
     }
 
-    /// Count an execution whatever its status: a killed or failed run spent money too.
+    /// Count an execution whatever its status: a killed or failed run spent money too. It
+    /// is written to the ledger at once (dollars, tokens, time), before any check runs.
     async fn charge_execution(&mut self, exec: &ExecOutcome) {
+        let used = Usage {
+            tokens_in: exec.tokens_in,
+            tokens_out: exec.tokens_out,
+            equivalent_claude_cost_usd: exec.equivalent_claude_cost_usd,
+            execution_ms: exec.execution_ms,
+            executions: 1,
+        };
         let out = &mut self.out;
         out.executions += 1;
         out.tokens_in += exec.tokens_in;
@@ -334,7 +346,19 @@ impl<'a> LoopRun<'a> {
         out.equivalent_claude_cost_usd += exec.equivalent_claude_cost_usd;
         out.execution_ms += exec.execution_ms;
         out.cost_usd += exec.cost_usd;
-        self.today = self.ledger.add(&self.ctx.task.task_id, exec.cost_usd).await;
+        let task_id = &self.ctx.task.task_id;
+        self.today = self.ledger.charge(task_id, exec.cost_usd, &used).await;
+    }
+
+    /// The task's totals so far, as the ledger keeps them with each verdict.
+    fn used(&self) -> Usage {
+        Usage {
+            tokens_in: self.out.tokens_in,
+            tokens_out: self.out.tokens_out,
+            equivalent_claude_cost_usd: self.out.equivalent_claude_cost_usd,
+            execution_ms: self.out.execution_ms,
+            executions: self.out.executions,
+        }
     }
 
     /// The plan is made once: looked for until found, then kept for every later prompt.
@@ -398,12 +422,18 @@ impl<'a> LoopRun<'a> {
             report = flaky::guard(&vctx, report, &observations).await;
         }
         let check_cost: f64 = report.checks.iter().map(|c| c.cost_usd).sum();
-        self.out.tokens_in += report.checks.iter().map(|c| c.tokens_in).sum::<u64>();
-        self.out.tokens_out += report.checks.iter().map(|c| c.tokens_out).sum::<u64>();
-        if check_cost > 0.0 {
-            self.out.cost_usd += check_cost;
-            self.today = self.ledger.add(&ctx.task.task_id, check_cost).await;
-        }
+        let judged = Usage {
+            tokens_in: report.checks.iter().map(|c| c.tokens_in).sum(),
+            tokens_out: report.checks.iter().map(|c| c.tokens_out).sum(),
+            ..Usage::default()
+        };
+        self.out.tokens_in += judged.tokens_in;
+        self.out.tokens_out += judged.tokens_out;
+        self.out.cost_usd += check_cost;
+        self.today = self
+            .ledger
+            .charge(&ctx.task.task_id, check_cost, &judged)
+            .await;
         self.announce_result(k, &report);
         AttemptRecord {
             report,
@@ -540,7 +570,7 @@ impl<'a> LoopRun<'a> {
         };
         if resumable {
             self.ledger
-                .complete_attempt(&ctx.task.task_id, k, Some(self.carry()))
+                .complete_attempt(&ctx.task.task_id, k, Some(self.carry()), self.used())
                 .await;
         }
         decision
@@ -570,11 +600,6 @@ impl<'a> LoopRun<'a> {
         }
         let carry = Carry {
             attempts,
-            tokens_in: self.out.tokens_in,
-            tokens_out: self.out.tokens_out,
-            equivalent_claude_cost_usd: self.out.equivalent_claude_cost_usd,
-            execution_ms: self.out.execution_ms,
-            executions: self.out.executions,
             plan: self.out.plan.clone(),
             // Whole lines, more than a prompt quotes: the prompt rebuilt after a restart
             // cuts them the same way as one built before it.
