@@ -541,8 +541,9 @@ fn history_json(lo: &LoopOutcome) -> Vec<Value> {
 /// `task_complete.result` (PROTOCOL.md §7), plus the fields the README's protocol notes list
 /// (the hub ignores fields it does not know and stores the result whole): `retry_budget` and
 /// `max_verification_retries` (the effective budget and why), `plan`, `resumed_at`,
-/// `flaky_checks` when the loop stopped for a flaky check, and for a shell task
-/// `shell_runs` (every run of its command: `run`, `exit`, `error`, `execution_ms`).
+/// `flaky_checks` when the loop stopped for a flaky check, `not_verified` when success
+/// criteria went unchecked (no steps, no judge), and for a shell task `shell_runs` (every
+/// run of its command: `run`, `exit`, `error`, `execution_ms`).
 pub fn result_json(lo: &LoopOutcome) -> Value {
     let status = match lo.verification_status {
         VerificationStatus::Verified => "success",
@@ -575,6 +576,9 @@ pub fn result_json(lo: &LoopOutcome) -> Value {
     }
     if !lo.flaky_checks.is_empty() {
         v["flaky_checks"] = json!(lo.flaky_checks);
+    }
+    if let Some(why) = &lo.not_verified {
+        v["not_verified"] = json!(why);
     }
     if !lo.last_exec.shell_runs.is_empty() {
         v["shell_runs"] = json!(lo.last_exec.shell_runs);

@@ -197,6 +197,10 @@ pub struct VerificationConfig {
     pub retry_ceiling: u32,
     /// Who answers `llm_judge` checks.
     pub judge_backend: JudgeBackend,
+    /// The config names a judge (`judge_backend` is set): a task that gives
+    /// `success_criteria` and no `verification_steps` then has each criterion checked by the
+    /// judge; without one, its result says that nothing was verified (`verify::criteria`).
+    pub judge_configured: bool,
     /// Model of the judge; unset: the task's selected model, else the backend's default.
     pub judge_model: Option<String>,
     /// `llm_judge` passes only at or above this confidence.
@@ -214,6 +218,7 @@ impl Default for VerificationConfig {
             max_cost_usd_per_day: Some(DEFAULT_MAX_COST_USD_PER_DAY),
             retry_ceiling: DEFAULT_RETRY_CEILING,
             judge_backend: JudgeBackend::Ollama,
+            judge_configured: false,
             judge_model: None,
             judge_min_confidence: 0.85,
         }

@@ -333,7 +333,12 @@ fn judge_backend_is_parsed_at_load_and_an_unknown_one_is_refused_there() {
         );
         let c = Config::load(&layers(Some(f), &[], &[])).unwrap();
         assert_eq!(c.verification.judge_backend, backend, "{written}");
+        // Naming a backend is configuring a judge (success criteria get judged).
+        assert!(c.verification.judge_configured, "{written}");
     }
+    let f = file_with(dir.path(), "");
+    let c = Config::load(&layers(Some(f), &[], &[])).unwrap();
+    assert!(!c.verification.judge_configured, "no judge unless one is named");
     let f = file_with(dir.path(), "[verification]\njudge_backend = \"gpt\"\n");
     let e = Config::load(&layers(Some(f), &[], &[])).unwrap_err();
     assert!(

@@ -155,6 +155,7 @@ fn verification(r: RawVerification, origin: &str) -> Result<VerificationConfig, 
         max_cost_usd_per_day: r.max_cost_usd_per_day.or(d.max_cost_usd_per_day),
         retry_ceiling: r.retry_ceiling.unwrap_or(d.retry_ceiling),
         judge_backend,
+        judge_configured: r.judge_backend.is_some() || d.judge_configured,
         judge_model: r.judge_model.or(d.judge_model),
         judge_min_confidence: r.judge_min_confidence.unwrap_or(d.judge_min_confidence),
     })

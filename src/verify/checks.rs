@@ -41,8 +41,9 @@ pub fn report_timeout_ms(task: &Task, config: &crate::config::VerificationConfig
 /// Run every verification step of `ctx.task` once, as run `run_number`.
 ///
 /// `observations` (what the attempt changed, from [`super::observe`]) feed `llm_judge`.
-/// `skip_verification` gives a `skip` report, no steps an `auto_pass` one. Checks not
-/// reached before the global deadline are reported as `timeout`.
+/// `skip_verification` gives a `skip` report, no steps an `auto_pass` one (unless success
+/// criteria are judged instead: [`super::criteria`]). Checks not reached before the global
+/// deadline are reported as `timeout`.
 pub async fn run_checks(
     ctx: &ExecContext,
     run_number: u32,
@@ -58,7 +59,14 @@ pub async fn run_checks(
             timeout_ms,
         );
     }
-    if task.verification_steps.is_empty() {
+    // Success criteria and no steps: judged where a judge is configured (`criteria`).
+    let judged = super::criteria::judged_steps(task, &ctx.config.verification);
+    let steps = if judged.is_empty() {
+        &task.verification_steps
+    } else {
+        &judged
+    };
+    if steps.is_empty() {
         return VerificationReport::empty(
             &task.task_id,
             run_number,
@@ -70,8 +78,8 @@ pub async fn run_checks(
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_millis(timeout_ms);
     let mut deadline_hit = false;
-    let mut checks = Vec::with_capacity(task.verification_steps.len());
-    for step in &task.verification_steps {
+    let mut checks = Vec::with_capacity(steps.len());
+    for step in steps {
         let now = Instant::now();
         let result = if now >= deadline {
             deadline_hit = true;

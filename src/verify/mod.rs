@@ -7,7 +7,8 @@
 //!   `check_command`: a check's command and its verdict; [`test_runner`]: `test_passes`
 //!   and its runner detection.
 //! - [`observe`]: workspace snapshots and what an attempt changed.
-//! - [`judge`]: the optional `llm_judge` check.
+//! - [`judge`]: the optional `llm_judge` check; [`criteria`]: success criteria with no
+//!   steps, judged where a judge is configured, else said unverified.
 //! - [`signature`]: failure signatures (no-progress and oscillation detection).
 //! - [`plan`]: the plan asked for once, found in the first attempt, carried forward.
 //! - [`prompt`]: first and corrective prompts for LLM executors.
@@ -18,6 +19,7 @@
 pub mod budget;
 mod check_command;
 pub mod checks;
+pub mod criteria;
 mod flaky;
 pub mod judge;
 pub mod observe;

@@ -114,6 +114,9 @@ pub struct LoopOutcome {
     pub plan: Option<Plan>,
     /// The attempt a restarted task resumed at (`task_continue`), if it was resumed.
     pub resumed_at: Option<u32>,
+    /// Why nothing was verified although the task gave success criteria (no steps, no judge
+    /// configured: [`super::criteria`]); `result.not_verified`.
+    pub not_verified: Option<String>,
 }
 
 /// What the loop persists with each verdict so a restarted task goes on where it was

@@ -6,6 +6,7 @@ use crate::progress::{EventKind, ProgressEvent};
 use crate::spend::{SpendLedger, Usage};
 use crate::verify::budget::{Caps, RetryBudget};
 use crate::verify::checks;
+use crate::verify::criteria;
 use crate::verify::flaky;
 use crate::verify::observe::{self, Snapshot};
 use crate::verify::plan::Plan;
@@ -144,7 +145,9 @@ impl<'a> LoopRun<'a> {
                 task: task.metadata.max_cost_usd.or(vcfg.max_cost_usd_per_task),
                 day: vcfg.max_cost_usd_per_day,
             },
-            nothing_to_verify: task.skip_verification || task.verification_steps.is_empty(),
+            nothing_to_verify: task.skip_verification
+                || (task.verification_steps.is_empty()
+                    && criteria::judged_steps(task, vcfg).is_empty()),
             first: 1,
             out: LoopOutcome {
                 verification_status: VerificationStatus::ExecutionFailed,
@@ -162,6 +165,7 @@ impl<'a> LoopRun<'a> {
                 budget,
                 plan: None,
                 resumed_at: None,
+                not_verified: criteria::not_verified(task, vcfg),
             },
             signatures: Vec::new(),
             prompt: if is_llm {
@@ -173,6 +177,9 @@ impl<'a> LoopRun<'a> {
             before: None,
             today: 0.0,
         };
+        if let Some(why) = &run.out.not_verified {
+            ctx.progress.emit(ProgressEvent::status(why.clone()));
+        }
         run.resume().await?;
         Ok(run)
     }

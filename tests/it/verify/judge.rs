@@ -171,3 +171,74 @@ printf '%s\n' '{"type":"result","subtype":"success","is_error":false,"result":"V
         "{args:?}"
     );
 }
+
+/// A task with success criteria and no steps, run once; the judge (a fake answering
+/// `verdict`) is configured when `judge` is true.
+async fn criteria_only(verdict: &str, judge: bool) -> (LoopOutcome, Vec<Value>, Events) {
+    let fake = crate::fakes::FakeOllama::answering(verdict, 4).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ctx, events) = ctx_with(
+        dir.path(),
+        json!({"description": "Write a greeting file", "max_verification_retries": 0,
+            "success_criteria": ["hello.txt greets the reader", "it is one line"],
+            "routing_decision": {"selected_endpoint": fake.addr.to_string(), "selected_model": "judge-m"}}),
+        |c| c.verification.judge_configured = judge,
+    );
+    let (out, _) = run_llm(&ctx, &LoopOptions::default(), 0.0, |ws, _| {
+        std::fs::write(ws.join("hello.txt"), "hello\n").unwrap();
+    })
+    .await;
+    (out, fake.requests(), events)
+}
+
+/// Seed 004: a claimed success is not accepted until each criterion was checked. With a
+/// judge configured, every success criterion is one `llm_judge` check of what changed.
+#[tokio::test]
+async fn success_criteria_without_steps_are_judged_where_a_judge_is_configured() {
+    let yes = r#"{"match": true, "confidence": 0.95, "reason": "file added"}"#;
+    let (out, reqs, _) = criteria_only(yes, true).await;
+    assert_eq!(out.termination_reason, "verified");
+    let report = &out.attempts[0].report;
+    assert_eq!(report.status, ReportStatus::Pass);
+    let judged: Vec<(String, &str)> = report
+        .checks
+        .iter()
+        .map(|c| (c.check_type.to_string(), c.target.as_str()))
+        .collect();
+    assert_eq!(
+        judged,
+        [
+            ("llm_judge".to_string(), "hello.txt greets the reader"),
+            ("llm_judge".to_string(), "it is one line")
+        ]
+    );
+    assert_eq!(reqs.len(), 2, "one judge call per criterion");
+    assert!(reqs[0].to_string().contains("added: hello.txt"));
+    assert_eq!(out.not_verified, None);
+    // A criterion the judge rejects is a failed check, not a pass.
+    let no = r#"{"match": false, "confidence": 0.9, "reason": "not a greeting"}"#;
+    let (out, _, _) = criteria_only(no, true).await;
+    assert_eq!(out.verification_status, VerificationStatus::PartialPass);
+    assert_eq!(out.attempts[0].report.summary.failed, 2);
+}
+
+/// Seed 002: no steps is `auto_pass`. With no judge to check prose the report stays so, but
+/// the result and the progress say plainly that nothing was verified, and no judge is asked.
+#[tokio::test]
+async fn success_criteria_without_steps_or_judge_say_nothing_was_verified() {
+    let (out, reqs, events) = criteria_only("{}", false).await;
+    assert_eq!(out.attempts[0].report.status, ReportStatus::AutoPass);
+    assert!(reqs.is_empty());
+    let said = out.not_verified.clone().expect("the result says so");
+    assert!(
+        said.starts_with(
+            "nothing was verified: the task gives 2 success criteria but no verification_steps"
+        ),
+        "{said}"
+    );
+    let result = hub_sidecar::runner::result_json(&out);
+    assert_eq!(result["not_verified"], json!(said));
+    assert!(kinds(&events, EventKind::Status)
+        .iter()
+        .any(|e| e.text.starts_with("nothing was verified")));
+}
