@@ -338,7 +338,10 @@ fn judge_backend_is_parsed_at_load_and_an_unknown_one_is_refused_there() {
     }
     let f = file_with(dir.path(), "");
     let c = Config::load(&layers(Some(f), &[], &[])).unwrap();
-    assert!(!c.verification.judge_configured, "no judge unless one is named");
+    assert!(
+        !c.verification.judge_configured,
+        "no judge unless one is named"
+    );
     let f = file_with(dir.path(), "[verification]\njudge_backend = \"gpt\"\n");
     let e = Config::load(&layers(Some(f), &[], &[])).unwrap_err();
     assert!(

@@ -355,27 +355,9 @@ async fn git_clean(ctx: &ExecContext, target: &str, bound: Duration) -> (CheckSt
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::process::ChildEnv;
-    use crate::progress::ProgressSink;
-    use crate::verify::test_support::git;
-    use std::sync::Arc;
-
-    pub(crate) fn ctx_for(ws: &Path, task: serde_json::Value) -> ExecContext {
-        let mut task = task;
-        task["task_id"] = serde_json::json!("t-verify");
-        ExecContext {
-            task: Arc::new(Task::from_value(task).unwrap()),
-            workspace: ws.to_path_buf(),
-            config: Arc::new(Config::for_hub("ws://127.0.0.1:1/ws", ws)),
-            env: ChildEnv::inherit(),
-            progress: ProgressSink::new(8192),
-            cancel: tokio_util::sync::CancellationToken::new(),
-            remaining_budget_usd: None,
-        }
-    }
+    use crate::verify::test_support::{ctx_for, git};
 
     #[test]
     fn paths_stay_inside_the_workspace() {

@@ -98,6 +98,28 @@ pub enum VerificationStatus {
 #[cfg(test)]
 pub(crate) mod test_support {
     use std::path::Path;
+    use std::sync::Arc;
+
+    use crate::config::Config;
+    use crate::executor::ExecContext;
+    use crate::process::ChildEnv;
+    use crate::progress::ProgressSink;
+    use crate::task::Task;
+
+    /// A context over `ws` for `task` (its `task_id` set), with the default config.
+    pub(crate) fn ctx_for(ws: &Path, task: serde_json::Value) -> ExecContext {
+        let mut task = task;
+        task["task_id"] = serde_json::json!("t-verify");
+        ExecContext {
+            task: Arc::new(Task::from_value(task).unwrap()),
+            workspace: ws.to_path_buf(),
+            config: Arc::new(Config::for_hub("ws://127.0.0.1:1/ws", ws)),
+            env: ChildEnv::inherit(),
+            progress: ProgressSink::new(8192),
+            cancel: tokio_util::sync::CancellationToken::new(),
+            remaining_budget_usd: None,
+        }
+    }
 
     /// Run git in `ws` with a fixed identity, synchronously (tests only), asserting success.
     pub(crate) fn git(ws: &Path, args: &[&str]) {

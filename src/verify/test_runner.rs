@@ -82,9 +82,9 @@ pub(super) async fn test_passes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verify::checks::run_checks;
-    use crate::verify::checks::tests::ctx_for;
-    use crate::verify::report::ReportStatus;
+    use crate::verify::test_support::ctx_for;
+
+    const BOUND: Duration = Duration::from_secs(30);
 
     #[tokio::test]
     async fn runner_detection_follows_marker_files() {
@@ -113,13 +113,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
         std::fs::write(ws.join("Makefile"), "test:\n\t@echo ran-tests\n").unwrap();
-        let ctx = ctx_for(
-            ws,
-            serde_json::json!({"verification_steps": [{"type": "test_passes", "target": "auto"}]}),
-        );
-        let r = run_checks(&ctx, 1, &[]).await;
-        assert_eq!(r.status, ReportStatus::Pass, "{:?}", r.checks);
-        assert!(r.checks[0].output.contains("ran-tests"));
+        let ctx = ctx_for(ws, serde_json::json!({}));
+        let (status, output) = test_passes(&ctx, "auto", BOUND).await;
+        assert_eq!(status, CheckStatus::Pass, "{output}");
+        assert!(output.contains("ran-tests"));
     }
 
     /// A task whose job is to create the project: before it exists the check fails (the
@@ -128,15 +125,13 @@ mod tests {
     async fn auto_with_no_project_file_is_a_failure_the_agent_can_fix() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
-        let ctx = ctx_for(
-            ws,
-            serde_json::json!({"verification_steps": [{"type": "test_passes", "target": "auto"}]}),
+        let ctx = ctx_for(ws, serde_json::json!({}));
+        let (status, out) = test_passes(&ctx, "auto", BOUND).await;
+        assert_eq!(
+            status,
+            CheckStatus::Fail,
+            "a failure, not a check that could not run: {out}"
         );
-        let r = run_checks(&ctx, 1, &[]).await;
-        assert_eq!(r.checks[0].status, CheckStatus::Fail, "{:?}", r.checks);
-        assert_eq!(r.status, ReportStatus::Fail);
-        assert_eq!(r.summary.errors, 0, "not a check that could not run");
-        let out = &r.checks[0].output;
         assert!(
             out.contains("no project file")
                 && out.contains("Cargo.toml")
@@ -144,7 +139,7 @@ mod tests {
             "{out}"
         );
         std::fs::write(ws.join("Makefile"), "test:\n\t@echo ok\n").unwrap();
-        let r = run_checks(&ctx, 2, &[]).await;
-        assert_eq!(r.status, ReportStatus::Pass, "{:?}", r.checks);
+        let (status, out) = test_passes(&ctx, "auto", BOUND).await;
+        assert_eq!(status, CheckStatus::Pass, "{out}");
     }
 }
