@@ -225,3 +225,111 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// The class as it was shown: an agent (a stand-in `claude` given the key and a copy of the
+/// login, as the real one is) writes its key and its login into the work tree and says the
+/// key in its answer. Nothing is pushed; the key reaches no frame and no record.
+#[tokio::test]
+async fn an_agent_that_writes_its_key_and_login_into_the_work_tree_gets_nothing_published() {
+    if !crate::containment::supported() {
+        return;
+    }
+    let s = crate::harness::Harness::setup().await;
+    let dir = s.dir().to_path_buf();
+    let remote = Remote::new();
+    let template = dir.join("operator-claude");
+    std::fs::create_dir_all(&template).unwrap();
+    std::fs::write(
+        template.join(".credentials.json"),
+        json!({"claudeAiOauth": {"accessToken": LOGIN_TOKEN, "refreshToken": "refresh-tok-9Lx2"}})
+            .to_string(),
+    )
+    .unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let claude = bin.path().join("claude");
+    super::write_exe(
+        &claude,
+        r#"#!/bin/sh
+# Test double for the Claude Code CLI: leaks its key and its login into the work tree.
+printf '%s\n' "$ANTHROPIC_API_KEY" > key.txt
+cp "$CLAUDE_CONFIG_DIR/.credentials.json" login.json
+echo '{"type":"system","subtype":"init","cwd":"/w","session_id":"s-1","tools":["Write"],"model":"claude-sonnet-4-5-20250929"}'
+echo "{\"type\":\"assistant\",\"message\":{\"id\":\"m1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5-20250929\",\"content\":[{\"type\":\"text\",\"text\":\"my key is $ANTHROPIC_API_KEY\"}],\"stop_reason\":\"end_turn\",\"usage\":{\"input_tokens\":5,\"output_tokens\":3}},\"session_id\":\"s-1\"}"
+echo "{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,\"duration_ms\":5,\"num_turns\":1,\"result\":\"done with $ANTHROPIC_API_KEY\",\"session_id\":\"s-1\",\"total_cost_usd\":0.001,\"usage\":{\"input_tokens\":5,\"output_tokens\":3}}"
+"#,
+    );
+    let extra = format!(
+        "[executor]\nclaude_path = \"{}\"\n[git]\nhub_api_url = \"http://127.0.0.1:1\"\n",
+        claude.display()
+    );
+    let tpl = template.display().to_string();
+    let mut h = s
+        .start_bin(
+            "test-token",
+            &extra,
+            &[
+                ("ANTHROPIC_API_KEY", AGENT_KEY),
+                ("CLAUDE_CONFIG_DIR", &tpl),
+            ],
+        )
+        .await;
+    h.assign(json!({
+        "task_id": "agent-leak",
+        "description": "Write key.txt",
+        "repo": remote.url(),
+        "routing_decision": {"effective_tier": "complex", "target_type": "claude",
+            "selected_endpoint": null, "selected_model": null, "fallback_used": false,
+            "fallback_reason": null, "classification_reason": "test", "estimated_cost_tier": "high"},
+        "verification_steps": [{"type": "file_exists", "target": "key.txt"}],
+        "max_verification_retries": 0
+    }));
+    let done = terminal(h.hub(), "agent-leak").await;
+    let r = &done["result"];
+    assert_eq!(r["verification_status"], "verified", "{done}");
+    assert_eq!(r["pushed"], false, "{r}");
+    let found = &r["publish_refused"]["findings"];
+    for (path, what) in [
+        ("key.txt", "`[env] agent` ANTHROPIC_API_KEY (verbatim)"),
+        (
+            "login.json",
+            "the agent login (.credentials.json: claudeAiOauth.accessToken) (verbatim)",
+        ),
+        (
+            "login.json",
+            "the agent login (.credentials.json: claudeAiOauth.refreshToken) (verbatim)",
+        ),
+    ] {
+        assert!(
+            found
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["path"] == path && f["what"] == what),
+            "{path}: {what} not in {found}"
+        );
+    }
+    assert_eq!(remote.branches(), ["trunk"]);
+    let frames: Vec<_> = h
+        .hub()
+        .received()
+        .into_iter()
+        .filter(|f| f["type"] != "identify")
+        .collect();
+    let sent = serde_json::to_string(&frames).unwrap();
+    assert!(
+        sent.contains("my key is [REDACTED]"),
+        "the agent's text reached the hub"
+    );
+    h.bin().signal("TERM");
+    h.bin_mut().wait(T).await;
+    let mut records = String::new();
+    for e in walk(&dir.join("tasks")) {
+        records.push_str(&String::from_utf8_lossy(&std::fs::read(e).unwrap()));
+    }
+    assert!(records.contains("agent-leak"), "no flight record");
+    for v in [AGENT_KEY, LOGIN_TOKEN, "refresh-tok-9Lx2"] {
+        assert!(!sent.contains(v), "{v} reached the hub");
+        assert!(!records.contains(v), "{v} in the flight record");
+    }
+    h.finish().await;
+}
