@@ -11,14 +11,23 @@ use serde_json::Value;
 
 use crate::config::Config;
 
-/// One credential and where it came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One credential and where it came from. Its `Debug` never shows the value.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Credential {
     /// Where the daemon got it, for a report: "the hub token", "`[env] agent`
     /// ANTHROPIC_API_KEY", "the agent login (.credentials.json: claudeAiOauth.accessToken)".
     pub source: String,
     /// The value.
     pub value: String,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("source", &self.source)
+            .field("value", &super::MARK)
+            .finish()
+    }
 }
 
 impl Credential {
@@ -172,5 +181,9 @@ mod tests {
             ]
         );
         assert!(agent_login(&d.path().join("none")).is_empty());
+        assert!(
+            !format!("{got:?}").contains("AAAAaaaa"),
+            "Debug shows no value"
+        );
     }
 }
