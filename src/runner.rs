@@ -132,10 +132,13 @@ pub async fn run_task(
     cancel: CancellationToken,
 ) -> Finished {
     // A password in the task's repo URL is this task's secret: scrubbed from all it sends.
-    let redactor = Arc::new(match task.repo.as_deref() {
+    // So is the agent login as the task's copy is made from it now (the operator may have
+    // logged in again since the daemon started).
+    let redactor = match task.repo.as_deref() {
         Some(url) => deps.redactor.with_extra(url_secrets(url)),
         None => (*deps.redactor).clone(),
-    });
+    };
+    let redactor = Arc::new(redactor.with_credentials(agent_login_now(&deps.env).await));
     // Secrets are scrubbed as output arrives, so none can leave split across two frames.
     progress.set_redactor(redactor.clone());
     let executor_name = task
@@ -218,7 +221,7 @@ async fn run_recorded(
     let outcome = match run_loop(&ctx, deps, record).await {
         Err(frame) => Some(frame),
         Ok(lo) if cancel.is_cancelled() || lo.last_exec.status == ExecStatus::Cancelled => None,
-        Ok(lo) => Some(report(&ctx, &lo, &ws, branch.as_ref(), &git).await),
+        Ok(lo) => Some(report(&ctx, &lo, &ws, branch.as_ref(), &git, &redactor).await),
     };
     pump_cancel.cancel();
     let last_progress = pump.await.ok().flatten();
@@ -292,6 +295,7 @@ async fn report(
     ws: &Workspace,
     branch: Option<&TaskBranch>,
     git: &GitRunner,
+    redactor: &Redactor,
 ) -> Outbound {
     let mut frame = frame_for(&ctx.task, lo);
     if let (Some(tb), Outbound::TaskComplete { result, .. }) = (branch, &mut frame) {
@@ -301,6 +305,7 @@ async fn report(
             path: &ws.path,
             branch: tb,
             git,
+            credentials: redactor.credentials(),
         };
         let extra = publish_verified_work(p, lo).await;
         if let Some(obj) = result.as_object_mut() {
@@ -376,6 +381,16 @@ pub fn pr_body(task: &Task, lo: &LoopOutcome) -> String {
         task.task_id
     );
     b
+}
+
+/// The tokens of the agent login in the operator's template, read off the runtime.
+async fn agent_login_now(env: &ChildEnv) -> Vec<crate::redact::known::Credential> {
+    let Some(template) = crate::sandbox::agent_home::template(env.vars()) else {
+        return Vec::new();
+    };
+    tokio::task::spawn_blocking(move || crate::redact::known::agent_login(&template))
+        .await
+        .unwrap_or_default()
 }
 
 /// `task_failed` for a task that failed before execution (workspace, branch), redacted;

@@ -15,7 +15,6 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::CheckArgs;
 use crate::config::Config;
 use crate::process::{self, ChildEnv, CommandSpec, Exit, Limits, RunOutput};
-use crate::redact::Redactor;
 
 /// How long any one probe may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -79,7 +78,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     // Unknown keys, a config file others can read: logged as warnings on stderr.
     crate::config::warn_about(&cfg);
     let items = probe_all(&cfg).await;
-    let redactor = Redactor::from_config(&cfg);
+    let redactor = ChildEnv::from_config(&cfg).redactor(&cfg).await;
     let items: Vec<Item> = items
         .into_iter()
         .map(|mut i| {

@@ -11,7 +11,8 @@ use crate::cli::RunArgs;
 use crate::config;
 use crate::daemon::{self, ExitReason, Shutdown};
 use crate::ops::Ops;
-use crate::redact::{RedactingWriter, Redactor};
+use crate::process::ChildEnv;
+use crate::redact::RedactingWriter;
 
 /// Run the daemon until it is stopped; the exit code says how it stopped.
 pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
@@ -19,7 +20,7 @@ pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCod
     let cfg = args.config.load()?;
     // The probe first: it forks a test child and is the longest step before `identify`.
     let probe = crate::sandbox::Probing::start(cfg.containment);
-    logs.set(Redactor::from_config(&cfg));
+    logs.set(ChildEnv::from_config(&cfg).redactor(&cfg).await);
     config::warn_about(&cfg);
     tracing::info!(agent_id = %cfg.agent_id, hub = %cfg.hub_url, state = %cfg.state_file().display(), "hub-sidecar starting");
     let shutdown = Shutdown::new();

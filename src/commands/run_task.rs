@@ -20,7 +20,6 @@ use crate::hub::proto::Outbound;
 use crate::ops::Ops;
 use crate::process::ChildEnv;
 use crate::progress::FrameSender;
-use crate::redact::Redactor;
 use crate::runner::{self, RunnerDeps, TaskOutcome};
 use crate::spend::SpendLedger;
 
@@ -122,7 +121,8 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let budget = crate::verify::budget::RetryBudget::decide(&task, &cfg.verification, is_llm);
     let max_attempts = u64::from(budget.max_retries) + 1;
     let cfg = Arc::new(cfg);
-    let redactor = Arc::new(Redactor::from_config(&cfg));
+    let env = ChildEnv::from_config(&cfg);
+    let redactor = Arc::new(env.redactor(&cfg).await);
     let (recorder, record_writer) = match &records {
         Some(root) => crate::recorder::Recorder::start(root.clone(), cfg.recorder.clone()),
         None => (
@@ -131,7 +131,7 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         ),
     };
     let deps = RunnerDeps {
-        env: ChildEnv::from_config(&cfg),
+        env,
         redactor: redactor.clone(),
         budget: Arc::new(RateBudget::from_config(&cfg.progress)),
         out: Arc::new(Discard),

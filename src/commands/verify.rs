@@ -18,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::VerifyArgs;
 use crate::executor::ExecContext;
 use crate::process::ChildEnv;
-use crate::redact::Redactor;
 use crate::task::CheckType;
 use crate::verify::{checks, observe};
 
@@ -90,7 +89,10 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     line.finish().await;
     tokio::task::spawn_blocking(move || drop(state)).await?;
     let mut json = serde_json::to_value(&report).context("serializing the report")?;
-    Redactor::from_config(&ctx.config).scrub_value(&mut json);
+    ChildEnv::from_config(&ctx.config)
+        .redactor(&ctx.config)
+        .await
+        .scrub_value(&mut json);
     println!("{}", serde_json::to_string_pretty(&json)?);
     Ok(if report.status.is_success() {
         ExitCode::SUCCESS

@@ -11,8 +11,10 @@
 //! - `mod.rs`: [`Config`], [`Config::load`], [`ConfigError`], the start-up warnings.
 //! - `raw`: [`Layers`] and the merge of file, environment and flags into raw tables.
 //! - `validate`: raw → [`Config`]; every default and every check is there.
+//! - `publish`: `[publish]`, the staged-change scan's allowed paths.
 //! - `sections`: the validated `[progress]`, `[executor]`, `[caches]`, `[network]`, … sections and their defaults.
 
+mod publish;
 mod raw;
 mod sections;
 #[cfg(test)]
@@ -27,6 +29,7 @@ use std::time::Duration;
 use reqwest::Url;
 use serde_json::Value;
 
+pub use publish::PublishConfig;
 pub use raw::Layers;
 pub use sections::{
     warm_cache_entry, CachesConfig, Containment, EnvConfig, ExecutorConfig, GitConfig,
@@ -175,6 +178,8 @@ pub struct Config {
     pub caches: CachesConfig,
     /// `[network]`: what network a task's children get.
     pub network: NetworkConfig,
+    /// `[publish]`: what the scan before a commit and push lets through.
+    pub publish: PublishConfig,
     /// Keys this build does not know, dotted (`wake_command` from a Node sidecar's
     /// `config.json`, a misspelt `executor.claude_modle`): warned about at start, ignored.
     pub unknown: BTreeMap<String, Value>,
@@ -232,6 +237,7 @@ impl Default for Config {
             recorder: RecorderConfig::default(),
             caches: CachesConfig::default(),
             network: NetworkConfig::default(),
+            publish: PublishConfig::default(),
             unknown: BTreeMap::new(),
             origin: None,
         }

@@ -111,6 +111,8 @@ pub(crate) struct RawConfig {
     pub caches: RawCaches,
     #[serde(skip)]
     pub network: RawNetwork,
+    #[serde(skip)]
+    pub publish: super::publish::RawPublish,
     /// Keys no struct names, dotted (`wake_command`, `executor.claude_modle`).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
@@ -285,6 +287,7 @@ impl RawConfig {
         let recorder = take_section(&mut tree, "recorder", origin)?;
         let caches = take_section(&mut tree, "caches", origin)?;
         let network = take_section(&mut tree, "network", origin)?;
+        let publish = take_section(&mut tree, "publish", origin)?;
         let mut raw: RawConfig = parse_table(None, tree, origin)?;
         raw.progress = progress;
         raw.executor = executor;
@@ -295,6 +298,7 @@ impl RawConfig {
         raw.recorder = recorder;
         raw.caches = caches;
         raw.network = network;
+        raw.publish = publish;
         Ok(raw)
     }
 }

@@ -34,6 +34,7 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
         ("recorder", std::mem::take(&mut raw.recorder.unknown)),
         ("caches", std::mem::take(&mut raw.caches.unknown)),
         ("network", std::mem::take(&mut raw.network.unknown)),
+        ("publish", std::mem::take(&mut raw.publish.unknown)),
     ];
     for (section, keys) in sections {
         unknown.extend(keys.into_iter().map(|(k, v)| (format!("{section}.{k}"), v)));
@@ -87,6 +88,7 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
         recorder: recorder(raw.recorder),
         caches: caches(raw.caches),
         network: network(raw.network),
+        publish: super::publish::publish(raw.publish, origin)?,
         unknown,
         origin: None::<PathBuf>,
     };

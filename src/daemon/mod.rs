@@ -33,7 +33,6 @@ use crate::ops::Ops;
 use crate::outbox::Outbox;
 use crate::process::ChildEnv;
 use crate::recorder::Recorder;
-use crate::redact::Redactor;
 use crate::runner::RunnerDeps;
 use crate::sandbox::Probing;
 use crate::state::{ActiveTask, OutboxMeta, Phase, StateStore};
@@ -282,7 +281,8 @@ impl Daemon {
             cfg.outbox_max_entries,
             Duration::from_secs(cfg.outbox_expiry_secs),
         );
-        let redactor = Arc::new(Redactor::from_config(&cfg));
+        let env = ChildEnv::from_config(&cfg);
+        let redactor = Arc::new(env.redactor(&cfg).await);
         let (recorder, recorder_writer) =
             Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
         let ledger =
@@ -291,7 +291,7 @@ impl Daemon {
         ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
         let deps = RunnerDeps {
             config: cfg.clone(),
-            env: ChildEnv::from_config(&cfg),
+            env,
             redactor,
             budget,
             out: Arc::new(link.clone()),

@@ -9,6 +9,7 @@
 //! - [`locate`]: the git directory found the way git finds it, or refused.
 //! - [`url`]: repository URLs, their credentials, the names derived from them.
 //! - [`branch`]: the task branch `<agent>/<slug-of-description>-<id>` from the base.
+//! - [`secrets`]: before the commit, refuse a change that carries a credential.
 //! - [`publish`]: after verification, commit, push (`--force-with-lease`), open a pull
 //!   request with `gh`, and ask the hub to classify the change's risk.
 
@@ -17,6 +18,7 @@ pub mod harden;
 pub mod locate;
 pub mod publish;
 mod runner;
+pub mod secrets;
 pub mod url;
 
 pub use runner::{home_dir, GitError, GitRunner};

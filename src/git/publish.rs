@@ -1,5 +1,6 @@
 //! After verification: commit the task's work, push the task branch, open the pull request,
-//! and ask the hub to classify the change's risk.
+//! and ask the hub to classify the change's risk. A change that carries a credential is
+//! neither committed nor pushed (see [`super::secrets`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::config::Config;
+use crate::redact::known::Credential;
 use crate::task::Task;
 
 use super::branch::{commit_title, is_dirty, slugify, TaskBranch};
@@ -75,6 +77,8 @@ pub struct Publish<'a> {
     pub branch: &'a TaskBranch,
     /// The runner git and gh go through.
     pub git: &'a GitRunner,
+    /// Every credential the task's redactor knows: a change that holds one is refused.
+    pub credentials: &'a [Credential],
 }
 
 /// Commit, push and open the pull request (a draft with `draft`). Returns the keys to merge
@@ -102,9 +106,17 @@ async fn commit_push_pr(
         path,
         branch: tb,
         git,
+        credentials,
     } = p;
     r.insert("pushed".into(), json!(false));
     git.git(path, &["add", "-A"], false).await?;
+    // Nothing is committed, let alone pushed, that carries a credential.
+    let found = super::secrets::scan(path, git, &tb.base_sha, &cfg.publish, credentials).await?;
+    if !found.findings.is_empty() {
+        tracing::warn!(task_id = %task.task_id, findings = found.findings.len() as u64 + found.more, scanned_bytes = found.bytes, "credential in the task's change: not committed, nothing pushed");
+        r.extend(super::secrets::refusal(&found, path, &tb.name));
+        return Ok(());
+    }
     if is_dirty(path, git).await? {
         commit(cfg, task, path, git).await?;
     }

@@ -121,6 +121,54 @@ impl GitRunner {
     /// checked (a `clone`, which reads no repository, gets neither).
     pub async fn git(&self, cwd: &Path, args: &[&str], network: bool) -> Result<String, GitError> {
         let step = format!("git {}", args.first().copied().unwrap_or(""));
+        let full = self.argv(cwd, args, &step).await?;
+        self.run_program("git".as_ref(), &step, cwd, &full, network)
+            .await
+    }
+
+    /// `git ARGS` in `cwd` as [`GitRunner::git`] runs it (local timeout), every byte of its
+    /// stdout handed to `on_chunk` as it arrives and none kept: output too large to hold
+    /// (the staged-change scan reads a whole diff this way).
+    pub async fn git_stream(
+        &self,
+        cwd: &Path,
+        args: &[&str],
+        on_chunk: process::ChunkCallback<'_>,
+    ) -> Result<(), GitError> {
+        let step = format!("git {}", args.first().copied().unwrap_or(""));
+        let full = self.argv(cwd, args, &step).await?;
+        let spec = CommandSpec::new("git", cwd, self.env.clone()).args(full);
+        let limits = Limits {
+            timeout: Some(self.local_timeout),
+            grace: self.grace,
+            output_cap: 4 * 1024,
+        };
+        let out = process::run_chunks(&spec, &limits, &self.cancel, on_chunk)
+            .await
+            .map_err(|e| GitError {
+                step: step.clone(),
+                refused: false,
+                detail: format!("cannot run git: {e}; install it or fix PATH"),
+            })?;
+        if out.exit.success() {
+            return Ok(());
+        }
+        Err(GitError {
+            step,
+            refused: false,
+            detail: scrub_url_userinfo(&format!(
+                "{} ({})",
+                tail(&out.stderr, ERROR_TAIL_CHARS),
+                out.exit.describe()
+            )),
+        })
+    }
+
+    /// The full argv of `git ARGS` in `cwd`: the hardening overrides, the git directory
+    /// named explicitly (the managed clone's own, or the one [`locate::locate`] resolved
+    /// and checked), then `args`.
+    async fn argv(&self, cwd: &Path, args: &[&str], step: &str) -> Result<Vec<OsString>, GitError> {
+        let step = step.to_string();
         let mut full = harden::overrides(cwd);
         match &self.trusted {
             Some((tree, dir)) if tree == cwd => {
@@ -160,8 +208,7 @@ impl GitRunner {
             }
         }
         full.extend(args.iter().map(OsString::from));
-        self.run_program("git".as_ref(), &step, cwd, &full, network)
-            .await
+        Ok(full)
     }
 
     /// Refuse to run git in a work tree whose git directory the task could have written

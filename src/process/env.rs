@@ -25,6 +25,8 @@ pub struct ChildEnv {
 
 use std::sync::Arc;
 
+use crate::redact::known::Credential;
+use crate::redact::Redactor;
 use crate::sandbox::Sandbox;
 
 /// Variables every child gets when the daemon has them: what shells, compilers and
@@ -140,6 +142,43 @@ impl ChildEnv {
             env.set(k, v);
         }
         env
+    }
+
+    /// The agent CLI's variables (`[env] agent`) as kept aside: credentials to redact.
+    pub fn agent_vars(&self) -> &[(String, String)] {
+        &self.agent
+    }
+
+    /// The publishing step's variables (`[env] publish`) as kept aside: credentials to
+    /// redact.
+    pub fn publish_vars(&self) -> &[(String, String)] {
+        &self.publish
+    }
+
+    /// Every credential the daemon holds, named by source: `cfg`'s token and `secrets`,
+    /// this environment's `[env] agent` and `[env] publish` values, and the tokens of the
+    /// agent login in the template these variables name (see
+    /// [`crate::redact::known`]). Reads the login files: call it off the runtime.
+    pub fn credentials(&self, cfg: &crate::config::Config) -> Vec<Credential> {
+        let login = crate::sandbox::agent_home::template(&self.vars);
+        crate::redact::known::from_parts(cfg, &self.agent, &self.publish, login.as_deref())
+    }
+
+    /// The redactor for everything [`ChildEnv::credentials`] names, the login files read
+    /// off the runtime: what the daemon scrubs from every frame, record and log line.
+    pub async fn redactor(&self, cfg: &crate::config::Config) -> Redactor {
+        let (env, config) = (self.clone(), cfg.clone());
+        match tokio::task::spawn_blocking(move || env.credentials(&config)).await {
+            Ok(all) => Redactor::from_credentials(all),
+            // The login unread (the blocking pool is shutting down): still everything the
+            // config and the environment hold.
+            Err(_) => Redactor::from_credentials(crate::redact::known::from_parts(
+                cfg,
+                &self.agent,
+                &self.publish,
+                None,
+            )),
+        }
     }
 
     /// The current environment, unfiltered (tests, offline tools).
@@ -271,5 +310,54 @@ mod tests {
         assert_eq!(env.get("GH_TOKEN"), Some("s3cr3t-value"));
         assert_eq!(env.get("MY_BUILD_FLAG"), Some("1"));
         assert_eq!(env.for_agent().get("ANTHROPIC_API_KEY"), None);
+    }
+
+    /// Each source the daemon holds a credential from is named, and the environment's
+    /// `[env] agent` and `[env] publish` values are among them though no child but the
+    /// agent (or the push) ever sees them.
+    #[test]
+    fn every_credential_the_daemon_holds_is_known_by_its_source() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join(".credentials.json"),
+            r#"{"claudeAiOauth":{"accessToken":"oauth-access-123456"}}"#,
+        )
+        .unwrap();
+        let cfg = crate::config::Config {
+            token: "hub-token-123456".into(),
+            secrets: vec!["listed-secret-123".into()],
+            ..crate::config::Config::default()
+        };
+        let vars = [
+            ("ANTHROPIC_API_KEY", "sk-ant-api-key-123"),
+            ("GH_TOKEN", "gh-publish-tok-123"),
+            ("CLAUDE_CONFIG_DIR", &d.path().to_string_lossy()),
+            ("PATH", "/usr/bin"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let env = ChildEnv::filter(vars, &cfg);
+        let got: Vec<(String, String)> = env
+            .credentials(&cfg)
+            .into_iter()
+            .map(|c| (c.source, c.value))
+            .collect();
+        let want = [
+            ("the hub token", "hub-token-123456"),
+            ("a `secrets` value", "listed-secret-123"),
+            ("`[env] agent` ANTHROPIC_API_KEY", "sk-ant-api-key-123"),
+            ("`[env] publish` GH_TOKEN", "gh-publish-tok-123"),
+            (
+                "the agent login (.credentials.json: claudeAiOauth.accessToken)",
+                "oauth-access-123456",
+            ),
+        ]
+        .map(|(s, v)| (s.to_string(), v.to_string()));
+        assert_eq!(got, want);
+        // Still passed where it belongs, and only there.
+        assert_eq!(
+            env.for_agent().get("ANTHROPIC_API_KEY"),
+            Some("sk-ant-api-key-123")
+        );
+        assert_eq!(env.get("ANTHROPIC_API_KEY"), None);
     }
 }

@@ -210,6 +210,32 @@ pub async fn run(
 /// A callback fed each complete stdout line (without its `\n`) as it arrives.
 pub type LineCallback<'a> = &'a mut (dyn FnMut(&str) + Send);
 
+/// A callback fed stdout's bytes as they arrive, chunk by chunk, none held back or cut.
+pub type ChunkCallback<'a> = &'a mut (dyn FnMut(&[u8]) + Send);
+
+/// Where stdout goes while the child runs, besides the capped capture.
+enum Tap<'a> {
+    /// Complete lines (see [`run_with`]).
+    Lines(LineSplitter, LineCallback<'a>),
+    /// Raw chunks (see [`run_chunks`]).
+    Chunks(ChunkCallback<'a>),
+}
+
+impl Tap<'_> {
+    fn feed(&mut self, bytes: &[u8]) {
+        match self {
+            Tap::Lines(lines, cb) => lines.feed(bytes, *cb),
+            Tap::Chunks(cb) => cb(bytes),
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Tap::Lines(lines, cb) = self {
+            lines.finish(*cb);
+        }
+    }
+}
+
 /// [`run`], also handing every stdout line to `on_stdout_line` while the child runs
 /// (streaming parsers such as Claude's `stream-json`). A last line without a newline is
 /// delivered at EOF. Lines still reach the capped capture and `progress` as with [`run`].
@@ -218,9 +244,30 @@ pub async fn run_with(
     limits: &Limits,
     cancel: &CancellationToken,
     progress: Option<&ProgressSink>,
-    mut on_stdout_line: Option<LineCallback<'_>>,
+    on_stdout_line: Option<LineCallback<'_>>,
 ) -> std::io::Result<RunOutput> {
-    let mut lines = LineSplitter::default();
+    let tap = on_stdout_line.map(|cb| Tap::Lines(LineSplitter::default(), cb));
+    run_tapped(spec, limits, cancel, progress, tap).await
+}
+
+/// [`run`], handing every byte of stdout to `on_chunk` as it arrives (a scan of output too
+/// large to hold, such as a diff): unlike [`run_with`]'s lines, nothing is cut.
+pub async fn run_chunks(
+    spec: &CommandSpec,
+    limits: &Limits,
+    cancel: &CancellationToken,
+    on_chunk: ChunkCallback<'_>,
+) -> std::io::Result<RunOutput> {
+    run_tapped(spec, limits, cancel, None, Some(Tap::Chunks(on_chunk))).await
+}
+
+async fn run_tapped(
+    spec: &CommandSpec,
+    limits: &Limits,
+    cancel: &CancellationToken,
+    progress: Option<&ProgressSink>,
+    mut tap: Option<Tap<'_>>,
+) -> std::io::Result<RunOutput> {
     let started = Instant::now();
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
@@ -277,8 +324,8 @@ pub async fn run_with(
                 Ok(0) | Err(_) => out_open = false,
                 Ok(n) => {
                     out_buf.push(&ob[..n]);
-                    if let Some(cb) = on_stdout_line.as_mut() {
-                        lines.feed(&ob[..n], cb);
+                    if let Some(t) = tap.as_mut() {
+                        t.feed(&ob[..n]);
                     }
                     if let Some(p) = progress {
                         p.stream(EventKind::Stdout, &String::from_utf8_lossy(&ob[..n]));
@@ -315,8 +362,8 @@ pub async fn run_with(
                 Ok(0) | Err(_) => out_open = false,
                 Ok(n) => {
                     out_buf.push(&ob[..n]);
-                    if let Some(cb) = on_stdout_line.as_mut() {
-                        lines.feed(&ob[..n], cb);
+                    if let Some(t) = tap.as_mut() {
+                        t.feed(&ob[..n]);
                     }
                 }
             }
@@ -329,8 +376,8 @@ pub async fn run_with(
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
-    if let Some(cb) = on_stdout_line.as_mut() {
-        lines.finish(cb);
+    if let Some(t) = tap.as_mut() {
+        t.finish();
     }
 
     let exit = forced.unwrap_or_else(|| {

@@ -20,6 +20,7 @@ use crate::util::*;
 
 mod hostile;
 mod publish;
+mod secrets;
 mod steering;
 mod workspaces;
 

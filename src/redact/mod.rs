@@ -1,14 +1,28 @@
-//! Secret scrubbing: the token and configured secrets never leave the process.
+//! Secret scrubbing: no credential the daemon knows leaves the process.
 //!
 //! Task output often echoes environment values, so every progress event, result and report
-//! passes through [`Redactor`] before it is sent, and log lines go through it too. Each
-//! secret (≥ 6 bytes; shorter ones would redact ordinary words) is matched verbatim and in
-//! its base64 and URL-encoded forms. Credentials embedded in URLs
-//! (`https://user:pass@host`, e.g. a task's `repo`) are scrubbed by shape, whatever they are:
-//! the userinfo becomes `[REDACTED]`.
+//! passes through [`Redactor`] before it is sent, and log lines go through it too. The
+//! redactor knows every credential the daemon holds ([`known`]: the hub token, `secrets`,
+//! the `[env] agent` and `[env] publish` values, the agent login's tokens), each matched in
+//! every spelling [`forms`] lists (verbatim, base64 in both alphabets at every alignment,
+//! URL-encoded, hex; a secret under 6 bytes is ignored, it would redact ordinary words).
+//! Credentials embedded in URLs (`https://user:pass@host`, e.g. a task's `repo`) are
+//! scrubbed by shape, whatever they are: the userinfo becomes `[REDACTED]`.
+//!
+//! # Layout
+//!
+//! - [`Redactor`] and the log writer: this file.
+//! - [`forms`]: the spellings of one secret.
+//! - [`known`]: the credentials the daemon holds and where each came from.
+//! - [`scan`]: the staged-change scan that refuses to publish a credential.
 
-use base64::Engine;
+pub mod forms;
+pub mod known;
+pub mod scan;
+
 use serde_json::Value;
+
+use known::Credential;
 
 /// What every secret is replaced with.
 pub const MARK: &str = "[REDACTED]";
@@ -20,26 +34,11 @@ const ELISION: &str = crate::util::ELISION_END;
 /// too likely to be ordinary text, and too short to be worth anything to a reader.
 const MIN_PIECE: usize = 4;
 
-/// The base64 of `secret` as it appears inside a longer base64 stream at each of the three
-/// byte alignments: only the characters that depend on the secret's bits alone.
-fn base64_cores(secret: &[u8]) -> Vec<String> {
-    let mut out = Vec::new();
-    for k in 0..3usize {
-        let mut buf = vec![0u8; k];
-        buf.extend_from_slice(secret);
-        let enc = base64::engine::general_purpose::STANDARD.encode(&buf);
-        let start = (4 * k).div_ceil(3);
-        let end = 4 * (k + secret.len()) / 3;
-        if end > start + 7 {
-            out.push(enc[start..end].to_string());
-        }
-    }
-    out
-}
-
 /// Replaces known secret values with [`MARK`].
 #[derive(Debug, Clone, Default)]
 pub struct Redactor {
+    /// The credentials, named by source: what the staged-change scan refuses.
+    credentials: std::sync::Arc<Vec<Credential>>,
     needles: Vec<String>,
     /// Every needle, [`ELISION`] and [`URL_SCHEME_END`] as one search, built on first use
     /// ([`Redactor::finder`]): "is there anything to scrub?" is asked of every output chunk,
@@ -53,23 +52,33 @@ pub struct Redactor {
 impl Redactor {
     /// A redactor for `secrets` (short or empty ones are ignored).
     pub fn new(secrets: impl IntoIterator<Item = String>) -> Redactor {
-        let mut needles = Vec::new();
-        for s in secrets {
-            if s.len() < 6 {
-                continue;
-            }
-            let b64 = base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
-            let b64_trim = b64.trim_end_matches('=').to_string();
-            let url = crate::util::percent_encode(&s);
-            let mut forms = vec![s.clone(), b64, b64_trim, url];
-            forms.extend(base64_cores(s.as_bytes()));
-            for n in forms {
-                if n.len() >= 6 && !needles.contains(&n) {
+        Redactor::from_credentials(
+            secrets
+                .into_iter()
+                .map(|s| Credential::new("a secret", s))
+                .collect(),
+        )
+    }
+
+    /// A redactor for `credentials`, each in every form [`forms::forms`] lists: for the
+    /// daemon, `ChildEnv::credentials` (everything it holds).
+    pub fn from_credentials(credentials: Vec<Credential>) -> Redactor {
+        let mut needles: Vec<String> = Vec::new();
+        for c in &credentials {
+            for (n, _) in forms::forms(&c.value) {
+                if !needles.contains(&n) {
                     needles.push(n);
                 }
             }
         }
-        Redactor::from_needles(needles)
+        let mut r = Redactor::from_needles(needles);
+        r.credentials = std::sync::Arc::new(credentials);
+        r
+    }
+
+    /// The credentials this redactor scrubs, each with its source.
+    pub fn credentials(&self) -> &[Credential] {
+        &self.credentials
     }
 
     /// Sort `needles` longest first, so a secret's encoded form is not half-replaced by a
@@ -77,6 +86,7 @@ impl Redactor {
     fn from_needles(mut needles: Vec<String>) -> Redactor {
         needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
         Redactor {
+            credentials: Default::default(),
             needles,
             finder: Default::default(),
         }
@@ -99,23 +109,38 @@ impl Redactor {
         built.as_ref()
     }
 
-    /// A redactor for the config's token and `secrets`.
-    pub fn from_config(cfg: &crate::config::Config) -> Redactor {
-        Redactor::new(cfg.secret_values())
-    }
-
     /// This redactor plus more secrets (e.g. the password of one task's repository URL).
     pub fn with_extra(&self, extra: impl IntoIterator<Item = String>) -> Redactor {
-        let mut needles = Redactor::new(extra).needles;
-        if needles.iter().all(|n| self.needles.contains(n)) {
+        self.with_credentials(
+            extra
+                .into_iter()
+                .map(|s| Credential::new("a secret of this task", s))
+                .collect(),
+        )
+    }
+
+    /// This redactor plus more credentials (the agent login the task's copy was made from).
+    /// The same redactor, sharing its compiled finder, when they add no new spelling.
+    pub fn with_credentials(&self, extra: Vec<Credential>) -> Redactor {
+        let extra: Vec<Credential> = extra
+            .into_iter()
+            .filter(|c| !self.credentials.iter().any(|k| k.value == c.value))
+            .collect();
+        let added = Redactor::from_credentials(extra);
+        if added.needles.iter().all(|n| self.needles.contains(n)) {
             return self.clone();
         }
+        let mut needles = added.needles;
         for n in &self.needles {
             if !needles.contains(n) {
                 needles.push(n.clone());
             }
         }
-        Redactor::from_needles(needles)
+        let mut credentials = (*self.credentials).clone();
+        credentials.extend(added.credentials.iter().cloned());
+        let mut r = Redactor::from_needles(needles);
+        r.credentials = std::sync::Arc::new(credentials);
+        r
     }
 
     /// Whether there is nothing to scrub.
@@ -273,6 +298,7 @@ pub fn scrub_url_userinfo(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
     use serde_json::json;
 
     const PIECES: &[&str] = &[
@@ -371,6 +397,42 @@ mod tests {
         let mut v = json!({"x": ["s3cr3t/tok+en"], "n": 1});
         r.scrub_value(&mut v);
         assert_eq!(v, json!({"x": ["[REDACTED]"], "n": 1}));
+    }
+
+    /// Every spelling of every credential, as the encoders write it inside longer text:
+    /// nothing of the secret's own characters is left.
+    #[test]
+    fn every_spelling_of_each_credential_is_scrubbed() {
+        let creds = [
+            Credential::new("the hub token", "hub-tok-8c1f2e7a9b"),
+            Credential::new("`[env] agent` ANTHROPIC_API_KEY", "sk-ant-api03-x/y+z~9"),
+        ];
+        let r = Redactor::from_credentials(creds.to_vec());
+        assert_eq!(r.credentials(), &creds);
+        for c in &creds {
+            let v = c.value.as_str();
+            let hex: String = v.bytes().map(|b| format!("{b:02x}")).collect();
+            let mut spelled = vec![
+                v.to_string(),
+                crate::util::percent_encode(v),
+                crate::util::percent_encode(v).to_ascii_lowercase(),
+                hex.clone(),
+                hex.to_ascii_uppercase(),
+            ];
+            for lead in ["", "a", "ab"] {
+                let blob = format!("{lead}{v}");
+                spelled.push(base64::engine::general_purpose::STANDARD.encode(&blob));
+                spelled.push(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&blob));
+            }
+            for s in spelled {
+                let out = r.scrub(&format!("before {s} after"));
+                assert!(out.contains(MARK), "{s} -> {out}");
+                // At most the characters a base64 alignment shares with its neighbours, and
+                // padding.
+                let left = out.replace(MARK, "").len() - "before  after".len();
+                assert!(left <= 6, "{s} -> {out}");
+            }
+        }
     }
 
     #[test]
