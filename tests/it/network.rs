@@ -38,7 +38,8 @@ async fn the_allowlist_lets_listed_hosts_through_the_proxy_and_nothing_else() {
     let s = Harness::setup().await;
     let (mut c, _ws) = s.cfg_with_workspace();
     c.network.mode = NetworkMode::Allowlist;
-    c.network.allow = vec!["127.0.0.1".into()];
+    // The host's loopback is reached only where an entry names the exact `host:port`.
+    c.network.allow = vec![format!("127.0.0.1:{port}")];
     let h = s.start(c).await;
 
     // Plain HTTP to an allowed host, through HTTP_PROXY.
