@@ -25,13 +25,8 @@ pub(super) fn proxy(
     set: &mut Vec<(String, String)>,
 ) -> Result<proxy::Proxy, ContainmentError> {
     let api = executor_api(cfg, vars);
-    let allow = Allowlist::new(
-        cfg.network
-            .allow
-            .iter()
-            .chain(&grants.hosts)
-            .chain(api.as_ref().map(|(entry, _)| entry)),
-    );
+    let api_host = api.as_ref().map(|(_, host)| host.clone());
+    let allow = allowlist(cfg, grants, api.map(|(entry, _)| entry));
     let p = proxy::Proxy::start(allow).map_err(ContainmentError::Proxy)?;
     let url = format!("http://127.0.0.1:{}", child::PROXY_PORT);
     for k in [
@@ -44,11 +39,31 @@ pub(super) fn proxy(
     ] {
         set.push((k.to_string(), url.clone()));
     }
-    let no_proxy = no_proxy(api.as_ref().map(|(_, host)| host.as_str()));
+    let no_proxy = no_proxy(api_host.as_deref());
     for k in ["NO_PROXY", "no_proxy"] {
         set.push((k.to_string(), no_proxy.clone()));
     }
     Ok(p)
+}
+
+/// The operator's entries, the repository's remote and the agent's API entry `api`. The
+/// remote is its `host:port`, and its host on the web ports (a forge reached over ssh
+/// serves its archives and API over HTTPS; a bare host reached every port before entries
+/// had ports).
+fn allowlist(cfg: &Config, grants: &Grants, api: Option<String>) -> Allowlist {
+    let remote_hosts = grants.hosts.iter().filter_map(|e| {
+        let (h, p) = e.rsplit_once(':')?;
+        p.parse::<u16>().is_ok().then(|| h.to_string())
+    });
+    Allowlist::new(
+        cfg.network
+            .allow
+            .iter()
+            .cloned()
+            .chain(grants.hosts.iter().cloned())
+            .chain(remote_hosts)
+            .chain(api),
+    )
 }
 
 /// `NO_PROXY`: the loopback spellings but the one the agent's API host is spelled with.
@@ -121,5 +136,20 @@ mod tests {
             no_proxy(Some("api.anthropic.com")),
             "localhost,127.0.0.1,::1"
         );
+    }
+
+    #[test]
+    fn the_remote_is_its_port_and_the_web_ports_and_the_api_its_port_only() {
+        let grants = Grants {
+            hosts: vec!["gitlab.corp:22".into()],
+            ..Grants::default()
+        };
+        let a = allowlist(&Config::default(), &grants, Some("gw.corp:4000".into()));
+        assert!(a.lets_through("gitlab.corp", 22));
+        assert!(a.lets_through("gitlab.corp", 443));
+        assert!(!a.lets_through("gitlab.corp", 6379));
+        assert!(a.lets_through("gw.corp", 4000));
+        assert!(!a.lets_through("gw.corp", 443));
+        assert!(a.lets_through("api.anthropic.com", 443));
     }
 }
