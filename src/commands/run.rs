@@ -17,12 +17,18 @@ use crate::redact::RedactingWriter;
 /// Run the daemon until it is stopped; the exit code says how it stopped.
 pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
     crate::sandbox::refuse_powerless_root().map_err(anyhow::Error::msg)?;
+    // Before anything opens a descriptor: whatever a task does with the proxy, the hub
+    // link, /healthz and the status socket keep theirs (see `sandbox::descriptors`).
+    let (was, open_files) = crate::sandbox::descriptors::raise_limit();
     let cfg = args.config.load()?;
     // The probe first: it forks a test child and is the longest step before `identify`.
     let probe = crate::sandbox::Probing::start(cfg.containment);
     logs.set(ChildEnv::from_config(&cfg).redactor(&cfg).await);
     config::warn_about(&cfg);
-    tracing::info!(agent_id = %cfg.agent_id, hub = %cfg.hub_url, state = %cfg.state_file().display(), "hub-sidecar starting");
+    tracing::info!(agent_id = %cfg.agent_id, hub = %cfg.hub_url, state = %cfg.state_file().display(), open_files, "hub-sidecar starting");
+    if open_files < 4096 {
+        tracing::warn!(open_files, was, "the open-files limit is low: each task's proxy holds fewer connections; set LimitNOFILE=65536 in the unit");
+    }
     let shutdown = Shutdown::new();
     let ops = Ops::new();
     // Side services live exactly as long as the daemon: cancelled and awaited on every exit.

@@ -290,8 +290,10 @@ pub enum NetworkMode {
 pub struct NetworkConfig {
     /// `open` (default), `allowlist` or `none`.
     pub mode: NetworkMode,
-    /// Hosts a task may reach under `allowlist`: exact names, or `*.example.com` for a domain
-    /// and its subdomains.
+    /// What a task may reach under `allowlist`: `host` (ports 80 and 443), `host:port`,
+    /// `host:*`, `*.example.com[:port]` for a domain and its subdomains; an address of the
+    /// daemon's host only through an entry naming its exact `host:port` (see
+    /// `sandbox::allowlist`).
     pub allow: Vec<String>,
 }
 

@@ -304,6 +304,17 @@ fn check(cfg: &Config, origin: &str) -> Result<(), ConfigError> {
             format!("`{p}` is not a plain path inside the clone (like `target/`); fix the entry"),
         ));
     }
+    if let Some(why) = cfg
+        .network
+        .allow
+        .iter()
+        .find_map(|e| crate::sandbox::allowlist::Entry::parse(e).err())
+    {
+        return Err(invalid(
+            "network.allow",
+            format!("{why}; write `host`, `host:port`, `host:*` or `*.domain`"),
+        ));
+    }
     if cfg.agent_id.chars().count() > 128 {
         return Err(invalid(
             "agent_id",

@@ -10,6 +10,7 @@
 //!   short by a crash) and the list of recent tasks.
 //! - `writer.rs`: the writer thread (files, retention).
 //! - [`sizing`]: the byte bounds when the config leaves them unset, sized to the host.
+//! - `bound.rs`: how every line of a record meets the per-task bound.
 //!
 //! # On disk
 //!
@@ -25,8 +26,9 @@
 //!   (the daemon's secrets plus the password of the task's repository URL) before it is
 //!   queued; streamed output is scrubbed as a whole buffer, so a secret split across two
 //!   chunks is caught, and a possible secret prefix at a buffer's end is held back.
-//! - Bounded: every string in a record is capped; streamed output and events together are
-//!   capped per task (`recorder.max_task_bytes`, keeping the head and the last chunk);
+//! - Bounded: every string in a record is capped; every line counts against the per-task
+//!   bound (`recorder.max_task_bytes`): output and events stop there (keeping the head and
+//!   the last chunk), the lines that tell the story are shrunk past it (see `bound.rs`);
 //!   records are queued on a bounded channel and dropped (counted) rather than blocking a
 //!   task; retention keeps at most `recorder.max_tasks` records and `recorder.max_total_bytes`
 //!   in total, oldest removed first, checked when the first task writes and after every
@@ -34,6 +36,7 @@
 //! - No blocking on the runtime: files are written by one `spawn_blocking` writer that ends
 //!   when every handle is dropped.
 
+mod bound;
 pub mod sizing;
 pub mod story;
 mod writer;
@@ -186,7 +189,7 @@ impl Recorder {
         let Some(shared) = &self.inner else {
             return;
         };
-        let line = encode(json!({"ts": now_ms(), "kind": "acked", "status": status}));
+        let line = encode(&json!({"ts": now_ms(), "kind": "acked", "status": status}));
         send(
             shared,
             Msg::LineIfExists {
@@ -215,8 +218,8 @@ fn send(shared: &Shared, msg: Msg) {
     }
 }
 
-fn encode(v: Value) -> Vec<u8> {
-    let mut line = serde_json::to_vec(&v).expect("records serialize");
+fn encode(v: &Value) -> Vec<u8> {
+    let mut line = serde_json::to_vec(v).expect("records serialize");
     line.push(b'\n');
     line
 }
@@ -242,8 +245,8 @@ struct RecordState {
     /// Streamed text not yet written (scrubbed as a whole).
     stream: String,
     stream_kind: Option<EventKind>,
-    /// Bytes of output and events written so far (bounded by `max_task_bytes`).
-    bulk_bytes: u64,
+    /// Bytes of every line written so far (bounded by `max_task_bytes`, see `bound.rs`).
+    bytes: u64,
     /// The newest output past the bound (at most one chunk), written when the attempt ends.
     tail: String,
     /// Output bytes left out once the bound was reached.
@@ -257,9 +260,20 @@ impl TaskRecord {
         TaskRecord { inner: None }
     }
 
-    /// Append one record of `kind`: scrubbed, strings capped, timestamped.
+    /// Append one line of `kind` that tells the story: scrubbed, strings capped,
+    /// timestamped, counted against the per-task bound and shrunk past it.
     fn write(&self, kind: &str, body: Value) {
-        let Some(s) = &self.inner else { return };
+        self.put(kind, body, false);
+    }
+
+    /// Append one line of output or an event: left out (false) once the per-task bound is
+    /// reached.
+    fn write_bulk(&self, kind: &str, body: Value) -> bool {
+        self.put(kind, body, true)
+    }
+
+    fn put(&self, kind: &str, body: Value, bulk: bool) -> bool {
+        let Some(s) = &self.inner else { return false };
         let mut v = body;
         if let Value::Object(m) = &mut v {
             m.insert("ts".into(), json!(now_ms()));
@@ -267,16 +281,31 @@ impl TaskRecord {
         }
         s.redactor.scrub_value(&mut v);
         cap_strings(&mut v, MAX_STRING);
+        let mut line = encode(&v);
+        let max = s.recorder.max_task_bytes();
+        {
+            let mut st = s.state.lock().expect("record lock");
+            if st.bytes + line.len() as u64 > max {
+                if bulk {
+                    drop(st);
+                    self.note_truncated();
+                    return false;
+                }
+                line = bound::shrink(&mut v, encode);
+            }
+            st.bytes += line.len() as u64;
+        }
         // The end of a task's story survives a power cut, not only a crash of the daemon.
         let sync = matches!(kind, "terminal" | "cancelled");
         send(
             &s.recorder,
             Msg::Line {
                 dir: s.dir.clone(),
-                line: encode(v),
+                line,
                 sync,
             },
         );
+        true
     }
 
     /// Attempt `n` starts with `prompt`. For `n > 1` the loop decided to retry.
@@ -350,10 +379,21 @@ impl TaskRecord {
     /// What the task's children asked of the network proxy (`[network] mode =
     /// "allowlist"`): every host allowed or refused, with connections and bytes. Nothing
     /// is written when there was no proxy or nothing asked of it.
+    /// The list is trimmed to the room the per-task bound leaves (see `bound.rs`).
     pub fn network(&self, hosts: &[crate::sandbox::proxy::HostUse]) {
-        if !hosts.is_empty() {
-            self.write("network", json!({ "hosts": hosts }));
+        let Some(s) = &self.inner else { return };
+        if hosts.is_empty() {
+            return;
         }
+        let room = {
+            let st = s.state.lock().expect("record lock");
+            s.recorder.max_task_bytes().saturating_sub(st.bytes)
+        };
+        let hosts = hosts
+            .iter()
+            .map(|h| serde_json::to_value(h).unwrap_or(Value::Null))
+            .collect();
+        self.write("network", json!({ "hosts": bound::fit_hosts(hosts, room) }));
     }
 
     /// The terminal frame the runner hands to the outbox (already redacted; scrubbed again).
@@ -405,9 +445,7 @@ impl TaskRecord {
             "tokens_so_far": ev.tokens_so_far,
             "fields": Value::Object(fields),
         });
-        if self.take_bulk(&body) {
-            self.write("event", body);
-        }
+        self.write_bulk("event", body);
     }
 
     /// Write the buffered stream. `all = false` holds back an end that may start a secret.
@@ -438,11 +476,7 @@ impl TaskRecord {
             } else {
                 let body =
                     json!({"attempt": attempt, "stream": stream, "text": text, "elided_before": 0});
-                let fits = self.take_bulk(&body);
-                if fits {
-                    self.write("output", body);
-                }
-                fits
+                self.write_bulk("output", body)
             };
             if !kept {
                 // Over the bound: keep only the newest chunk, to show how the output ended.
@@ -483,32 +517,17 @@ impl TaskRecord {
     }
 
     /// True (and the one-time note) when a line of at least `at_least` bytes can no longer
-    /// fit under the per-task bound: [`Self::take_bulk`] would refuse it.
+    /// fit under the per-task bound: [`Self::write_bulk`] would refuse it.
     fn bulk_exhausted(&self, at_least: usize) -> bool {
         let Some(s) = &self.inner else { return true };
         let full = {
             let st = s.state.lock().expect("record lock");
-            st.bulk_bytes + at_least as u64 + LINE_OVERHEAD > s.recorder.max_task_bytes()
+            st.bytes + at_least as u64 + LINE_OVERHEAD > s.recorder.max_task_bytes()
         };
         if full {
             self.note_truncated();
         }
         full
-    }
-
-    /// Account `body` against the per-task bound; false (and a one-time note) when over.
-    fn take_bulk(&self, body: &Value) -> bool {
-        let Some(s) = &self.inner else { return false };
-        let size = body.to_string().len() as u64 + LINE_OVERHEAD;
-        {
-            let mut st = s.state.lock().expect("record lock");
-            if st.bulk_bytes + size <= s.recorder.max_task_bytes() {
-                st.bulk_bytes += size;
-                return true;
-            }
-        }
-        self.note_truncated();
-        false
     }
 
     /// Write, once per task, that the bound was reached.
@@ -521,7 +540,7 @@ impl TaskRecord {
         if note {
             self.write(
                 "truncated",
-                json!({"reason": "recorder.max_task_bytes reached: further output and events of this task are left out (the end of each attempt's output is kept)",
+                json!({"reason": "recorder.max_task_bytes reached: further output and events of this task are left out and the lines of its story shrunk (the end of each attempt's output is kept)",
                        "max_task_bytes": s.recorder.max_task_bytes()}),
             );
         }

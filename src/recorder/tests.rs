@@ -349,3 +349,61 @@ async fn big_chunks_past_the_bound_keep_the_exact_tail_and_count() {
         &out[..200.min(out.len())]
     );
 }
+
+/// Every line counts against the per-task bound, not only output and events: a task that
+/// asked the proxy for thousands of long host names, with a long prompt and a verification
+/// of many observations, still leaves a record near its bound (its story shrunk, the
+/// network summary trimmed and the rest counted), so retention never has to remove other
+/// tasks' records for it.
+#[tokio::test]
+async fn every_line_counts_against_the_per_task_bound() {
+    use crate::sandbox::proxy::{HostUse, OTHER_TARGETS};
+    const BOUND: u64 = 64 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let hosts: Vec<HostUse> = (0..3_000)
+        .map(|i| HostUse {
+            target: format!("{i}-{}.test:443", "h".repeat(250)),
+            allowed: false,
+            connections: 1,
+            bytes_up: 0,
+            bytes_down: 0,
+            unreachable: 0,
+            last_error: None,
+        })
+        .collect();
+    let text = record(dir.path(), cfg(BOUND), "many-hosts", |r| {
+        r.attempt_start(1, &"p".repeat(100_000));
+        for i in 0..2_000 {
+            r.on_event(&ProgressEvent::status(format!("tick {i} {}", "x".repeat(100))));
+        }
+        r.verification(
+            1,
+            json!({"checks": (0..500).map(|i| json!({"name": i, "output": "o".repeat(5_000)})).collect::<Vec<_>>()}),
+            &(0..1_000).map(|i| format!("changed file {i}")).collect::<Vec<_>>(),
+        );
+        r.network(&hosts);
+        r.final_decision(1, "retries_exhausted", json!({}));
+        r.terminal(&crate::hub::proto::Outbound::task_failed(
+            "many-hosts",
+            1,
+            "gave up",
+        ));
+    })
+    .await;
+    // The shrunk story lines past the bound: a few of [`bound::SHRUNK_STRING`] each.
+    assert!(
+        (text.len() as u64) < BOUND + 48 * 1024,
+        "{} bytes against a bound of {BOUND}",
+        text.len()
+    );
+    let s = TaskStory::parse(&text);
+    assert!(s.truncated);
+    assert_eq!(s.status, "failed", "the end of the story is kept");
+    let others = s
+        .network
+        .iter()
+        .find(|h| h["target"] == OTHER_TARGETS)
+        .expect("the hosts left out are counted");
+    let listed = s.network.len() as u64 - 1;
+    assert_eq!(others["connections"], json!(3_000 - listed));
+}

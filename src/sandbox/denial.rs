@@ -150,7 +150,12 @@ impl std::fmt::Display for Denial {
                 }
             }
             Denial::Host { target, config } => {
-                let host = target.rsplit_once(':').map_or(target.as_str(), |(h, _)| h);
+                // A bare host is the web ports; another port, or an address of the daemon's
+                // host, needs its `host:port` (see `allowlist.rs`).
+                let host = match target.rsplit_once(':') {
+                    Some((h, "80" | "443")) => h,
+                    _ => target.as_str(),
+                };
                 write!(
                     f,
                     "infrastructure_error: the network allowlist refused {target}; not a fault of \

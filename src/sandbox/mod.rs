@@ -43,7 +43,10 @@
 //! - [`caches`]: the per-repository dependency caches a task's package managers write.
 //! - [`task_home`]: the task's own HOME, fresh for every task.
 //! - [`denial`]: telling from a failed child's output that containment refused it a path.
-//! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`.
+//! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`;
+//!   [`allowlist`]: what it lets through (by name and port, then by address); `tally.rs`:
+//!   its bounded record of hosts; `network.rs`: the proxy and its variables in a task's plan;
+//!   [`descriptors`]: the daemon's open-files limit and the proxy's share of it.
 //! - `handoff.rs`: how each child's proxy listener reaches the daemon's proxy, and is served
 //!   while the child runs.
 //! - `child.rs`: what runs between `fork` and `exec`.
@@ -51,16 +54,20 @@
 //! - `hardening.rs`: the daemon's own ([`protect_daemon`], [`refuse_powerless_root`]).
 
 pub mod agent_home;
+pub mod allowlist;
 pub mod caches;
 mod child;
 pub mod denial;
+pub mod descriptors;
 mod grants;
 mod handoff;
 mod hardening;
 pub mod landlock;
+mod network;
 pub mod proxy;
 mod resolve;
 mod splice;
+mod tally;
 pub mod task_home;
 
 use std::path::{Path, PathBuf};
@@ -534,34 +541,9 @@ pub fn plan(
     if let (true, Err(e)) = (own_network, &policy.support.namespaces) {
         return Err(ContainmentError::NoNetworkNamespace(e.to_string()));
     }
-    let proxy = if own_network && cfg.network.mode == NetworkMode::Allowlist {
-        let allow = cfg
-            .network
-            .allow
-            .iter()
-            .chain(&grants.hosts)
-            .cloned()
-            .chain(executor_api_host(cfg, vars))
-            .collect();
-        let p = proxy::Proxy::start(allow).map_err(ContainmentError::Proxy)?;
-        let url = format!("http://127.0.0.1:{}", child::PROXY_PORT);
-        for k in [
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "ALL_PROXY",
-            "http_proxy",
-            "https_proxy",
-            "all_proxy",
-        ] {
-            set.push((k.to_string(), url.clone()));
-        }
-        for k in ["NO_PROXY", "no_proxy"] {
-            set.push((k.to_string(), "localhost,127.0.0.1,::1".to_string()));
-        }
-        Some(p)
-    } else {
-        None
-    };
+    let proxy = (own_network && cfg.network.mode == NetworkMode::Allowlist)
+        .then(|| network::proxy(cfg, vars, &grants, &mut set))
+        .transpose()?;
     let plan = ChildPlan {
         rlimits: rlimits(&cfg.sandbox),
         namespaces: policy.support.namespaces.is_ok().then(IdMaps::current),
@@ -591,22 +573,6 @@ fn put_all(set: &mut Vec<(String, String)>, vars: Vec<(String, String)>) {
         set.retain(|(n, _)| *n != k);
         set.push((k, v));
     }
-}
-
-/// The host of the agent's LLM API when the operator points it elsewhere
-/// (`ANTHROPIC_BASE_URL`, passed to the agent through `[env] allow` or `[env] agent`):
-/// under the allowlist the task's executor must reach its API wherever it is.
-fn executor_api_host(cfg: &Config, vars: &[(String, String)]) -> Option<String> {
-    const KEY: &str = "ANTHROPIC_BASE_URL";
-    let url = var_in(&[vars], KEY).map(str::to_string).or_else(|| {
-        cfg.env
-            .agent
-            .iter()
-            .any(|k| k == KEY)
-            .then(|| std::env::var(KEY).ok())
-            .flatten()
-    })?;
-    proxy::remote_host(&url)
 }
 
 /// The workspace named a safe directory for the children's own git.
@@ -730,20 +696,6 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("best-effort"), "says what to do: {msg}");
-    }
-
-    #[test]
-    fn the_allowlist_lets_the_agent_reach_the_api_the_operator_points_it_at() {
-        let cfg = Config::default();
-        let vars = vec![(
-            "ANTHROPIC_BASE_URL".to_string(),
-            "https://llm-gw.example.internal:8443/v1".to_string(),
-        )];
-        assert_eq!(
-            executor_api_host(&cfg, &vars).as_deref(),
-            Some("llm-gw.example.internal")
-        );
-        assert_eq!(executor_api_host(&cfg, &[]), None);
     }
 
     #[test]

@@ -3,12 +3,19 @@
 //!
 //! Owns the listeners on `127.0.0.1:3128` inside the task's children's network namespaces
 //! (each child binds one there and hands it to the daemon, see `handoff.rs`; the proxy accepts
-//! on it directly, a socket keeping its namespace wherever its descriptor goes), the allowlist
-//! check and the per-host tally of what was allowed or refused. `HTTP_PROXY`/`HTTPS_PROXY`
-//! point the tools there. It speaks `CONNECT host:port` (HTTPS and anything tunnelled: the
-//! bytes pass through untouched, no TLS interception) and plain `http://` requests in absolute
-//! form; the host is checked before anything is connected, so a refused host never sees a
-//! packet.
+//! on it directly, a socket keeping its namespace wherever its descriptor goes) and the
+//! connections made through them. `HTTP_PROXY`/`HTTPS_PROXY` point the tools there. It
+//! speaks `CONNECT host:port` (HTTPS and anything tunnelled: the bytes pass through
+//! untouched, no TLS interception) and plain `http://` requests in absolute form. What may
+//! pass is decided by `allowlist.rs` — by name and port before anything is resolved, then by
+//! the resolved address, which is the one connected to — so a refused target never sees a
+//! packet; what passed or was refused is counted in `tally.rs`.
+//!
+//! Whatever a task does with it, the proxy costs the daemon a bounded share of its
+//! descriptors and memory: at most [`descriptors::proxy_connections`] connections of a task
+//! at once (one more is answered 503 and closed), a request head of at most 16 KiB that must
+//! arrive within [`HEAD_TIMEOUT`], accept loops that pause when the kernel has no descriptor
+//! to give, and a bounded tally.
 //!
 //! A child's listener is served for as long as the [`Lease`] the spawn path holds while the
 //! child's process tree runs; dropping it stops accepting and ends the child's connections,
@@ -18,53 +25,46 @@
 //! Why a namespace and a proxy rather than Landlock's TCP rules: Landlock (ABI ≥ 4) filters
 //! by port only, so a task allowed the proxy's port could reach any host on that port, and it
 //! does not cover UDP (DNS) or other socket families without a seccomp filter beside it. A
-//! network namespace has no route out at all; the proxy decides by host name.
+//! network namespace has no route out at all; the proxy decides by host name, port and address.
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::allowlist::{Allowlist, Refusal};
+use super::descriptors;
+use super::tally::Tally;
+pub use super::tally::{HostUse, OTHERS as OTHER_TARGETS};
 
 /// Most bytes of a request head (request line and headers).
 const MAX_HEAD: usize = 16 * 1024;
-
-/// One host's use through the proxy.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct HostUse {
-    /// `host:port` as asked for.
-    pub target: String,
-    /// Whether the allowlist let it through.
-    pub allowed: bool,
-    /// Connections made (or refused).
-    pub connections: u64,
-    /// Bytes from the task to the host.
-    pub bytes_up: u64,
-    /// Bytes from the host to the task.
-    pub bytes_down: u64,
-    /// Connections to an allowed host that could not be made (the proxy answered 502).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub unreachable: u64,
-    /// Why the last of those failed (the connect error), for the task's infrastructure error.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-type Tally = Arc<Mutex<Vec<HostUse>>>;
+/// A connection that has not sent its whole request head by then is closed: an idle
+/// connection holds a descriptor and one of the task's connection slots.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Resolving and connecting to an allowed host, at most.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The first and the longest pause of an accept loop the kernel refuses a descriptor
+/// (`EMFILE`, `ENFILE`): the connection waits in the backlog, and retrying at once would
+/// spin.
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
 
 /// A task's proxy; it stops serving every child's listener when dropped.
 #[derive(Debug)]
 pub struct Proxy {
     /// The runtime the listeners are served on.
     handle: tokio::runtime::Handle,
-    allow: Arc<Vec<String>>,
+    allow: Arc<Allowlist>,
     tally: Tally,
+    /// The task's connection slots ([`descriptors::proxy_connections`]): every connection
+    /// holds one from accept to close, across all of the task's listeners.
+    slots: Arc<Semaphore>,
     /// Children's listeners served now.
     live: Arc<AtomicUsize>,
     stop: CancellationToken,
@@ -92,16 +92,34 @@ impl Drop for Live {
     }
 }
 
+/// What one listener's connections share.
+#[derive(Clone)]
+struct Shared {
+    allow: Arc<Allowlist>,
+    tally: Tally,
+    slots: Arc<Semaphore>,
+    stop: CancellationToken,
+}
+
 impl Proxy {
-    /// A proxy serving `allow` (host names; `*.example.com` or `.example.com` for a domain and
-    /// its subdomains). Needs a Tokio runtime (the blocking pool's is fine); listeners are
-    /// served on it.
-    pub fn start(allow: Vec<String>) -> io::Result<Proxy> {
+    /// A proxy letting through what `allow` lets through (see `allowlist.rs`), holding at
+    /// most [`descriptors::proxy_connections`] connections at once. Needs a Tokio runtime
+    /// (the blocking pool's is fine); listeners are served on it.
+    pub fn start(allow: Allowlist) -> io::Result<Proxy> {
+        Proxy::with_slots(
+            allow,
+            descriptors::proxy_connections(descriptors::soft_limit()),
+        )
+    }
+
+    /// [`Proxy::start`] with `slots` connections at most.
+    pub fn with_slots(allow: Allowlist, slots: usize) -> io::Result<Proxy> {
         let handle = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
         Ok(Proxy {
             handle,
             allow: Arc::new(allow),
-            tally: Arc::default(),
+            tally: Tally::default(),
+            slots: Arc::new(Semaphore::new(slots)),
             live: Arc::default(),
             stop: CancellationToken::new(),
         })
@@ -116,32 +134,24 @@ impl Proxy {
         let stop = self.stop.child_token();
         self.live.fetch_add(1, Ordering::SeqCst);
         let live = Live(self.live.clone());
-        let (allow, tally, s) = (self.allow.clone(), self.tally.clone(), stop.clone());
+        let shared = Shared {
+            allow: self.allow.clone(),
+            tally: self.tally.clone(),
+            slots: self.slots.clone(),
+            stop: stop.clone(),
+        };
         self.handle.spawn(async move {
             let _live = live;
-            loop {
-                let conn = tokio::select! {
-                    _ = s.cancelled() => break,
-                    c = listener.accept() => c,
-                };
-                let Ok((conn, _)) = conn else { continue };
-                let (allow, t, s) = (allow.clone(), tally.clone(), s.clone());
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = s.cancelled() => {}
-                        _ = serve(conn, &allow, &t) => {}
-                    }
-                });
-            }
+            accept_loop(listener, shared).await;
         });
         Ok(Lease {
             _stop: stop.drop_guard(),
         })
     }
 
-    /// Every host asked for so far, in order of first use.
+    /// Every host asked for so far, in order of first use (bounded: see `tally.rs`).
     pub fn hosts(&self) -> Vec<HostUse> {
-        self.tally.lock().map(|t| t.clone()).unwrap_or_default()
+        self.tally.hosts()
     }
 
     /// Children's listeners served now: one per running child of the task.
@@ -150,68 +160,97 @@ impl Proxy {
     }
 }
 
-/// Whether `host` is on `allow`.
-pub fn allowed(host: &str, allow: &[String]) -> bool {
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    allow.iter().any(|a| {
-        let a = a.to_ascii_lowercase();
-        match a.strip_prefix("*.").or_else(|| a.strip_prefix('.')) {
-            Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
-            None => host == a,
-        }
-    })
+/// Accept until stopped. A connection beyond the task's slots is answered 503 and closed
+/// unread; when the kernel has no descriptor to give, the loop pauses (doubling up to a
+/// second) rather than spin on a listener that stays readable.
+async fn accept_loop(listener: TcpListener, shared: Shared) {
+    let mut pause = ACCEPT_BACKOFF.0;
+    loop {
+        let accepted = tokio::select! {
+            _ = shared.stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let conn = match accepted {
+            Ok((conn, _)) => {
+                pause = ACCEPT_BACKOFF.0;
+                conn
+            }
+            Err(e) if out_of_descriptors(&e) => {
+                tracing::warn!(error = %e, pause_ms = pause.as_millis() as u64, "task proxy: no descriptor to accept with; pausing");
+                tokio::select! {
+                    _ = shared.stop.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(ACCEPT_BACKOFF.1);
+                continue;
+            }
+            // The peer gave up before the accept (ECONNABORTED) and the like.
+            Err(_) => continue,
+        };
+        let Ok(slot) = shared.slots.clone().try_acquire_owned() else {
+            shared.tally.note_shed();
+            let _ = conn.try_write(
+                b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 62\r\n\r\nhub-sidecar: too many connections to the proxy from this task\n",
+            );
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            tokio::select! {
+                _ = shared.stop.cancelled() => {}
+                _ = serve(conn, &shared.allow, &shared.tally) => {}
+            }
+        });
+    }
 }
 
-/// The host of a git remote URL (`https://user@host:port/path`, `ssh://host/path`,
-/// `git@host:path`), for the allowlist; `None` for a local path.
+/// Whether an accept failed for want of descriptors or memory: the kind that retrying at
+/// once cannot cure.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// The host of a git remote URL as an allowlist entry, `host:port` with the scheme's port
+/// (`https://user@host:port/path`, `ssh://host/path`, `git@host:path`); `None` for a
+/// local path.
 pub fn remote_host(url: &str) -> Option<String> {
     let url = url.trim();
-    let rest = match url.split_once("://") {
+    let (scheme, rest) = match url.split_once("://") {
         Some(("file", _)) => return None,
-        Some((_, rest)) => rest,
+        Some((scheme, rest)) => (scheme.to_ascii_lowercase(), rest),
         // scp-like `user@host:path`; a path has no `:` before its first `/`.
         None => match url.split_once(':') {
-            Some((before, _)) if !before.contains('/') => before,
+            Some((before, _)) if !before.contains('/') => ("ssh".to_string(), before),
             _ => return None,
         },
     };
+    let default_port = match scheme.as_str() {
+        "https" => 443,
+        "http" => 80,
+        "ssh" | "git+ssh" | "ssh+git" => 22,
+        "git" => 9418,
+        _ => 0,
+    };
     let authority = rest.split(['/', '?', '#']).next()?;
     let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let (host, _) = split_host_port(hostport, 0)?;
-    (!host.is_empty()).then(|| host.to_ascii_lowercase())
-}
-
-fn note(tally: &Tally, target: &str, allowed: bool, up: u64, down: u64) {
-    let Ok(mut t) = tally.lock() else { return };
-    match t
-        .iter_mut()
-        .find(|h| h.target == target && h.allowed == allowed)
-    {
-        Some(h) => {
-            h.connections += 1;
-            h.bytes_up += up;
-            h.bytes_down += down;
-        }
-        None => t.push(HostUse {
-            target: target.to_string(),
-            allowed,
-            connections: 1,
-            bytes_up: up,
-            bytes_down: down,
-            unreachable: 0,
-            last_error: None,
-        }),
+    let (host, port) = split_host_port(hostport, default_port)?;
+    if host.is_empty() {
+        return None;
     }
-}
-
-/// An allowed host that could not be reached: counted as a connection, and why it failed.
-fn note_unreachable(tally: &Tally, target: &str, error: &std::io::Error) {
-    note(tally, target, true, 0, 0);
-    let Ok(mut t) = tally.lock() else { return };
-    if let Some(h) = t.iter_mut().find(|h| h.target == target && h.allowed) {
-        h.unreachable += 1;
-        h.last_error = Some(error.to_string());
-    }
+    let host = host.to_ascii_lowercase();
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    Some(match port {
+        0 => host,
+        p => format!("{host}:{p}"),
+    })
 }
 
 /// `host` and `port` of `host:port` (`[v6]:port` too).
@@ -282,25 +321,85 @@ fn to_origin(head: &[u8]) -> Vec<u8> {
     out
 }
 
-async fn serve(mut conn: TcpStream, allow: &[String], tally: &Tally) {
-    let _ = conn.set_nodelay(true);
-    let mut head = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() > MAX_HEAD {
-            return;
+/// A response with a plain-text body, closing the connection.
+fn reply(status: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The request head (and any bytes behind it), or `None` when the client closed, sent too
+/// much, or did not finish it within [`HEAD_TIMEOUT`].
+async fn read_head(conn: &mut TcpStream) -> Option<Vec<u8>> {
+    let read = async {
+        let mut head = Vec::with_capacity(1024);
+        let mut chunk = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            if head.len() > MAX_HEAD {
+                return None;
+            }
+            match conn.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => head.extend_from_slice(&chunk[..n]),
+            }
         }
-        match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        Some(head)
+    };
+    tokio::time::timeout(HEAD_TIMEOUT, read)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Why no address of an allowed name may be connected to.
+enum Unresolved {
+    /// Every address is this host's own, of this kind, and no entry names the
+    /// `host:port` exactly: refused.
+    HostOwn(&'static str),
+    /// The name did not resolve: unreachable.
+    Failed(io::Error),
+}
+
+/// Resolve `host` and keep the addresses the allowlist lets the proxy connect to.
+async fn resolve(allow: &Allowlist, host: &str, port: u16) -> Result<Vec<SocketAddr>, Unresolved> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(Unresolved::Failed)?
+        .collect();
+    allow.addresses(host, port, &addrs).map_err(|r| match r {
+        Refusal::HostOwn(kind) => Unresolved::HostOwn(kind),
+        Refusal::NotListed => Unresolved::Failed(io::Error::new(
+            io::ErrorKind::NotFound,
+            "the name resolved to no address",
+        )),
+    })
+}
+
+/// Connect to the first of `addrs` that answers.
+async fn connect(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    for a in addrs {
+        match TcpStream::connect(a).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
         }
     }
+    Err(last)
+}
+
+async fn serve(mut conn: TcpStream, allow: &Allowlist, tally: &Tally) {
+    let _ = conn.set_nodelay(true);
+    let Some(head) = read_head(&mut conn).await else {
+        return;
+    };
     let line = String::from_utf8_lossy(&head[..head.iter().position(|b| *b == b'\r').unwrap_or(0)])
         .into_owned();
     let mut parts = line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let connect = method.eq_ignore_ascii_case("CONNECT");
-    let hostport = if connect {
+    let connect_method = method.eq_ignore_ascii_case("CONNECT");
+    let hostport = if connect_method {
         split_host_port(target, 443)
     } else {
         target
@@ -316,34 +415,58 @@ async fn serve(mut conn: TcpStream, allow: &[String], tally: &Tally) {
             .await;
         return;
     };
-    let shown = format!("{host}:{port}");
-    if !allowed(&host, allow) {
-        note(tally, &shown, false, 0, 0);
+    let shown = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    if !allow.lets_through(&host, port) {
+        tally.note(&shown, false, 0, 0);
         let body = format!(
-            "hub-sidecar: {host} is not in the task's network allowlist; add it to [network] allow in the daemon's config if tasks need it\n"
+            "hub-sidecar: {shown} is not in the task's network allowlist; add it to [network] allow in the daemon's config if tasks need it (a bare host allows ports 80 and 443, host:port another port)\n"
         );
-        let reply = format!(
-            "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let _ = conn.write_all(reply.as_bytes()).await;
+        let _ = conn.write_all(&reply("403 Forbidden", &body)).await;
         return;
     }
-    let mut up = match TcpStream::connect((host.as_str(), port)).await {
+    let resolved = tokio::time::timeout(CONNECT_TIMEOUT, resolve(allow, &host, port))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Unresolved::Failed(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "resolving the name timed out",
+            )))
+        });
+    let addrs = match resolved {
+        Ok(a) => a,
+        Err(Unresolved::HostOwn(kind)) => {
+            tally.note(&shown, false, 0, 0);
+            let body = format!(
+                "hub-sidecar: {shown} is refused: it resolves to a {kind} address of the daemon's host, which tasks reach only where [network] allow names this exact host:port\n"
+            );
+            let _ = conn.write_all(&reply("403 Forbidden", &body)).await;
+            return;
+        }
+        Err(Unresolved::Failed(e)) => {
+            tally.note_unreachable(&shown, &e);
+            let body = format!("hub-sidecar: cannot connect to {shown}: {e}\n");
+            let _ = conn.write_all(&reply("502 Bad Gateway", &body)).await;
+            return;
+        }
+    };
+    let up = tokio::time::timeout(CONNECT_TIMEOUT, connect(&addrs))
+        .await
+        .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")));
+    let mut up = match up {
         Ok(u) => u,
         Err(e) => {
-            note_unreachable(tally, &shown, &e);
+            tally.note_unreachable(&shown, &e);
             let body = format!("hub-sidecar: cannot connect to {shown}: {e}\n");
-            let reply = format!(
-                "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = conn.write_all(reply.as_bytes()).await;
+            let _ = conn.write_all(&reply("502 Bad Gateway", &body)).await;
             return;
         }
     };
     let _ = up.set_nodelay(true);
-    let (sent, first) = if connect {
+    let (sent, first) = if connect_method {
         let mut sent = conn
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
             .await;
@@ -367,129 +490,9 @@ async fn serve(mut conn: TcpStream, allow: &[String], tally: &Tally) {
     }
     // Bytes move between the two sockets in the kernel (`splice`), never through our memory.
     let (a, b) = super::splice::bidirectional(&conn, &up).await;
-    note(tally, &shown, true, first + a, b);
+    tally.note(&shown, true, first + a, b);
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A tunnel carries what the client sent right behind its CONNECT, both ways to each
-    /// half-close, counts the bytes, and stops with its lease.
-    #[tokio::test]
-    async fn a_tunnel_carries_early_bytes_and_half_closes_and_counts_them() {
-        // Upstream: echoes everything, then closes when the client has.
-        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = echo.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            let (mut s, _) = echo.accept().await.unwrap();
-            let mut got = Vec::new();
-            s.read_to_end(&mut got).await.unwrap();
-            s.write_all(&got).await.unwrap();
-        });
-        let proxy = Proxy::start(vec!["127.0.0.1".into()]).unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let at = listener.local_addr().unwrap();
-        let lease = proxy.serve(listener).unwrap();
-        assert_eq!(proxy.listeners(), 1);
-
-        let mut c = TcpStream::connect(at).await.unwrap();
-        let early = vec![7u8; 300_000];
-        let mut req = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").into_bytes();
-        req.extend_from_slice(&early[..100]);
-        c.write_all(&req).await.unwrap();
-        c.write_all(&early[100..]).await.unwrap();
-        c.shutdown().await.unwrap();
-        let mut back = Vec::new();
-        c.read_to_end(&mut back).await.unwrap();
-        let answer = b"HTTP/1.1 200 Connection established\r\n\r\n";
-        assert!(back.starts_with(answer));
-        let echoed = &back[answer.len()..];
-        assert!(
-            echoed == early,
-            "{} of {} bytes came back",
-            echoed.len(),
-            early.len()
-        );
-        let target = format!("127.0.0.1:{port}");
-        let counted = || {
-            proxy
-                .hosts()
-                .first()
-                .map(|h| (h.target.clone(), h.bytes_up, h.bytes_down))
-        };
-        for _ in 0..500 {
-            if counted().is_some() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        assert_eq!(counted(), Some((target, 300_000, 300_000)));
-        drop(lease);
-        for _ in 0..500 {
-            if proxy.listeners() == 0 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        assert_eq!(proxy.listeners(), 0);
-    }
-
-    #[test]
-    fn a_plain_request_reaches_the_origin_in_origin_form_and_closes() {
-        let head = b"POST http://api.example:8080/v1/messages?beta=1 HTTP/1.1\r\nHost: api.example:8080\r\nProxy-Connection: keep-alive\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n{}";
-        assert_eq!(
-            String::from_utf8(to_origin(head)).unwrap(),
-            "POST /v1/messages?beta=1 HTTP/1.1\r\nHost: api.example:8080\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
-        );
-        let bare = b"GET http://h.example HTTP/1.1\r\nHost: h.example\r\n\r\n";
-        assert!(String::from_utf8(to_origin(bare))
-            .unwrap()
-            .starts_with("GET / HTTP/1.1\r\n"));
-    }
-
-    #[test]
-    fn hosts_match_exactly_or_by_domain() {
-        let allow = vec!["crates.io".to_string(), "*.npmjs.org".to_string()];
-        assert!(allowed("crates.io", &allow));
-        assert!(allowed("CRATES.IO.", &allow));
-        assert!(!allowed("static.crates.io", &allow));
-        assert!(!allowed("evilcrates.io", &allow));
-        assert!(allowed("registry.npmjs.org", &allow));
-        assert!(allowed("npmjs.org", &allow));
-        assert!(!allowed("npmjs.org.evil.test", &allow));
-    }
-
-    #[test]
-    fn a_remotes_host_is_found_in_every_url_form_git_takes() {
-        for (url, host) in [
-            (
-                "https://user:pw@Git.Example.test:8443/org/repo.git",
-                Some("git.example.test"),
-            ),
-            (
-                "ssh://git@git.example.test/org/repo",
-                Some("git.example.test"),
-            ),
-            (
-                "git@git.example.test:org/repo.git",
-                Some("git.example.test"),
-            ),
-            ("/srv/git/repo.git", None),
-            ("file:///srv/git/repo.git", None),
-        ] {
-            assert_eq!(remote_host(url).as_deref(), host, "{url}");
-        }
-    }
-
-    #[test]
-    fn host_and_port_are_split_for_names_and_v6() {
-        assert_eq!(
-            split_host_port("a.test:8443", 443),
-            Some(("a.test".into(), 8443))
-        );
-        assert_eq!(split_host_port("a.test", 80), Some(("a.test".into(), 80)));
-        assert_eq!(split_host_port("[::1]:81", 80), Some(("::1".into(), 81)));
-        assert_eq!(split_host_port("a.test:x", 80), None);
-    }
-}
+#[path = "proxy_tests.rs"]
+mod tests;

@@ -93,8 +93,18 @@ impl Setup {
     /// Like [`Setup::start_bin`] with the config already written (by [`util::write_config`],
     /// then amended by the test, e.g. more `[sandbox]` lines appended).
     pub(crate) async fn start_bin_written(self, envs: &[(&str, &str)]) -> Harness {
+        self.start_bin_with_open_files(envs, None).await
+    }
+
+    /// Like [`Setup::start_bin_written`] with the daemon's open-files limit set to
+    /// `open_files` ([`Bin::start_with_open_files`]).
+    pub(crate) async fn start_bin_with_open_files(
+        self,
+        envs: &[(&str, &str)],
+        open_files: Option<u64>,
+    ) -> Harness {
         let config = self.dir.path().join("hub-sidecar.toml");
-        let bin = Bin::start(self.dir.path(), &config, envs);
+        let bin = Bin::start_with_open_files(self.dir.path(), &config, envs, open_files);
         let h = Harness {
             daemon: Daemon::Bin(Box::new(bin)),
             setup: self,

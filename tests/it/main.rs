@@ -27,6 +27,7 @@ mod network;
 mod ops;
 mod outbox;
 mod procfs;
+mod proxy_limits;
 mod readiness;
 mod real_claude;
 mod recorder;

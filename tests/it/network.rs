@@ -35,16 +35,28 @@ async fn the_allowlist_lets_listed_hosts_through_the_proxy_and_nothing_else() {
         Loopback::serve(|_| HashMap::from([("/x".to_string(), b"through-the-proxy".to_vec())]))
             .await;
     let port = server.addr.port();
+    // Nothing listens there: an allowed host that does not answer.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let s = Harness::setup().await;
     let (mut c, _ws) = s.cfg_with_workspace();
     c.network.mode = NetworkMode::Allowlist;
-    c.network.allow = vec!["127.0.0.1".into()];
+    // The host's loopback is reached only where an entry names the exact `host:port`.
+    c.network.allow = vec![format!("127.0.0.1:{port}"), format!("127.0.0.1:{closed}")];
     let h = s.start(c).await;
 
     // Plain HTTP to an allowed host, through HTTP_PROXY.
     let get = |host: &str| {
         via_proxy(&format!(
             "import urllib.request; print(urllib.request.urlopen('http://{host}:{port}/x', timeout=10).read().decode())"
+        ))
+    };
+    let get_port = |p: u16| {
+        via_proxy(&format!(
+            "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{p}/x', timeout=10).read().decode())"
         ))
     };
     h.assign(sample_shell_task("allowed", &get("127.0.0.1")));
@@ -83,7 +95,23 @@ async fn the_allowlist_lets_listed_hosts_through_the_proxy_and_nothing_else() {
     let before = server.hits().len();
     let out = check_error(&h, sample_shell_task("refused", "true"), &get("127.0.0.2")).await;
     assert!(out.contains(&format!("refused 127.0.0.2:{port}")), "{out}");
-    assert!(out.contains("[network] allow"), "{out}");
+    assert!(
+        out.contains(&format!("add \"127.0.0.2:{port}\" to `[network] allow`")),
+        "{out}"
+    );
+    // Another port of a listed loopback address: refused too.
+    let other = if port ^ 1 == closed {
+        port ^ 2
+    } else {
+        port ^ 1
+    };
+    let out = check_error(
+        &h,
+        sample_shell_task("other-port", "true"),
+        &get_port(other),
+    )
+    .await;
+    assert!(out.contains(&format!("refused 127.0.0.1:{other}")), "{out}");
     assert_eq!(
         server.hits().len(),
         before,
@@ -92,11 +120,6 @@ async fn the_allowlist_lets_listed_hosts_through_the_proxy_and_nothing_else() {
 
     // An allowed host that does not answer (nothing listens on the port): the proxy's 502
     // is an infrastructure error naming the host and why, not a failure of the task's code.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let get_closed = via_proxy(&format!(
         "import urllib.request; urllib.request.urlopen('http://127.0.0.1:{closed}/x', timeout=10)"
     ));

@@ -209,6 +209,63 @@ async fn real_cli_reaches_its_api_through_the_proxy_under_the_allowlist() {
     );
 }
 
+/// The real CLI with its API on the host's loopback, the way operators point it at a local
+/// gateway (`ANTHROPIC_BASE_URL=http://127.0.0.1:<port>` or `http://localhost:<port>`),
+/// under the default network policy: inside its namespace loopback is its own, so it must
+/// go through the proxy (its spelling is not in `NO_PROXY`), which lets through that
+/// `host:port` and nothing else of the host.
+async fn real_cli_reaches_an_api_on_the_hosts_loopback(spelling: &str) {
+    let Some(claude) = real_claude() else { return };
+    if !crate::containment::supported() {
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let target = ws.path().join("hello.txt");
+    let api = FakeAnthropic::start(Script::Write {
+        file_path: target.display().to_string(),
+        content: "hi\n".into(),
+    })
+    .await;
+    let mut ctx = context(&claude, &api, ws.path(), home.path());
+    let base = api.base_url().replace("127.0.0.1", spelling);
+    ctx.env.set("ANTHROPIC_BASE_URL", &base);
+    assert_eq!(
+        ctx.config.network.mode,
+        hub_sidecar::config::NetworkMode::Allowlist
+    );
+    confine(&mut ctx, state.path(), true);
+    let out = ClaudeExecutor::new(&ctx)
+        .unwrap()
+        .execute(&ctx, &Attempt::new(1, "Write hello.txt containing hi."))
+        .await;
+    let used = ctx.env.sandbox().unwrap().network_use();
+    assert_eq!(
+        out.status,
+        ExecStatus::Succeeded,
+        "{base}: {:?}\nproxy: {used:?}",
+        out.error
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "hi\n");
+    let port = api.base_url().rsplit_once(':').unwrap().1.to_string();
+    assert!(
+        used.iter()
+            .any(|h| h.allowed && h.target == format!("{spelling}:{port}")),
+        "the API was not reached through the proxy: {used:?}"
+    );
+}
+
+#[tokio::test]
+async fn real_cli_reaches_an_api_on_127_0_0_1_under_the_default_allowlist() {
+    real_cli_reaches_an_api_on_the_hosts_loopback("127.0.0.1").await;
+}
+
+#[tokio::test]
+async fn real_cli_reaches_an_api_on_localhost_under_the_default_allowlist() {
+    real_cli_reaches_an_api_on_the_hosts_loopback("localhost").await;
+}
+
 #[tokio::test]
 async fn real_cli_a_write_inside_the_workspace_happens_and_no_transcript_is_left() {
     let Some(claude) = real_claude() else { return };

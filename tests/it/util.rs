@@ -137,6 +137,17 @@ pub(crate) fn write_config(hub: &MockHub, dir: &Path, token: &str, extra: &str) 
 impl Bin {
     /// Start the binary with `config`, logging to `dir/daemon-N.log`.
     pub(crate) fn start(dir: &Path, config: &Path, envs: &[(&str, &str)]) -> Bin {
+        Bin::start_with_open_files(dir, config, envs, None)
+    }
+
+    /// [`Bin::start`] with the daemon's `RLIMIT_NOFILE` (soft and hard) set to
+    /// `open_files`: a host whose limit is low (systemd's default soft limit is 1,024).
+    pub(crate) fn start_with_open_files(
+        dir: &Path,
+        config: &Path,
+        envs: &[(&str, &str)],
+        open_files: Option<u64>,
+    ) -> Bin {
         let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
         let log = dir.join(format!("daemon-{n}.log"));
         let file = std::fs::File::create(&log).unwrap();
@@ -151,6 +162,22 @@ impl Bin {
             .kill_on_drop(true);
         for (k, v) in envs {
             cmd.env(k, v);
+        }
+        if let Some(n) = open_files {
+            // SAFETY: setrlimit is async-signal-safe and reads one struct we own.
+            #[allow(unsafe_code)]
+            unsafe {
+                cmd.pre_exec(move || {
+                    let l = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         Bin {
             child: cmd.spawn().expect("spawn hub-sidecar"),
