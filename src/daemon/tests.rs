@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::hub::link::OutFrame;
+use crate::hub::proto::ReportAction;
 use crate::runner::{Finished, Leftovers, TaskOutcome};
 use crate::sandbox::Containment;
 use crate::state::{read_state, OutboxEntry};
@@ -384,4 +385,109 @@ async fn wait_unless_immediate_waits_at_most_its_limit_and_not_at_all_once_cance
             .is_none()
     );
     assert_eq!(t0.elapsed(), Duration::from_secs(6));
+}
+
+/// Feed the daemon one hub frame.
+impl Rig {
+    async fn hub_says(&self, frame: Inbound) {
+        self.events
+            .send(LinkEvent::Frame(frame))
+            .await
+            .expect("the daemon hears the link");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_continue_at_a_generation_never_accepted_drops_the_task_and_asks_whose_it_is() {
+    // On disk at generation 3; the hub reclaimed it (4) and gave it to another agent (5).
+    let seed = Seed {
+        active: Some(active("moved-on", Phase::Recovering)),
+        ..Seed::default()
+    };
+    let (d, mut rig) = daemon(seed, |_| {}).await;
+    let run = start(d);
+    rig.identified().await;
+    let asked = rig.next_out().await;
+    assert!(
+        matches!(&asked.frame, Outbound::TaskRecovering { generation: 3, .. }),
+        "{asked:?}"
+    );
+    rig.hub_says(Inbound::TaskContinue {
+        task_id: "moved-on".into(),
+        generation: Some(5),
+    })
+    .await;
+    // Not `task_accepted`, nothing run: the question, at the hub's generation.
+    let report = rig.next_out().await;
+    assert!(
+        matches!(&report.frame, Outbound::StateReport { task_id, generation: 5, status, .. }
+            if task_id == "moved-on" && status == "dropped"),
+        "{report:?}"
+    );
+    assert!(rig.active_on_disk().is_none(), "dropped from the disk too");
+    // Another agent has it: nothing more is said about it.
+    rig.hub_says(Inbound::StateReportAck {
+        task_id: "moved-on".into(),
+        action: ReportAction::Abort,
+    })
+    .await;
+    rig.shutdown.drain.cancel();
+    let (reason, d) = run.await.expect("daemon task");
+    assert_eq!(reason, ExitReason::Drained);
+    assert!(d.running.is_none() && d.active.is_none());
+    assert!(d.outbox.is_empty(), "no result for a task that never ran");
+    let mut rest = rig.out;
+    while let Ok(f) = rest.try_recv() {
+        assert!(
+            !matches!(
+                f.frame,
+                Outbound::TaskAccepted { .. }
+                    | Outbound::TaskComplete { .. }
+                    | Outbound::TaskFailed { .. }
+            ),
+            "sent for a dropped task: {f:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abort_for_the_generation_reported_spares_the_task_assigned_here_again_since() {
+    let (mut d, mut rig) = daemon(Seed::default(), |_| {}).await;
+    let cancel = stand_in_runner(&mut d, "kept", false);
+    let run = start(d);
+    // After the reconnect: the running task is accepted again and reported at generation 3.
+    rig.identified().await;
+    loop {
+        let f = rig.next_out().await;
+        if let Outbound::StateReport { generation, .. } = f.frame {
+            assert_eq!(generation, 3);
+            break;
+        }
+    }
+    // The hub gave it to this agent again (generation 5) before it read the report, so it
+    // answers the report of generation 3 with `abort`.
+    let mut again = task("kept");
+    again.generation = 5;
+    rig.hub_says(Inbound::TaskAssign(Box::new(again))).await;
+    rig.hub_says(Inbound::StateReportAck {
+        task_id: "kept".into(),
+        action: ReportAction::Abort,
+    })
+    .await;
+    // Another assignment, refused as busy: its answer shows the abort was handled.
+    rig.hub_says(Inbound::TaskAssign(Box::new(task("next"))))
+        .await;
+    let refused = rig.next_result().await;
+    assert!(
+        matches!(&refused.frame, Outbound::TaskFailed { task_id, reason, .. }
+            if task_id == "next" && reason == "sidecar_busy"),
+        "{refused:?}"
+    );
+    assert!(
+        !cancel.is_cancelled(),
+        "the task assigned again was stopped"
+    );
+    assert_eq!(rig.active_on_disk().map(|a| a.task.generation), Some(5));
+    rig.shutdown.immediate.cancel();
+    run.await.expect("daemon task");
 }

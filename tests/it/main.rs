@@ -30,6 +30,7 @@ mod procfs;
 mod readiness;
 mod real_claude;
 mod recorder;
+mod recovery;
 mod service_user;
 mod systemd_unit;
 mod terminal;
