@@ -16,6 +16,7 @@ mod executors;
 mod fake_anthropic;
 mod fakes;
 mod faults;
+mod fleet;
 mod git;
 mod harness;
 mod hub_restart;
