@@ -3,6 +3,8 @@
 //!
 //! Invariants it keeps:
 //! - at most one task is active; it is on disk before `task_accepted` is sent;
+//! - a task runs only at a generation accepted from an assignment addressed to this agent,
+//!   never at one a `task_continue` carries (see `recovery.rs`);
 //! - a terminal frame is in the on-disk outbox before it is sent, and leaves the outbox only
 //!   when the hub answers it (`task_ack`, or a final `task_*_failed` error);
 //! - outbox frames are sent one at a time, each followed by a barrier ping, so an answer can

@@ -20,11 +20,12 @@
 //! - `state_report_ack` answers the report of one generation: `abort` stops the task only
 //!   while it still runs at that generation; an assignment since then (a newer one) stands.
 
+use tokio::time::Instant;
+
 use super::Daemon;
 use crate::hub::proto::{Outbound, ReportAction};
 use crate::state::Phase;
 use crate::task::Task;
-use tokio::time::Instant;
 
 /// A `state_report` sent on this connection and not answered yet.
 #[derive(Debug)]

@@ -169,10 +169,7 @@ impl MockHub {
             _ => serde_json::Map::new(),
         };
         let mut st = self.inner.lock();
-        let task_id = match frame.get("task_id").and_then(Value::as_str) {
-            Some(id) => id.to_string(),
-            None => format!("task-mock-{}", st.tasks.len() + 1),
-        };
+        let task_id = st.task_id_of(frame.get("task_id"));
         let generation = frame
             .get("generation")
             .and_then(Value::as_u64)
@@ -205,10 +202,7 @@ impl MockHub {
     /// timeout, and assigned again. Returns its id.
     pub fn submit(&self, task: Value) -> String {
         let mut st = self.inner.lock();
-        let task_id = match task.get("task_id").and_then(Value::as_str) {
-            Some(id) => id.to_string(),
-            None => format!("task-mock-{}", st.tasks.len() + 1),
-        };
+        let task_id = st.task_id_of(task.get("task_id"));
         st.tasks.insert(
             task_id.clone(),
             MockTask {

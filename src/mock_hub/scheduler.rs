@@ -31,6 +31,9 @@ impl Inner {
         let now = Instant::now();
         let mut guard = self.lock();
         let st = &mut *guard;
+        if st.submitted.is_empty() {
+            return None;
+        }
         let connected: Vec<String> = {
             let mut agents: Vec<String> =
                 st.conns.values().filter_map(|c| c.agent.clone()).collect();

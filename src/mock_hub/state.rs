@@ -5,6 +5,14 @@
 use super::*;
 
 impl State {
+    /// A task body's `task_id`, or a fresh one for a body without.
+    pub(super) fn task_id_of(&self, id: Option<&Value>) -> String {
+        match id.and_then(Value::as_str) {
+            Some(id) => id.to_string(),
+            None => format!("task-mock-{}", self.tasks.len() + 1),
+        }
+    }
+
     /// Send `frame` to every socket `agent` has identified on (none: the push is lost).
     pub(super) fn push_to(&self, agent: &str, frame: &Value) {
         for c in self
