@@ -295,6 +295,24 @@ async fn a_drain_ends_as_soon_as_the_last_result_is_acknowledged() {
     assert_eq!(rig.outbox_on_disk(), 0);
 }
 
+/// A daemon started with `task_id` unfinished on disk (generation 3), identified, and its
+/// `task_recovering` read.
+async fn recovering(task_id: &str) -> (JoinHandle<(ExitReason, Daemon)>, Rig) {
+    let seed = Seed {
+        active: Some(active(task_id, Phase::Running)),
+        ..Seed::default()
+    };
+    let (d, mut rig) = daemon(seed, |_| {}).await;
+    let run = start(d);
+    rig.identified().await;
+    let asked = rig.next_out().await;
+    assert!(
+        matches!(&asked.frame, Outbound::TaskRecovering { task_id: t, generation: 3 } if t == task_id),
+        "{asked:?}"
+    );
+    (run, rig)
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unanswered_task_recovering_is_given_up_after_a_minute() {
     // Drained a second either side of the deadline (at the deadline itself, which of the two
@@ -304,18 +322,7 @@ async fn an_unanswered_task_recovering_is_given_up_after_a_minute() {
         (RECOVERY_ANSWER - second, true),
         (RECOVERY_ANSWER + second, false),
     ] {
-        let seed = Seed {
-            active: Some(active("crashed", Phase::Running)),
-            ..Seed::default()
-        };
-        let (d, mut rig) = daemon(seed, |_| {}).await;
-        let run = start(d);
-        rig.identified().await;
-        let asked = rig.next_out().await;
-        assert!(
-            matches!(&asked.frame, Outbound::TaskRecovering { task_id, generation: 3 } if task_id == "crashed"),
-            "{asked:?}"
-        );
+        let (run, rig) = recovering("crashed").await;
         tokio::time::sleep(wait).await;
         rig.shutdown.drain.cancel();
         let (reason, d) = run.await.expect("daemon task");
@@ -400,18 +407,7 @@ impl Rig {
 #[tokio::test(start_paused = true)]
 async fn a_continue_at_a_generation_never_accepted_drops_the_task_and_asks_whose_it_is() {
     // On disk at generation 3; the hub reclaimed it (4) and gave it to another agent (5).
-    let seed = Seed {
-        active: Some(active("moved-on", Phase::Recovering)),
-        ..Seed::default()
-    };
-    let (d, mut rig) = daemon(seed, |_| {}).await;
-    let run = start(d);
-    rig.identified().await;
-    let asked = rig.next_out().await;
-    assert!(
-        matches!(&asked.frame, Outbound::TaskRecovering { generation: 3, .. }),
-        "{asked:?}"
-    );
+    let (run, mut rig) = recovering("moved-on").await;
     rig.hub_says(Inbound::TaskContinue {
         task_id: "moved-on".into(),
         generation: Some(5),
