@@ -3,6 +3,8 @@
 //!
 //! Invariants it keeps:
 //! - at most one task is active; it is on disk before `task_accepted` is sent;
+//! - a task runs only at a generation accepted from an assignment addressed to this agent,
+//!   never at one a `task_continue` carries (see `recovery.rs`);
 //! - a terminal frame is in the on-disk outbox before it is sent, and leaves the outbox only
 //!   when the hub answers it (`task_ack`, or a final `task_*_failed` error);
 //! - outbox frames are sent one at a time, each followed by a barrier ping, so an answer can
@@ -13,6 +15,8 @@
 //! Layout, one job per file:
 //! - `mod.rs`: start-up ([`run`]), the select loop and the dispatch of link events and frames;
 //! - `slot.rs`: the task slot: the assignment rule (`decide_assign`), start, finish, drop;
+//! - `recovery.rs`: the hub's answers about a task held from before (`task_continue`,
+//!   `state_report_ack`): a generation this sidecar did not accept is never run;
 //! - `delivery.rs`: terminal frames from the outbox to the hub and their answers;
 //! - `shutdown.rs`: [`Shutdown`], [`ExitReason`] and the forced stop.
 
@@ -28,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::hub::budget::RateBudget;
 use crate::hub::link::{self, LinkEvent, LinkHandle};
-use crate::hub::proto::{Inbound, Outbound, ReportAction};
+use crate::hub::proto::{Inbound, Outbound};
 use crate::ops::Ops;
 use crate::outbox::Outbox;
 use crate::process::ChildEnv;
@@ -39,12 +43,14 @@ use crate::state::{ActiveTask, OutboxMeta, Phase, StateStore};
 use crate::task::Task;
 
 mod delivery;
+mod recovery;
 mod shutdown;
 mod slot;
 #[cfg(test)]
 mod tests;
 
 use delivery::accepted_after_identify;
+use recovery::Asked;
 use shutdown::{wait_unless_immediate, OUTBOX_FLUSH};
 pub use shutdown::{ExitReason, Shutdown};
 use slot::{join_running, Running};
@@ -217,6 +223,8 @@ struct Daemon {
     restart_requested: bool,
     /// When an unanswered `task_recovering` gives up.
     recovery_deadline: Option<Instant>,
+    /// `state_report`s sent on this connection and not answered yet.
+    asked: Vec<Asked>,
     /// Accepted while a dropped task's runner was still winding down; starts when it ends,
     /// so two tasks never share the workspace.
     queued: Option<Task>,
@@ -329,6 +337,7 @@ impl Daemon {
             flush_deadline: None,
             restart_requested: false,
             recovery_deadline: None,
+            asked: Vec::new(),
             queued: None,
             announce,
             reprobe_at: None,
@@ -445,6 +454,7 @@ impl Daemon {
                 self.link.set_epoch(epoch);
                 self.identified = true;
                 self.inflight = None;
+                self.asked.clear();
                 self.ops.ready();
                 self.after_identify().await;
             }
@@ -452,6 +462,7 @@ impl Daemon {
                 tracing::debug!(reason = %reason, "link down");
                 self.identified = false;
                 self.inflight = None;
+                self.asked.clear();
                 self.ops.status("reconnecting to the hub");
             }
             LinkEvent::Barrier { task_id } => self.on_barrier(&task_id).await,
@@ -473,23 +484,10 @@ impl Daemon {
             self.link.send(Outbound::TaskAccepted { task_id });
         }
         if let Some(active) = &self.active {
-            let task = &active.task;
+            let task = active.task.clone();
             match active.phase {
-                Phase::Recovering if self.running.is_none() => {
-                    self.link.send(Outbound::TaskRecovering {
-                        task_id: task.task_id.clone(),
-                        generation: task.generation,
-                    });
-                    self.recovery_deadline = Some(Instant::now() + RECOVERY_ANSWER);
-                }
-                _ if self.running.is_some() => {
-                    self.link.send(Outbound::StateReport {
-                        task_id: task.task_id.clone(),
-                        status: "working".into(),
-                        generation: task.generation,
-                        assigned_at: task.assigned_at,
-                    });
-                }
+                Phase::Recovering if self.running.is_none() => self.ask_recovering(&task),
+                _ if self.running.is_some() => self.report(&task, "working", false),
                 _ => {}
             }
         }
@@ -570,10 +568,7 @@ impl Daemon {
                 self.drop_task(&task_id).await;
             }
             Inbound::StateReportAck { task_id, action } => {
-                if action == ReportAction::Abort {
-                    tracing::warn!(task_id = %task_id, "hub says abort the task");
-                    self.drop_task(&task_id).await;
-                }
+                self.on_report_ack(&task_id, &action).await
             }
             Inbound::TaskContinue {
                 task_id,

@@ -42,8 +42,8 @@ pub(super) struct SlotView<'a> {
     /// The runner still working: its task and whether the hub already took that task back
     /// (a dropped runner is only winding down).
     pub(super) running: Option<(&'a str, bool)>,
-    /// The task this agent owns, as on disk, and its phase.
-    pub(super) active: Option<(&'a str, Phase)>,
+    /// The task this agent owns, as on disk: its id, phase and generation.
+    pub(super) active: Option<(&'a str, Phase, u64)>,
     /// Draining, or the hub asked for a restart.
     pub(super) stopping: bool,
     /// Tasks can be confined as the containment level demands.
@@ -80,6 +80,12 @@ impl Refusal {
 /// What to do with a `task_assign`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Assign {
+    /// An assignment of the task held here at an older generation than the one held: the
+    /// hub has given it out again since, so this one is stale. Never run, not answered.
+    Stale {
+        /// The generation held here.
+        held: u64,
+    },
     /// The hub re-assigned the task already running here (after a reconnect): keep the
     /// work, adopt the new generation, accept again.
     Readopt,
@@ -96,16 +102,23 @@ pub(super) enum Assign {
     },
 }
 
-/// The assignment rule. In order: the task already running here is re-adopted (even while
-/// stopping: the hub merely reconnected); stopping refuses everything else (it wins over
-/// busy); a daemon that cannot confine takes nothing; the recovering task handed back is
-/// taken; any other owned slot is busy.
-pub(super) fn decide_assign(task_id: &str, slot: SlotView<'_>) -> Assign {
+/// The assignment rule. In order: an assignment of the task held here at an older
+/// generation is stale; the task already running here is re-adopted (even while stopping:
+/// the hub merely reconnected); stopping refuses everything else (it wins over busy); a
+/// daemon that cannot confine takes nothing; the recovering task handed back is taken; any
+/// other owned slot is busy.
+pub(super) fn decide_assign(task_id: &str, generation: u64, slot: SlotView<'_>) -> Assign {
+    if let Some((_, _, held)) = slot
+        .active
+        .filter(|(id, _, held)| *id == task_id && *held > generation)
+    {
+        return Assign::Stale { held };
+    }
     let running_live = slot
         .running
         .filter(|(_, dropped)| !dropped)
         .map(|(id, _)| id);
-    let active_id = slot.active.map(|(id, _)| id);
+    let active_id = slot.active.map(|(id, _, _)| id);
     if running_live == Some(task_id) && active_id == Some(task_id) {
         return Assign::Readopt;
     }
@@ -115,8 +128,10 @@ pub(super) fn decide_assign(task_id: &str, slot: SlotView<'_>) -> Assign {
     if !slot.can_confine {
         return Assign::Refuse(Refusal::ContainmentUnavailable);
     }
-    let replaces_recovering =
-        slot.running.is_none() && slot.active == Some((task_id, Phase::Recovering));
+    let replaces_recovering = slot.running.is_none()
+        && slot
+            .active
+            .is_some_and(|(id, phase, _)| id == task_id && phase == Phase::Recovering);
     if slot.active.is_some() && !replaces_recovering {
         return Assign::Refuse(Refusal::Busy);
     }
@@ -136,7 +151,7 @@ impl Daemon {
             active: self
                 .active
                 .as_ref()
-                .map(|a| (a.task.task_id.as_str(), a.phase)),
+                .map(|a| (a.task.task_id.as_str(), a.phase, a.task.generation)),
             stopping: self.draining || self.restart_requested,
             can_confine: self.deps.containment.refusal().is_none(),
         }
@@ -145,7 +160,11 @@ impl Daemon {
     pub(super) async fn on_assign(&mut self, task: Task) {
         let task_id = task.task_id.clone();
         tracing::info!(task_id = %task_id, generation = task.generation, "task assigned");
-        let after_runner = match decide_assign(&task_id, self.slot_view()) {
+        let after_runner = match decide_assign(&task_id, task.generation, self.slot_view()) {
+            Assign::Stale { held } => {
+                tracing::warn!(task_id = %task_id, generation = task.generation, held_generation = held, "assignment older than the generation held here: stale, not run");
+                return;
+            }
             Assign::Readopt => {
                 if let Some(active) = &mut self.active {
                     active.task.generation = task.generation;
@@ -218,31 +237,6 @@ impl Daemon {
         self.pump_outbox().await;
     }
 
-    pub(super) async fn on_continue(&mut self, task_id: &str, generation: Option<u64>) {
-        let Some(active) = &mut self.active else {
-            return;
-        };
-        if active.task.task_id != task_id
-            || active.phase != Phase::Recovering
-            || self.running.is_some()
-        {
-            return;
-        }
-        if let Some(g) = generation {
-            active.task.generation = g;
-        }
-        active.phase = Phase::Running;
-        self.recovery_deadline = None;
-        let task = active.task.clone();
-        tracing::info!(task_id = %task_id, generation = task.generation, "hub says continue: running the task again");
-        self.save().await;
-        self.start(task);
-        // A restarted hub's AgentFSM waits in `assigned`; `task_continue` does not move it.
-        self.link.send(Outbound::TaskAccepted {
-            task_id: task_id.to_string(),
-        });
-    }
-
     /// Stop and forget a task the hub no longer wants us to run.
     pub(super) async fn drop_task(&mut self, task_id: &str) {
         if let Some(r) = self.running.as_mut().filter(|r| r.task_id == task_id) {
@@ -265,7 +259,7 @@ impl Daemon {
         }
     }
 
-    fn start(&mut self, task: Task) {
+    pub(super) fn start(&mut self, task: Task) {
         let task = Arc::new(task);
         let cancel = CancellationToken::new();
         self.trim_at = None;
@@ -388,23 +382,26 @@ mod tests {
 
     #[test]
     fn an_idle_slot_takes_the_task_and_starts_it_now() {
-        assert_eq!(decide_assign("t1", idle()), TAKE_NOW);
+        assert_eq!(decide_assign("t1", 1, idle()), TAKE_NOW);
     }
 
     #[test]
     fn a_slot_owned_by_another_task_is_busy_running_or_recovering() {
         let running = SlotView {
             running: Some(("t1", false)),
-            active: Some(("t1", Phase::Running)),
-            ..idle()
-        };
-        assert_eq!(decide_assign("t2", running), Assign::Refuse(Refusal::Busy));
-        let recovering = SlotView {
-            active: Some(("t1", Phase::Recovering)),
+            active: Some(("t1", Phase::Running, 1)),
             ..idle()
         };
         assert_eq!(
-            decide_assign("t2", recovering),
+            decide_assign("t2", 1, running),
+            Assign::Refuse(Refusal::Busy)
+        );
+        let recovering = SlotView {
+            active: Some(("t1", Phase::Recovering, 1)),
+            ..idle()
+        };
+        assert_eq!(
+            decide_assign("t2", 1, recovering),
             Assign::Refuse(Refusal::Busy)
         );
     }
@@ -416,17 +413,17 @@ mod tests {
             ..idle()
         };
         assert_eq!(
-            decide_assign("t1", stopping),
+            decide_assign("t1", 1, stopping),
             Assign::Refuse(Refusal::ShuttingDown)
         );
         let busy_and_stopping = SlotView {
             running: Some(("t1", false)),
-            active: Some(("t1", Phase::Running)),
+            active: Some(("t1", Phase::Running, 1)),
             stopping: true,
             can_confine: true,
         };
         assert_eq!(
-            decide_assign("t2", busy_and_stopping),
+            decide_assign("t2", 1, busy_and_stopping),
             Assign::Refuse(Refusal::ShuttingDown)
         );
     }
@@ -438,31 +435,31 @@ mod tests {
             ..idle()
         };
         assert_eq!(
-            decide_assign("t1", cannot),
+            decide_assign("t1", 1, cannot),
             Assign::Refuse(Refusal::ContainmentUnavailable)
         );
         // The task already running here (re-sent after a reconnect) is not given up.
         let running = SlotView {
             running: Some(("t1", false)),
-            active: Some(("t1", Phase::Running)),
+            active: Some(("t1", Phase::Running, 1)),
             ..cannot
         };
-        assert_eq!(decide_assign("t1", running), Assign::Readopt);
+        assert_eq!(decide_assign("t1", 1, running), Assign::Readopt);
     }
 
     #[test]
     fn the_running_task_assigned_again_is_readopted_even_while_stopping() {
         let running = SlotView {
             running: Some(("t1", false)),
-            active: Some(("t1", Phase::Running)),
+            active: Some(("t1", Phase::Running, 1)),
             ..idle()
         };
-        assert_eq!(decide_assign("t1", running), Assign::Readopt);
+        assert_eq!(decide_assign("t1", 1, running), Assign::Readopt);
         let stopping = SlotView {
             stopping: true,
             ..running
         };
-        assert_eq!(decide_assign("t1", stopping), Assign::Readopt);
+        assert_eq!(decide_assign("t1", 1, stopping), Assign::Readopt);
     }
 
     #[test]
@@ -476,18 +473,18 @@ mod tests {
             replaces_recovering: false,
             after_runner: true,
         };
-        assert_eq!(decide_assign("t1", winding_down), queued);
-        assert_eq!(decide_assign("t2", winding_down), queued);
+        assert_eq!(decide_assign("t1", 1, winding_down), queued);
+        assert_eq!(decide_assign("t2", 1, winding_down), queued);
     }
 
     #[test]
     fn the_recovering_task_handed_back_is_taken_but_only_with_no_runner_left() {
         let recovering = SlotView {
-            active: Some(("t1", Phase::Recovering)),
+            active: Some(("t1", Phase::Recovering, 1)),
             ..idle()
         };
         assert_eq!(
-            decide_assign("t1", recovering),
+            decide_assign("t1", 1, recovering),
             Assign::Take {
                 replaces_recovering: true,
                 after_runner: false,
@@ -498,7 +495,50 @@ mod tests {
             ..recovering
         };
         assert_eq!(
-            decide_assign("t1", still_winding_down),
+            decide_assign("t1", 1, still_winding_down),
+            Assign::Refuse(Refusal::Busy)
+        );
+    }
+
+    #[test]
+    fn an_assignment_older_than_the_generation_held_is_stale_running_or_recovering() {
+        for phase in [Phase::Recovering, Phase::Running] {
+            let held = SlotView {
+                running: (phase == Phase::Running).then_some(("t1", false)),
+                active: Some(("t1", phase, 5)),
+                ..idle()
+            };
+            assert_eq!(decide_assign("t1", 3, held), Assign::Stale { held: 5 });
+            // Even while stopping: it is not run, and not answered either.
+            let stopping = SlotView {
+                stopping: true,
+                ..held
+            };
+            assert_eq!(decide_assign("t1", 4, stopping), Assign::Stale { held: 5 });
+        }
+        // The same generation or a newer one is an assignment as before.
+        let recovering = SlotView {
+            active: Some(("t1", Phase::Recovering, 5)),
+            ..idle()
+        };
+        for g in [5, 7] {
+            assert_eq!(
+                decide_assign("t1", g, recovering),
+                Assign::Take {
+                    replaces_recovering: true,
+                    after_runner: false,
+                }
+            );
+        }
+        let running = SlotView {
+            running: Some(("t1", false)),
+            active: Some(("t1", Phase::Running, 5)),
+            ..idle()
+        };
+        assert_eq!(decide_assign("t1", 7, running), Assign::Readopt);
+        // Another task's generation says nothing about this one.
+        assert_eq!(
+            decide_assign("t2", 1, running),
             Assign::Refuse(Refusal::Busy)
         );
     }

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::hub::link::OutFrame;
+use crate::hub::proto::ReportAction;
 use crate::runner::{Finished, Leftovers, TaskOutcome};
 use crate::sandbox::Containment;
 use crate::state::{read_state, OutboxEntry};
@@ -294,6 +295,24 @@ async fn a_drain_ends_as_soon_as_the_last_result_is_acknowledged() {
     assert_eq!(rig.outbox_on_disk(), 0);
 }
 
+/// A daemon started with `task_id` unfinished on disk (generation 3), identified, and its
+/// `task_recovering` read.
+async fn recovering(task_id: &str) -> (JoinHandle<(ExitReason, Daemon)>, Rig) {
+    let seed = Seed {
+        active: Some(active(task_id, Phase::Running)),
+        ..Seed::default()
+    };
+    let (d, mut rig) = daemon(seed, |_| {}).await;
+    let run = start(d);
+    rig.identified().await;
+    let asked = rig.next_out().await;
+    assert!(
+        matches!(&asked.frame, Outbound::TaskRecovering { task_id: t, generation: 3 } if t == task_id),
+        "{asked:?}"
+    );
+    (run, rig)
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unanswered_task_recovering_is_given_up_after_a_minute() {
     // Drained a second either side of the deadline (at the deadline itself, which of the two
@@ -303,18 +322,7 @@ async fn an_unanswered_task_recovering_is_given_up_after_a_minute() {
         (RECOVERY_ANSWER - second, true),
         (RECOVERY_ANSWER + second, false),
     ] {
-        let seed = Seed {
-            active: Some(active("crashed", Phase::Running)),
-            ..Seed::default()
-        };
-        let (d, mut rig) = daemon(seed, |_| {}).await;
-        let run = start(d);
-        rig.identified().await;
-        let asked = rig.next_out().await;
-        assert!(
-            matches!(&asked.frame, Outbound::TaskRecovering { task_id, generation: 3 } if task_id == "crashed"),
-            "{asked:?}"
-        );
+        let (run, rig) = recovering("crashed").await;
         tokio::time::sleep(wait).await;
         rig.shutdown.drain.cancel();
         let (reason, d) = run.await.expect("daemon task");
@@ -384,4 +392,98 @@ async fn wait_unless_immediate_waits_at_most_its_limit_and_not_at_all_once_cance
             .is_none()
     );
     assert_eq!(t0.elapsed(), Duration::from_secs(6));
+}
+
+/// Feed the daemon one hub frame.
+impl Rig {
+    async fn hub_says(&self, frame: Inbound) {
+        self.events
+            .send(LinkEvent::Frame(frame))
+            .await
+            .expect("the daemon hears the link");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_continue_at_a_generation_never_accepted_drops_the_task_and_asks_whose_it_is() {
+    // On disk at generation 3; the hub reclaimed it (4) and gave it to another agent (5).
+    let (run, mut rig) = recovering("moved-on").await;
+    rig.hub_says(Inbound::TaskContinue {
+        task_id: "moved-on".into(),
+        generation: Some(5),
+    })
+    .await;
+    // Not `task_accepted`, nothing run: the question, at the hub's generation.
+    let report = rig.next_out().await;
+    assert!(
+        matches!(&report.frame, Outbound::StateReport { task_id, generation: 5, status, .. }
+            if task_id == "moved-on" && status == "dropped"),
+        "{report:?}"
+    );
+    assert!(rig.active_on_disk().is_none(), "dropped from the disk too");
+    // Another agent has it: nothing more is said about it.
+    rig.hub_says(Inbound::StateReportAck {
+        task_id: "moved-on".into(),
+        action: ReportAction::Abort,
+    })
+    .await;
+    rig.shutdown.drain.cancel();
+    let (reason, d) = run.await.expect("daemon task");
+    assert_eq!(reason, ExitReason::Drained);
+    assert!(d.running.is_none() && d.active.is_none());
+    assert!(d.outbox.is_empty(), "no result for a task that never ran");
+    let mut rest = rig.out;
+    while let Ok(f) = rest.try_recv() {
+        assert!(
+            !matches!(
+                f.frame,
+                Outbound::TaskAccepted { .. }
+                    | Outbound::TaskComplete { .. }
+                    | Outbound::TaskFailed { .. }
+            ),
+            "sent for a dropped task: {f:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abort_for_the_generation_reported_spares_the_task_assigned_here_again_since() {
+    let (mut d, mut rig) = daemon(Seed::default(), |_| {}).await;
+    let cancel = stand_in_runner(&mut d, "kept", false);
+    let run = start(d);
+    // After the reconnect: the running task is accepted again and reported at generation 3.
+    rig.identified().await;
+    loop {
+        let f = rig.next_out().await;
+        if let Outbound::StateReport { generation, .. } = f.frame {
+            assert_eq!(generation, 3);
+            break;
+        }
+    }
+    // The hub gave it to this agent again (generation 5) before it read the report, so it
+    // answers the report of generation 3 with `abort`.
+    let mut again = task("kept");
+    again.generation = 5;
+    rig.hub_says(Inbound::TaskAssign(Box::new(again))).await;
+    rig.hub_says(Inbound::StateReportAck {
+        task_id: "kept".into(),
+        action: ReportAction::Abort,
+    })
+    .await;
+    // Another assignment, refused as busy: its answer shows the abort was handled.
+    rig.hub_says(Inbound::TaskAssign(Box::new(task("next"))))
+        .await;
+    let refused = rig.next_result().await;
+    assert!(
+        matches!(&refused.frame, Outbound::TaskFailed { task_id, reason, .. }
+            if task_id == "next" && reason == "sidecar_busy"),
+        "{refused:?}"
+    );
+    assert!(
+        !cancel.is_cancelled(),
+        "the task assigned again was stopped"
+    );
+    assert_eq!(rig.active_on_disk().map(|a| a.task.generation), Some(5));
+    rig.shutdown.immediate.cancel();
+    run.await.expect("daemon task");
 }

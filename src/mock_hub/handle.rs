@@ -14,6 +14,7 @@ impl MockHub {
             addr,
             state: Mutex::new(State::default()),
             inbound: Notify::new(),
+            schedule: Notify::new(),
             running: AtomicBool::new(false),
             run: Mutex::new(root.child_token()),
             root: root.clone(),
@@ -109,6 +110,15 @@ impl MockHub {
         self.inner.lock().conns.values().any(|c| c.agent.is_some())
     }
 
+    /// Whether `agent` has an identified socket open now.
+    pub fn agent_connected(&self, agent: &str) -> bool {
+        self.inner
+            .lock()
+            .conns
+            .values()
+            .any(|c| c.agent.as_deref() == Some(agent))
+    }
+
     /// Sends a JSON text frame to every identified socket; `false` if there is none.
     pub fn push(&self, frame: Value) -> bool {
         self.inner.push_identified(|| Outbound::Json(frame.clone()))
@@ -139,38 +149,41 @@ impl MockHub {
     /// To re-assign a re-queued task at its new generation, pass a value without
     /// `generation` (or use [`MockTask::generation`]).
     pub fn assign(&self, task: Value) -> Value {
+        let agent = {
+            let st = self.inner.lock();
+            st.conns
+                .values()
+                .find_map(|c| c.agent.clone())
+                .or_else(|| self.inner.opts.agents.first().map(|a| a.0.clone()))
+                .unwrap_or_default()
+        };
+        self.assign_to(&agent, task)
+    }
+
+    /// [`MockHub::assign`] to one agent: the table records it as that agent's, and only that
+    /// agent's socket gets the frame (none while it is not connected: the push is lost, as
+    /// at a hub whose agent is away).
+    pub fn assign_to(&self, agent: &str, task: Value) -> Value {
         let mut frame = match task {
             Value::Object(m) => m,
             _ => serde_json::Map::new(),
         };
-        let (task_id, generation) = {
-            let mut st = self.inner.lock();
-            let task_id = match frame.get("task_id").and_then(Value::as_str) {
-                Some(id) => id.to_string(),
-                None => format!("task-mock-{}", st.tasks.len() + 1),
-            };
-            let generation = frame
-                .get("generation")
-                .and_then(Value::as_u64)
-                .or_else(|| st.tasks.get(&task_id).map(|t| t.generation))
-                .unwrap_or(1);
-            let agent = st
-                .conns
-                .values()
-                .find_map(|c| c.agent.clone())
-                .or_else(|| self.inner.opts.agents.first().map(|a| a.0.clone()))
-                .unwrap_or_default();
-            st.tasks.insert(
-                task_id.clone(),
-                MockTask {
-                    task_id: task_id.clone(),
-                    generation,
-                    agent: agent.clone(),
-                    state: MockTaskState::Assigned,
-                },
-            );
-            (task_id, generation)
-        };
+        let mut st = self.inner.lock();
+        let task_id = st.task_id_of(frame.get("task_id"));
+        let generation = frame
+            .get("generation")
+            .and_then(Value::as_u64)
+            .or_else(|| st.tasks.get(&task_id).map(|t| t.generation))
+            .unwrap_or(1);
+        st.tasks.insert(
+            task_id.clone(),
+            MockTask {
+                task_id: task_id.clone(),
+                generation,
+                agent: agent.to_string(),
+                state: MockTaskState::Assigned,
+            },
+        );
         frame.insert("type".into(), json!("task_assign"));
         frame.insert("task_id".into(), json!(task_id));
         frame.insert("generation".into(), json!(generation));
@@ -178,8 +191,31 @@ impl MockHub {
             frame.insert("assigned_at".into(), json!(now_ms()));
         }
         let frame = Value::Object(frame);
-        self.push(frame.clone());
+        st.push_to(agent, &frame);
         frame
+    }
+
+    /// Hands `task` (a `task_assign` body, e.g. [`sample_shell_task`]) to the hub's own
+    /// scheduler, as the hub's HTTP API does: it is queued at generation 0 and assigned to
+    /// an idle agent (one that holds no task in flight), generation + 1 per assignment, like
+    /// `TaskQueue.assign_task`; re-queued on a disconnect, a `task_failed` or an acceptance
+    /// timeout, and assigned again. Returns its id.
+    pub fn submit(&self, task: Value) -> String {
+        let mut st = self.inner.lock();
+        let task_id = st.task_id_of(task.get("task_id"));
+        st.tasks.insert(
+            task_id.clone(),
+            MockTask {
+                task_id: task_id.clone(),
+                generation: 0,
+                agent: String::new(),
+                state: MockTaskState::Queued,
+            },
+        );
+        st.submitted.push((task_id.clone(), task));
+        drop(st);
+        self.inner.schedule.notify_one();
+        task_id
     }
 
     /// Answers the next identify(s) with close 1008 "cooldown active: retry in Ns" until
@@ -188,13 +224,16 @@ impl MockHub {
         self.inner.lock().cooldown = Some((Instant::now(), Duration::from_secs(secs)));
     }
 
-    /// Forces the answer to `task_recovering` for `task_id`. Default: continue if the task
-    /// is in flight with that agent, else reassign.
+    /// Forces the answer to `task_recovering` for `task_id`. Default, as the hub (4718a58)
+    /// answers: continue, with the table's generation, if the task is in flight with *any*
+    /// agent; else reassign.
     pub fn set_recovery_answer(&self, task_id: &str, a: RecoveryAnswer) {
         self.inner.lock().recovery.insert(task_id.to_string(), a);
     }
 
-    /// Sets the `action` of `state_report_ack` for `task_id` (default `continue`).
+    /// Sets the `action` of `state_report_ack` for `task_id`. Default, as the hub reconciles:
+    /// `continue` if the task is in flight with the reporting agent at the generation
+    /// reported, else `abort`.
     pub fn set_state_report_action(&self, task_id: &str, action: &str) {
         self.inner
             .lock()

@@ -4,9 +4,11 @@
 //! It owns a real WebSocket server on `127.0.0.1:0` that behaves like the hub described in
 //! PROTOCOL.md: identify and auth, ping/pong, per-type schema validation with the violation
 //! cut-off, the per-agent token-bucket rate limiter, a task table with generations, recovery
-//! answers, reclaim-on-disconnect, the idle timeout, and "hub crash" via [`MockHub::stop`] /
-//! [`MockHub::restart`]. Every frame in both directions is recorded so tests can assert on
-//! what the sidecar actually put on the wire.
+//! answers and state-report reconciliation as the hub (4718a58) gives them, reclaim-on-
+//! disconnect, the idle timeout, "hub crash" via [`MockHub::stop`] / [`MockHub::restart`],
+//! and, for tasks handed in with [`MockHub::submit`], the hub's scheduler across several
+//! agents. Every frame in both directions is recorded so tests can assert on what the
+//! sidecar actually put on the wire.
 //!
 //! # Layout
 //!
@@ -17,15 +19,21 @@
 //! - `handle`: the test-facing [`MockHub`] API (start/stop/restart, pushes, knobs, waits).
 //! - `server`: the accept loop, one task per connection, the handshake and identification.
 //! - `state`: the scripted hub: recording, the rate limiter and the answer to each frame.
+//! - `scheduler`: submitted tasks to idle agents, and the acceptance timeout.
 //!
 //! # Deviations from the real hub
 //!
 //! - Violations close the socket with 1008 but do not start a cooldown by themselves; tests
 //!   arm it explicitly with [`MockHub::set_cooldown`].
 //! - `task_failed` always re-queues (`retried`); there is no retry budget / dead letter.
+//! - Tasks given out with [`MockHub::assign`] / [`MockHub::assign_to`] are the test's to
+//!   schedule: they go out at the table's generation and wait unaccepted for ever. Only
+//!   [`MockHub::submit`]ted tasks are scheduled by the hub (generation + 1 per assignment)
+//!   and reclaimed when not accepted in time.
 //! - Chat traffic (`message`, `channel_*`, …) is validated and answered minimally, never routed.
 
 mod handle;
+mod scheduler;
 pub mod schema;
 mod server;
 mod state;
@@ -78,6 +86,10 @@ pub struct MockHubOptions {
     pub idle_timeout: Option<Duration>,
     /// Loopback port to listen on; 0 (the default, and what tests use) picks a free one.
     pub port: u16,
+    /// How long a [`MockHub::submit`]ted task may wait for `task_accepted` from the agent it
+    /// was assigned to, counted while that agent is connected (the AgentFSM's timer, also
+    /// started when the agent identifies); then it is reclaimed (generation + 1).
+    pub acceptance_timeout: Duration,
 }
 
 impl Default for MockHubOptions {
@@ -93,6 +105,7 @@ impl Default for MockHubOptions {
             heavy_per_minute: 10,
             idle_timeout: Some(Duration::from_secs(60)),
             port: 0,
+            acceptance_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -123,10 +136,13 @@ pub struct Violation {
     pub errors: Vec<String>,
 }
 
-/// The hub's answer to `task_recovering`.
+/// The hub's answer to `task_recovering`, when a test forces one (by default the mock answers
+/// as the hub does: `task_continue` with the current generation while the task is assigned,
+/// to whichever agent; else `task_reassign`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecoveryAnswer {
-    /// `task_continue`: the task stays with the agent.
+    /// `task_continue` with the table's generation; a task no longer in flight is handed
+    /// to the asking agent first.
     Continue,
     /// `task_reassign`: the hub re-queues it; the sidecar drops it.
     Reassign,
@@ -239,6 +255,11 @@ struct State {
     ignore_terminal: std::collections::HashSet<String>,
     rate_limited: u64,
     acked_terminal: HashMap<String, u32>,
+    /// Tasks the hub schedules itself ([`MockHub::submit`]), in submission order, with
+    /// the `task_assign` body each assignment is made from.
+    submitted: Vec<(String, Value)>,
+    /// When a submitted task assigned and not yet accepted is reclaimed.
+    accept_by: HashMap<String, Instant>,
 }
 
 struct Inner {
@@ -247,6 +268,8 @@ struct Inner {
     state: Mutex<State>,
     /// Woken on every inbound frame (for `wait_for*`).
     inbound: Notify,
+    /// Wakes the scheduler: a frame came in, an agent came or went, a task was submitted.
+    schedule: Notify,
     running: AtomicBool,
     /// Cancelled when the last `MockHub` handle is dropped.
     root: CancellationToken,

@@ -8,6 +8,7 @@ impl Inner {
     pub(super) fn launch(self: &Arc<Self>, listener: TcpListener) {
         self.running.store(true, Ordering::SeqCst);
         let run = self.run_token();
+        self.launch_scheduler(run.clone());
         let inner = Arc::clone(self);
         self.tracker.spawn(async move {
             loop {
@@ -157,6 +158,8 @@ impl Inner {
                 }
             }
         }
+        drop(st);
+        self.schedule.notify_one();
     }
 
     async fn send<S>(&self, sink: &mut S, conn: u64, o: Outbound) -> Result<(), ()>
@@ -322,6 +325,8 @@ impl Inner {
                 if let Some(c) = st.conns.get_mut(&conn.id) {
                     c.agent = Some(agent_id.to_string());
                 }
+                drop(st);
+                self.restart_acceptance_timers(agent_id);
                 (
                     vec![Outbound::Json(
                         json!({"type": "identified", "agent_id": agent_id}),

@@ -4,6 +4,27 @@
 
 use super::*;
 
+impl State {
+    /// A task body's `task_id`, or a fresh one for a body without.
+    pub(super) fn task_id_of(&self, id: Option<&Value>) -> String {
+        match id.and_then(Value::as_str) {
+            Some(id) => id.to_string(),
+            None => format!("task-mock-{}", self.tasks.len() + 1),
+        }
+    }
+
+    /// Send `frame` to every socket `agent` has identified on (none: the push is lost).
+    pub(super) fn push_to(&self, agent: &str, frame: &Value) {
+        for c in self
+            .conns
+            .values()
+            .filter(|c| c.agent.as_deref() == Some(agent))
+        {
+            let _ = c.tx.send(Outbound::Json(frame.clone()));
+        }
+    }
+}
+
 impl Inner {
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // A panicking test thread must not wedge the hub for the others.
@@ -57,6 +78,7 @@ impl Inner {
         drop(st);
         if inbound {
             self.inbound.notify_waiters();
+            self.schedule.notify_one();
         }
     }
 
@@ -166,18 +188,19 @@ impl Inner {
             }
             "task_recovering" => {
                 let forced = st.recovery.get(task_id).copied();
-                let ours = st
-                    .tasks
-                    .get(task_id)
-                    .is_some_and(|t| t.agent == agent && t.in_flight());
-                let answer = forced.unwrap_or(if ours {
+                // As `TaskQueue.recover_task` (4718a58) decides: whether the task is still
+                // assigned, not to whom (PROTOCOL.md §8). A task reclaimed on this agent's
+                // disconnect and given to another agent gets `task_continue` here too, with
+                // that agent's generation.
+                let assigned = st.tasks.get(task_id).is_some_and(MockTask::in_flight);
+                let answer = forced.unwrap_or(if assigned {
                     RecoveryAnswer::Continue
                 } else {
                     RecoveryAnswer::Reassign
                 });
                 match (answer, st.tasks.get_mut(task_id)) {
                     (RecoveryAnswer::Continue, Some(t)) => {
-                        if !t.in_flight() || t.agent != agent {
+                        if !t.in_flight() {
                             // Forced continue of a task that was reclaimed: hand it back.
                             t.agent = agent.to_string();
                             t.state = MockTaskState::Assigned;
@@ -198,11 +221,18 @@ impl Inner {
                 }
             }
             "state_report" => {
+                // The hub's reconciliation: `continue` only for a task assigned to this
+                // agent at the generation reported (a missing one counts as 0).
+                let reported = f.get("generation").and_then(Value::as_u64).unwrap_or(0);
+                let ours = st
+                    .tasks
+                    .get(task_id)
+                    .is_some_and(|t| t.in_flight() && t.agent == agent && t.generation == reported);
                 let action = st
                     .state_report_actions
                     .get(task_id)
                     .cloned()
-                    .unwrap_or_else(|| "continue".into());
+                    .unwrap_or_else(|| if ours { "continue" } else { "abort" }.into());
                 Some(json!({"type": "state_report_ack", "task_id": task_id, "action": action}))
             }
             "status" => Some(json!({"type": "status_updated"})),

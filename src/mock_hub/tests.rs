@@ -4,24 +4,24 @@
 use super::*;
 use tokio_tungstenite::{connect_async, MaybeTlsStream, WebSocketStream};
 
-type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
+pub(super) type Client = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-const T: Duration = Duration::from_secs(5);
+pub(super) const T: Duration = Duration::from_secs(5);
 
 async fn hub() -> MockHub {
     MockHub::start(MockHubOptions::default()).await.unwrap()
 }
 
-async fn connect(hub: &MockHub) -> Client {
+pub(super) async fn connect(hub: &MockHub) -> Client {
     connect_async(hub.url()).await.unwrap().0
 }
 
-async fn send(c: &mut Client, v: Value) {
+pub(super) async fn send(c: &mut Client, v: Value) {
     c.send(Message::text(v.to_string())).await.unwrap();
 }
 
 /// Next text frame as JSON (skipping control frames); `None` on close/EOF/error.
-async fn recv(c: &mut Client) -> Option<Value> {
+pub(super) async fn recv(c: &mut Client) -> Option<Value> {
     loop {
         match tokio::time::timeout(T, c.next()).await.ok()?? {
             Ok(Message::Text(t)) => return Some(serde_json::from_str(t.as_str()).unwrap()),
@@ -46,10 +46,14 @@ async fn recv_close(c: &mut Client) -> Option<CloseFrame> {
 }
 
 async fn identified(hub: &MockHub) -> Client {
+    identified_as(hub, "sidecar-test", "test-token").await
+}
+
+pub(super) async fn identified_as(hub: &MockHub, agent: &str, token: &str) -> Client {
     let mut c = connect(hub).await;
     send(
         &mut c,
-        json!({"type":"identify","agent_id":"sidecar-test","token":"test-token","client_type":"sidecar"}),
+        json!({"type":"identify","agent_id":agent,"token":token,"client_type":"sidecar"}),
     )
     .await;
     assert_eq!(recv(&mut c).await.unwrap()["type"], "identified");

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hub_sidecar::mock_hub::{sample_shell_task, MockHubOptions, RecoveryAnswer};
+use hub_sidecar::mock_hub::{sample_shell_task, MockHubOptions};
 use serde_json::{json, Value};
 
 use crate::harness::{Harness, Setup};
@@ -330,73 +330,6 @@ async fn a_corrupt_state_file_is_kept_aside_and_the_daemon_still_works() {
     h.finish().await;
 }
 
-/// Kill the real binary mid-task; on restart the task is reported with `task_recovering`.
-async fn kill_mid_task_then_restart(answer: RecoveryAnswer) -> Harness {
-    let mut h = Harness::setup()
-        .await
-        .start_bin("test-token", "", &[])
-        .await;
-    let marker = h.probe().join("runs");
-    let cmd = format!(
-        "echo run >> {}; sleep 2; echo recovered-output",
-        marker.display()
-    );
-    h.assign(sample_shell_task("crash-me", &cmd));
-    h.accepted("crash-me").await;
-    assert!(wait_until(|| marker.exists(), T).await);
-    h.bin_mut().kill9().await;
-    h.set_recovery_answer("crash-me", answer);
-    h.start_bin_again(&[]);
-    let rec = h.frame("task_recovering", "crash-me").await;
-    assert_eq!(rec["task_id"], "crash-me");
-    h
-}
-
-#[tokio::test]
-async fn after_sigkill_task_continue_reruns_the_task() {
-    let h = kill_mid_task_then_restart(RecoveryAnswer::Continue).await;
-    let done = h
-        .wait_for_type("task_complete", T)
-        .await
-        .expect("re-run completes");
-    assert_eq!(done["task_id"], "crash-me");
-    assert!(done["result"]["output"]
-        .as_str()
-        .unwrap()
-        .contains("recovered-output"));
-    let runs = std::fs::read_to_string(h.probe().join("runs")).unwrap();
-    assert_eq!(
-        runs.lines().count(),
-        2,
-        "ran once before the kill and once after"
-    );
-    h.finish().await;
-}
-
-#[tokio::test]
-async fn after_sigkill_task_reassign_drops_the_task() {
-    let h = kill_mid_task_then_restart(RecoveryAnswer::Reassign).await;
-    let state = h.dir().join("queue.json");
-    assert!(
-        wait_until(
-            || hub_sidecar::state::read_state(&state)
-                .map(|s| s.active.is_none())
-                .unwrap_or(false),
-            T
-        )
-        .await,
-        "reassigned task not dropped from state"
-    );
-    // Still usable, and nothing was reported for the dropped task.
-    h.assign(sample_shell_task("next", "echo next"));
-    h.wait_for_type("task_complete", T).await.unwrap();
-    assert!(h
-        .received()
-        .iter()
-        .all(|f| f["task_id"] != "crash-me" || f["type"] != "task_complete"));
-    h.finish().await;
-}
-
 #[tokio::test]
 async fn the_token_never_appears_in_logs() {
     let mut h = Setup::with_hub(MockHubOptions {
@@ -564,11 +497,14 @@ async fn the_daily_cap_holds_when_the_daemon_restarts_in_the_middle_of_a_task() 
         "{}",
         h.bin().logs()
     );
+    // The hub dies too (its task table kept), so on restart it answers `task_continue` at
+    // the generation on disk: the task's own, resumed.
+    h.stop().await;
     h.bin_mut().kill9().await;
     if let Ok(pid) = std::fs::read_to_string(&pid_file) {
         let _ = std::process::Command::new("kill").arg(pid.trim()).status();
     }
-    h.set_recovery_answer("capped", RecoveryAnswer::Continue);
+    h.restart().await.unwrap();
     h.start_bin_again(&[]);
     let done = h
         .wait_for_type("task_complete", T)

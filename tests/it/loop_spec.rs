@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 
-use hub_sidecar::mock_hub::RecoveryAnswer;
 use serde_json::{json, Value};
 
 use crate::fakes::{answer, tool_calls, FakeOllama, Reply};
@@ -392,8 +391,11 @@ async fn after_a_restart_task_continue_resumes_with_the_corrective_prompt_and_th
         wait_until(|| prompts(&log).len() == 2, T).await,
         "the corrective run never started"
     );
+    // The hub dies too (its task table kept), so on restart it answers `task_continue` at
+    // the generation on disk: the task's own, resumed.
+    h.stop().await;
     h.bin_mut().kill9().await;
-    h.set_recovery_answer("demo-greeting", RecoveryAnswer::Continue);
+    h.restart().await.unwrap();
     h.start_bin_again(&[]);
     let done = h.completed("demo-greeting").await;
 

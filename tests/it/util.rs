@@ -118,12 +118,26 @@ pub(crate) struct Bin {
 
 /// Write a TOML config for `hub` into `dir`.
 pub(crate) fn write_config(hub: &MockHub, dir: &Path, token: &str, extra: &str) -> PathBuf {
+    write_agent_config(hub, dir, "sidecar-test", token, extra, &probe(dir))
+}
+
+/// [`write_config`] for one agent of several: its id and token, its state in `dir`, and
+/// `shared` (a directory outside every agent's workspace) writable by its tasks.
+pub(crate) fn write_agent_config(
+    hub: &MockHub,
+    dir: &Path,
+    agent: &str,
+    token: &str,
+    extra: &str,
+    shared: &Path,
+) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("hub-sidecar.toml");
     let text = format!(
-        "agent_id = \"sidecar-test\"\ntoken = \"{token}\"\nhub_url = \"{}\"\nstate_dir = \"{}\"\nping_interval_secs = 1\npong_timeout_secs = 3\nreconnect_min_ms = 50\nreconnect_max_ms = 400\nresource_report_interval_secs = 3600\n{extra}\n[sandbox]\nwrite_paths = [\"{}\"]\n",
+        "agent_id = \"{agent}\"\ntoken = \"{token}\"\nhub_url = \"{}\"\nstate_dir = \"{}\"\nping_interval_secs = 1\npong_timeout_secs = 3\nreconnect_min_ms = 50\nreconnect_max_ms = 400\nresource_report_interval_secs = 3600\n{extra}\n[sandbox]\nwrite_paths = [\"{}\"]\n",
         hub.url(),
         dir.display(),
-        probe(dir).display()
+        shared.display()
     );
     std::fs::write(&path, text).unwrap();
     #[cfg(unix)]
