@@ -26,6 +26,7 @@ mod manifest;
 mod network;
 mod ops;
 mod outbox;
+mod package;
 mod procfs;
 mod readiness;
 mod real_claude;
