@@ -9,7 +9,7 @@
 //! What the hub does with the merged frame: it reads the §6 fields of `execution_event` (the
 //! last merged event's) and ignores fields it does not know (PROTOCOL.md, first section), so
 //! `merged_events` and `folded_events` — every merged event with its own `timestamp` and fields —
-//! are for readers of the raw frames and records; the README's "Protocol notes" list them. A
+//! are for readers of the raw frames and records; docs/protocol.md lists them. A
 //! cancelled task is gone at the hub, so progress still pending when the task is taken away is
 //! discarded, not flushed ([`Pump::dropped`]).
 

@@ -214,11 +214,13 @@ fn the_package_holds_the_service_and_lintian_finds_no_error() {
             "Depends: libc6 (>= {libc}), but the binary needs 2.{floor} (RELR: {relr})"
         );
     }
-    let guide = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    assert!(
-        guide.contains(&format!("**glibc ≥ {libc}**")),
-        "README.md does not name glibc {libc}, the package's floor"
-    );
+    for guide in ["README.md", "docs/install.md"] {
+        let text = std::fs::read_to_string(repo().join(guide)).unwrap();
+        assert!(
+            text.contains(&format!("**glibc ≥ {libc}**")),
+            "{guide} does not name glibc {libc}, the package's floor"
+        );
+    }
     let unit = run_ok(
         "sh",
         &[
