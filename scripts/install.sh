@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Install hub-sidecar as a systemd service on this machine.
+# Install hub-sidecar as a systemd service on this machine, from a source checkout.
+# On Debian and Ubuntu prefer the package: `cargo deb`, then `sudo apt install
+# ./target/debian/hub-sidecar_*.deb` (upgrades keep the edited config, removal is clean).
 #
 #   sudo bash scripts/install.sh                   # build a release binary, then install
 #   sudo bash scripts/install.sh --binary PATH     # install a binary built elsewhere
 #   bash scripts/install.sh --dry-run              # print what would be done, change nothing
 #
 # Installs /usr/local/bin/hub-sidecar, creates the system user `hub-sidecar` and
-# /etc/hub-sidecar, installs the units hub-sidecar.service and hub-sidecar@.service and the
+# /etc/hub-sidecar, installs the units hub-sidecar.service and hub-sidecar@.service (their
+# ExecStart pointed at that binary) and the
 # example config as /etc/hub-sidecar/hub-sidecar.toml (mode 0600, owned by the service user).
 # An existing config is never overwritten. Nothing is started: the next steps are printed.
 set -euo pipefail
@@ -19,7 +22,7 @@ UNIT_DIR="${UNIT_DIR:-/etc/systemd/system}"
 CONF_DIR="${CONF_DIR:-/etc/hub-sidecar}"
 SERVICE_USER="hub-sidecar"
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -74,8 +77,20 @@ else
     config/hub-sidecar.example.toml "$CONF_DIR/hub-sidecar.toml"
 fi
 
-run install -D -m 0644 config/hub-sidecar.service "$UNIT_DIR/hub-sidecar.service"
-run install -D -m 0644 config/hub-sidecar@.service "$UNIT_DIR/hub-sidecar@.service"
+if [ -e /var/lib/dpkg/info/hub-sidecar.list ]; then
+  echo "= the hub-sidecar package is installed too: its units (/usr/bin/hub-sidecar) are" \
+    "overridden by these in $UNIT_DIR; remove one of the two installs"
+fi
+# The shipped units name the packaged binary (/usr/bin): point them at this one.
+for unit in hub-sidecar.service hub-sidecar@.service; do
+  echo "+ install config/$unit as $UNIT_DIR/$unit (ExecStart=$PREFIX/bin/hub-sidecar)"
+  if [ "$DRY_RUN" = 0 ]; then
+    mkdir -p "$UNIT_DIR"
+    sed "s|^ExecStart=/usr/bin/hub-sidecar |ExecStart=$PREFIX/bin/hub-sidecar |" \
+      "config/$unit" > "$UNIT_DIR/$unit"
+    chmod 0644 "$UNIT_DIR/$unit"
+  fi
+done
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
   run systemctl daemon-reload
 else

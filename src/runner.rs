@@ -553,7 +553,7 @@ fn history_json(lo: &LoopOutcome) -> Vec<Value> {
         .collect()
 }
 
-/// `task_complete.result` (PROTOCOL.md §7), plus the fields the README's protocol notes list
+/// `task_complete.result` (PROTOCOL.md §7), plus the fields docs/protocol.md lists
 /// (the hub ignores fields it does not know and stores the result whole): `retry_budget` and
 /// `max_verification_retries` (the effective budget and why), `plan`, `resumed_at`,
 /// `flaky_checks` when the loop stopped for a flaky check, `not_verified` when success

@@ -291,8 +291,11 @@ impl Daemon {
         );
         let env = ChildEnv::from_config(&cfg);
         let redactor = Arc::new(env.redactor(&cfg).await);
-        let (recorder, recorder_writer) =
-            Recorder::start(crate::recorder::root(&cfg.state_dir), cfg.recorder.clone());
+        let (recorder, recorder_writer) = Recorder::start_counted(
+            crate::recorder::root(&cfg.state_dir),
+            cfg.recorder.clone(),
+            Some(ops.metrics().recorder_gauges()),
+        );
         let ledger =
             Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await);
         let containment = Arc::new(probe.answer().await);
@@ -520,8 +523,16 @@ impl Daemon {
     fn containment_decided(&mut self) {
         let policy = &self.deps.containment;
         let refusal = policy.refusal();
+        let support = &policy.support;
+        let missing: Vec<&str> = [
+            (support.landlock_abi < 1).then_some("landlock"),
+            support.namespaces.is_err().then_some("namespaces"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         self.ops
-            .set_containment(policy.level_name(), refusal.clone());
+            .set_containment(policy.level_name(), refusal.clone(), &missing.join(","));
         let announce = match &refusal {
             Some(why) => format!("not accepting tasks: {why}"),
             None => "idle".to_string(),

@@ -29,6 +29,32 @@ pub struct ContainmentLabel {
     pub containment: String,
 }
 
+/// The labels of `hub_sidecar_accepting_tasks`: why tasks are refused, for an alert to say.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AcceptingLabels {
+    /// The containment level configured: `strict`, `best-effort` or `off`.
+    pub containment: String,
+    /// Empty while tasks are taken; else the refusal's code, e.g. `containment_unavailable`.
+    pub reason: String,
+    /// The confinement layers this machine lacks, comma-separated (`landlock`,
+    /// `namespaces`); empty when none is.
+    pub missing: String,
+}
+
+/// The flight recorder's usage and bounds, handed to its writer thread (which sets them after
+/// each retention pass).
+#[derive(Clone, Debug, Default)]
+pub struct RecorderGauges {
+    /// Bytes the records take.
+    pub bytes: Gauge,
+    /// The byte bound in force.
+    pub max_bytes: Gauge,
+    /// Records kept.
+    pub records: Gauge,
+    /// The count bound.
+    pub max_records: Gauge,
+}
+
 /// Every metric `/metrics` serves, each named `hub_sidecar_<field>`.
 pub struct Metrics {
     registry: Registry,
@@ -44,8 +70,9 @@ pub struct Metrics {
     pub rate_limited: Counter,
     /// Tasks finished, by outcome.
     pub tasks: Family<OutcomeLabel, Counter>,
-    /// 1 while the daemon takes tasks; 0 while it refuses them (containment unavailable).
-    pub accepting_tasks: Gauge,
+    /// 1 while the daemon takes tasks; 0 while it refuses them, the labels saying why. One
+    /// series at a time (the labels of the last decision).
+    pub accepting_tasks: Family<AcceptingLabels, Gauge>,
     /// Tasks whose children started, by the containment level they ran under.
     pub tasks_started: Family<ContainmentLabel, Counter>,
     /// Verification attempts per task.
@@ -58,6 +85,19 @@ pub struct Metrics {
     pub tokens: Counter,
     /// Estimated LLM cost in USD.
     pub cost_usd: Counter<f64, AtomicU64>,
+    /// Bytes the flight records take now, and the bound retention keeps them under.
+    pub recorder_bytes: Gauge,
+    /// `[recorder] max_total_bytes`, or the share sized to the host when unset.
+    pub recorder_max_bytes: Gauge,
+    /// Flight records kept now, and `[recorder] max_tasks`.
+    pub recorder_records: Gauge,
+    /// `[recorder] max_tasks`.
+    pub recorder_max_records: Gauge,
+    /// Bytes the per-repository dependency caches take, as counted when a task last
+    /// prepared one (after removing the least recently used past the bound).
+    pub caches_bytes: Gauge,
+    /// `[caches] max_size_mb` in bytes; 0: no bound (then `caches_bytes` is not counted).
+    pub caches_max_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -70,13 +110,19 @@ impl Default for Metrics {
             frames_out: Family::default(),
             rate_limited: Counter::default(),
             tasks: Family::default(),
-            accepting_tasks: Gauge::default(),
+            accepting_tasks: Family::default(),
             tasks_started: Family::default(),
             verification_attempts: Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
             execution_seconds: Histogram::new([0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 1800.0]),
             check_seconds: Histogram::new([0.01, 0.1, 1.0, 10.0, 60.0, 120.0]),
             tokens: Counter::default(),
             cost_usd: Counter::default(),
+            recorder_bytes: Gauge::default(),
+            recorder_max_bytes: Gauge::default(),
+            recorder_records: Gauge::default(),
+            recorder_max_records: Gauge::default(),
+            caches_bytes: Gauge::default(),
+            caches_max_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -103,7 +149,7 @@ impl Default for Metrics {
         registry.register("tasks", "Tasks finished, by outcome", m.tasks.clone());
         registry.register(
             "accepting_tasks",
-            "1 while tasks are taken, 0 while they are refused (containment unavailable)",
+            "1 while tasks are taken, 0 while they are refused; reason and missing say why",
             m.accepting_tasks.clone(),
         );
         registry.register(
@@ -128,6 +174,40 @@ impl Default for Metrics {
         );
         registry.register("tokens", "LLM tokens used (in + out)", m.tokens.clone());
         registry.register("cost_usd", "Estimated LLM cost in USD", m.cost_usd.clone());
+        for (name, help, gauge) in [
+            (
+                "recorder_bytes",
+                "Bytes the flight records take",
+                &m.recorder_bytes,
+            ),
+            (
+                "recorder_max_bytes",
+                "The flight records' byte bound (max_total_bytes, or the host share)",
+                &m.recorder_max_bytes,
+            ),
+            (
+                "recorder_records",
+                "Flight records kept",
+                &m.recorder_records,
+            ),
+            (
+                "recorder_max_records",
+                "The flight records' count bound (max_tasks)",
+                &m.recorder_max_records,
+            ),
+            (
+                "caches_bytes",
+                "Bytes the dependency caches take, counted when a task last prepared one",
+                &m.caches_bytes,
+            ),
+            (
+                "caches_max_bytes",
+                "The dependency caches' bound ([caches] max_size_mb); 0: none",
+                &m.caches_max_bytes,
+            ),
+        ] {
+            registry.register(name, help, gauge.clone());
+        }
         Metrics { registry, ..m }
     }
 }
@@ -160,6 +240,37 @@ impl Metrics {
             .inc();
     }
 
+    /// The recorder's gauges, for its writer.
+    pub fn recorder_gauges(&self) -> RecorderGauges {
+        RecorderGauges {
+            bytes: self.recorder_bytes.clone(),
+            max_bytes: self.recorder_max_bytes.clone(),
+            records: self.recorder_records.clone(),
+            max_records: self.recorder_max_records.clone(),
+        }
+    }
+
+    /// Tasks are taken (`refusal` is `None`) or refused, under `containment`: the one
+    /// `accepting_tasks` series, labelled with the refusal's code (what its message starts
+    /// with, before the first `:`) and the `missing` layers.
+    pub fn set_accepting(&self, containment: &str, refusal: Option<&str>, missing: &str) {
+        let labels = AcceptingLabels {
+            containment: containment.to_string(),
+            reason: refusal
+                .map(|r| r.split(':').next().unwrap_or(r).trim().to_string())
+                .unwrap_or_default(),
+            missing: if refusal.is_some() {
+                missing.to_string()
+            } else {
+                String::new()
+            },
+        };
+        self.accepting_tasks.clear();
+        self.accepting_tasks
+            .get_or_create(&labels)
+            .set(i64::from(refusal.is_none()));
+    }
+
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -185,5 +296,35 @@ mod tests {
         );
         assert!(text.contains("hub_sidecar_tasks_total{outcome=\"verified\"} 1"));
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn accepting_tasks_keeps_one_series_labelled_with_why() {
+        let m = Metrics::default();
+        m.set_accepting(
+            "strict",
+            Some("containment_unavailable: containment is strict but …"),
+            "landlock,namespaces",
+        );
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "hub_sidecar_accepting_tasks{containment=\"strict\",reason=\"containment_unavailable\",missing=\"landlock,namespaces\"} 0"
+            ),
+            "{text}"
+        );
+        m.set_accepting("strict", None, "landlock");
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "hub_sidecar_accepting_tasks{containment=\"strict\",reason=\"\",missing=\"\"} 1"
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("hub_sidecar_accepting_tasks{").count(),
+            1,
+            "{text}"
+        );
     }
 }

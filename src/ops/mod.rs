@@ -23,6 +23,11 @@ use tokio::time::Instant;
 use crate::spend::SpendLedger;
 use metrics::Metrics;
 
+/// A byte count as a gauge's value (saturating: a gauge is an `i64`).
+pub(crate) fn gauge_value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Facts for `/healthz` and the watchdog.
 #[derive(Debug, Default)]
 struct Health {
@@ -158,15 +163,27 @@ impl Ops {
     }
 
     /// The containment level tasks run under, and why no task is taken (`None`: tasks are
-    /// taken). Shown by `/status`, `/metrics` (`hub_sidecar_accepting_tasks`) and, through
-    /// the daemon's status line, systemd.
-    pub fn set_containment(&self, level: &'static str, not_accepting: Option<String>) {
+    /// taken), with the `missing` layers (comma-separated short names). Shown by `/status`,
+    /// `/metrics` (`hub_sidecar_accepting_tasks`, labelled with why) and, through the
+    /// daemon's status line, systemd.
+    pub fn set_containment(
+        &self,
+        level: &'static str,
+        not_accepting: Option<String>,
+        missing: &str,
+    ) {
         self.metrics
-            .accepting_tasks
-            .set(i64::from(not_accepting.is_none()));
+            .set_accepting(level, not_accepting.as_deref(), missing);
         let mut h = self.health();
         h.containment = Some(level);
         h.not_accepting = not_accepting;
+    }
+
+    /// The dependency caches take `bytes` of a bound of `max_bytes` (counted when a task
+    /// prepared its repository's cache).
+    pub fn caches_used(&self, bytes: u64, max_bytes: u64) {
+        self.metrics.caches_bytes.set(gauge_value(bytes));
+        self.metrics.caches_max_bytes.set(gauge_value(max_bytes));
     }
 
     /// What `/status` and `hub-sidecar status` show, as of now.

@@ -14,7 +14,7 @@
 //! text, then every other event's, oldest first, then the stream's tail: no event that
 //! matters is hidden behind a status line. `merged_events` and `folded_events` — every merged
 //! event with its own `timestamp` and fields — are for readers of the raw frames and records;
-//! the README's "Protocol notes" list them. A cancelled task is gone at the hub, so progress
+//! docs/protocol.md lists them. A cancelled task is gone at the hub, so progress
 //! still pending when the task is taken away is discarded, not flushed ([`Pump::dropped`]).
 //!
 //! Layout: this file holds the events and the sink; `pump.rs` sends them under the budget.

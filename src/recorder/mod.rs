@@ -53,6 +53,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::config::RecorderConfig;
+use crate::ops::metrics::RecorderGauges;
 use crate::progress::{EventKind, ProgressEvent};
 use crate::redact::Redactor;
 use crate::task::Task;
@@ -133,6 +134,16 @@ impl Recorder {
     /// returned handle ends when every clone of the recorder (and every [`TaskRecord`]) is
     /// dropped; await it so the last lines reach the disk.
     pub fn start(root: PathBuf, cfg: RecorderConfig) -> (Recorder, tokio::task::JoinHandle<()>) {
+        Recorder::start_counted(root, cfg, None)
+    }
+
+    /// [`Recorder::start`], reporting the records' bytes and count and their bounds into
+    /// `gauges` after each retention pass (`/metrics`: `hub_sidecar_recorder_*`).
+    pub fn start_counted(
+        root: PathBuf,
+        cfg: RecorderConfig,
+        gauges: Option<RecorderGauges>,
+    ) -> (Recorder, tokio::task::JoinHandle<()>) {
         if !cfg.enabled {
             return (Recorder::disabled(), tokio::spawn(async {}));
         }
@@ -142,7 +153,7 @@ impl Recorder {
             Arc::new(AtomicU64::new(cfg.max_task_bytes.unwrap_or_else(|| {
                 sizing::task_bound(cfg.max_total_bytes.unwrap_or(u64::MAX))
             })));
-        let writer = Writer::new(root, &cfg, max_task_bytes.clone());
+        let writer = Writer::new(root, &cfg, max_task_bytes.clone(), gauges);
         let handle = tokio::task::spawn_blocking(move || writer.run(rx));
         let shared = Shared {
             tx,

@@ -14,7 +14,7 @@
 //! - **When**: at start, and again after a task at most every [`RESIZE_EVERY`], so agents
 //!   added later shrink everyone's share without a restart.
 //!
-//! Explicit `[recorder] max_total_bytes` / `max_task_bytes` always win. README ("Many agents
+//! Explicit `[recorder] max_total_bytes` / `max_task_bytes` always win. docs/operations.md ("Many agents
 //! on one host") has the arithmetic for a 50-agent host.
 
 use std::path::Path;

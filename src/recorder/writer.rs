@@ -11,6 +11,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use crate::config::RecorderConfig;
+use crate::ops::gauge_value;
+use crate::ops::metrics::RecorderGauges;
 
 use super::{sizing, Msg, RECORD_FILE};
 
@@ -38,6 +40,8 @@ pub(super) struct Writer {
     /// walk: with hundreds of records kept, a walk per task was ~2,000 syscalls each time.
     index: HashMap<String, Record>,
     warned: bool,
+    /// Where the usage and bounds are reported after each retention pass (`/metrics`).
+    gauges: Option<RecorderGauges>,
 }
 
 impl Writer {
@@ -47,6 +51,7 @@ impl Writer {
         root: PathBuf,
         cfg: &RecorderConfig,
         max_task_bytes: Arc<AtomicU64>,
+        gauges: Option<RecorderGauges>,
     ) -> Writer {
         Writer {
             root,
@@ -59,6 +64,7 @@ impl Writer {
             files: HashMap::new(),
             index: HashMap::new(),
             warned: false,
+            gauges,
         }
     }
 
@@ -193,6 +199,17 @@ impl Writer {
                 "flight recorder retention removed old task records"
             );
         }
+        self.report();
+    }
+
+    /// The usage and bounds into the gauges, when there are any.
+    fn report(&self) {
+        let Some(g) = &self.gauges else { return };
+        g.bytes
+            .set(gauge_value(self.index.values().map(|r| r.bytes).sum()));
+        g.records.set(gauge_value(self.index.len() as u64));
+        g.max_bytes.set(gauge_value(self.max_total_bytes));
+        g.max_records.set(gauge_value(self.max_tasks as u64));
     }
 }
 

@@ -99,7 +99,13 @@ async fn task_sandbox(
     ws: Workspace,
 ) -> Result<(Workspace, ChildEnv), PrepareError> {
     match confine_off_runtime(&deps.config, deps, tmp, task_grants(task, &ws)).await {
-        Ok(env) => Ok((ws, env)),
+        Ok(env) => {
+            if let Some(bytes) = env.sandbox().and_then(|s| s.caches_bytes) {
+                let max = deps.config.caches.max_size_mb.saturating_mul(1024 * 1024);
+                deps.ops.caches_used(bytes, max);
+            }
+            Ok((ws, env))
+        }
         Err(e) => {
             ws.release().await;
             Err(PrepareError::Containment(e))

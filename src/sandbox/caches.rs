@@ -99,6 +99,9 @@ pub struct Prepared {
     pub set: Vec<(String, String)>,
     /// Other repositories' caches removed to stay under the size limit.
     pub pruned: Vec<PathBuf>,
+    /// What every repository's caches take after that; `None` without a limit (nothing
+    /// was counted).
+    pub bytes: Option<u64>,
 }
 
 /// The directory holding every repository's caches.
@@ -157,11 +160,19 @@ pub fn prepare(
     copy_cargo_config(inherited, &dir.join("cargo"))?;
     // The LRU clock: a write sets the modification time to now.
     std::fs::write(dir.join(LAST_USED), b"")?;
-    let pruned = match cfg.caches.max_size_mb {
-        0 => Vec::new(),
-        mb => prune(&root, mb.saturating_mul(1024 * 1024), &dir),
+    let (pruned, bytes) = match cfg.caches.max_size_mb {
+        0 => (Vec::new(), None),
+        mb => {
+            let (removed, left) = prune_counted(&root, mb.saturating_mul(1024 * 1024), &dir);
+            (removed, Some(left))
+        }
     };
-    Ok(Prepared { dir, set, pruned })
+    Ok(Prepared {
+        dir,
+        set,
+        pruned,
+        bytes,
+    })
 }
 
 /// The operator's cargo settings (not credentials) into the repository's `CARGO_HOME`.
@@ -225,6 +236,11 @@ pub fn usage(root: &Path) -> Vec<Usage> {
 /// take at most `max_bytes`; `keep` (the starting task's) is never removed. Returns what
 /// was removed.
 pub fn prune(root: &Path, max_bytes: u64, keep: &Path) -> Vec<PathBuf> {
+    prune_counted(root, max_bytes, keep).0
+}
+
+/// [`prune`], and the bytes every repository's caches take after it.
+fn prune_counted(root: &Path, max_bytes: u64, keep: &Path) -> (Vec<PathBuf>, u64) {
     let all = usage(root);
     let mut total: u64 = all.iter().map(|u| u.bytes).sum();
     let mut removed = Vec::new();
@@ -247,7 +263,7 @@ pub fn prune(root: &Path, max_bytes: u64, keep: &Path) -> Vec<PathBuf> {
             }
         }
     }
-    removed
+    (removed, total)
 }
 
 /// One line for `status`: how many repositories, how much of the limit.

@@ -364,6 +364,9 @@ pub struct Sandbox {
     config: Option<PathBuf>,
     /// The service user's HOME, which a denial never suggests granting.
     home: Option<PathBuf>,
+    /// Every repository's dependency caches, in bytes, once this task's was prepared
+    /// (`None`: no cache, or no bound to count for).
+    pub caches_bytes: Option<u64>,
 }
 
 impl Sandbox {
@@ -499,6 +502,7 @@ pub fn plan(
         put_all(&mut set, home);
     }
     let mut grants = std::borrow::Cow::Borrowed(grants);
+    let mut caches_bytes = None;
     // A per-task directory is nobody's repository: caches keyed by it would never be used
     // again, one more directory for every task, each walked by every later prune. Its tools
     // cache under the task's HOME, which goes with the task.
@@ -514,6 +518,7 @@ pub fn plan(
             })?;
         put_all(&mut set, prepared.set);
         grants.to_mut().write.push(prepared.dir);
+        caches_bytes = prepared.bytes;
     }
     set.extend(safe_directory(grants.write.first(), vars));
     // `claude`'s configuration is the task's own: a fresh copy of the operator's template
@@ -563,6 +568,7 @@ pub fn plan(
             proxy,
             config: cfg.origin.clone(),
             home: var_in(&[vars], "HOME").map(PathBuf::from),
+            caches_bytes,
         })),
     })
 }
@@ -635,6 +641,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         proxy: None,
         config: None,
         home: None,
+        caches_bytes: None,
     });
     let true_bin = ["/usr/bin/true", "/bin/true"]
         .into_iter()

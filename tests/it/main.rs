@@ -27,6 +27,7 @@ mod manifest;
 mod network;
 mod ops;
 mod outbox;
+mod package;
 mod procfs;
 mod proxy_limits;
 mod readiness;

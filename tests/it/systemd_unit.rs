@@ -58,8 +58,9 @@ fn unsupported() -> Option<String> {
     None
 }
 
-/// The booted systemd; killing it (on drop) ends everything in its namespace.
-struct Booted {
+/// The booted systemd; killing it (on drop) ends everything in its namespace. Also used by
+/// the package test (`package/apt.rs`), whose systemd runs in a Debian root of its own.
+pub(crate) struct Booted {
     unshare: std::process::Child,
     /// systemd's pid as the host sees it.
     pid: u32,
@@ -68,13 +69,24 @@ struct Booted {
 
 impl Booted {
     fn boot(dir: &Path) -> Booted {
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures/systemd-boot.sh");
+        Booted::boot_with(
+            "systemd-boot.sh",
+            dir,
+            &[Path::new(env!("CARGO_MANIFEST_DIR"))],
+        )
+    }
+
+    /// Run `fixtures/SCRIPT DIR ARGS…` as PID 1 of new PID + mount namespaces; it ends by
+    /// exec'ing systemd. Its stderr goes to `DIR/boot.log`.
+    pub(crate) fn boot_with(script: &str, dir: &Path, args: &[&Path]) -> Booted {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/it/fixtures")
+            .join(script);
         let mut unshare = Command::new("unshare")
             .args(["--pid", "--mount", "--fork", "--mount-proc", "sh"])
             .arg(&script)
             .arg(dir)
-            .arg(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("boot.log")).unwrap())
@@ -105,10 +117,17 @@ impl Booted {
     }
 
     /// `systemctl ARGS` inside the namespace: (success, stdout + stderr).
-    fn systemctl(&self, args: &[&str]) -> (bool, String) {
+    pub(crate) fn systemctl(&self, args: &[&str]) -> (bool, String) {
+        let mut cmd = vec!["systemctl"];
+        cmd.extend_from_slice(args);
+        self.exec(&cmd)
+    }
+
+    /// `CMD…` inside the namespace, in systemd's root directory: (success, stdout + stderr).
+    pub(crate) fn exec(&self, cmd: &[&str]) -> (bool, String) {
         let out = Command::new("nsenter")
-            .args(["-t", &self.pid.to_string(), "-m", "-p", "systemctl"])
-            .args(args)
+            .args(["-t", &self.pid.to_string(), "-m", "-p", "-r", "-w"])
+            .args(cmd)
             .stdin(Stdio::null())
             .output()
             .expect("run nsenter");
@@ -120,11 +139,11 @@ impl Booted {
         (out.status.success(), text.trim().to_string())
     }
 
-    fn property(&self, unit: &str, prop: &str) -> String {
+    pub(crate) fn property(&self, unit: &str, prop: &str) -> String {
         self.systemctl(&["show", "-p", prop, "--value", unit]).1
     }
 
-    fn daemon_log(&self) -> String {
+    pub(crate) fn daemon_log(&self) -> String {
         read(&self.dir.join("daemon.log"))
     }
 
@@ -154,14 +173,14 @@ impl Drop for Booted {
     }
 }
 
-fn read(p: &Path) -> String {
+pub(crate) fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
 /// The stand-in targets the unit orders against, and the test's drop-ins: the log to a
 /// file (no journal here) and `dropin`'s lines. The units themselves are the ones
 /// install.sh installs (see `fixtures/systemd-boot.sh`).
-fn write_units(dir: &Path, dropin: &str) {
+pub(crate) fn write_units(dir: &Path, dropin: &str) {
     let units = dir.join("units");
     std::fs::create_dir_all(units.join("hub-sidecar.service.d")).unwrap();
     std::fs::write(
@@ -237,7 +256,7 @@ fn boot_unit(dir: &Path, hub: &MockHub, dropin: &str) -> Option<Booted> {
 }
 
 /// Wait until the booted systemd is up.
-async fn wait_booted(sd: &Booted) {
+pub(crate) async fn wait_booted(sd: &Booted) {
     let booted = wait_until(
         || {
             matches!(

@@ -39,7 +39,7 @@
 //! M failed checks") carries `max_retries` and `failed`; `verification_retry_complete.failed`
 //! counts every check that did not pass, so `passed + failed == total`.
 //!
-//! # Flaky guard (the choice, documented in the README)
+//! # Flaky guard (the choice, documented in docs/design.md)
 //!
 //! A failed command check is re-run once within what is left of the report's deadline. A
 //! pass on re-run does NOT verify the task — its first run may have created what the second

@@ -102,7 +102,7 @@ async fn systemd_gets_ready_then_watchdog_while_connected_then_stopping() {
 }
 
 /// `GET path` over a fresh connection: status code and body.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, String) {
+pub(super) async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").as_bytes())
         .await

@@ -16,12 +16,10 @@ fn the_systemd_units_pass_systemd_analyze_verify_and_score_at_most_3_exposure() 
     let bin = env!("CARGO_BIN_EXE_hub-sidecar");
     for unit in ["hub-sidecar.service", "hub-sidecar@.service"] {
         let text = std::fs::read_to_string(repo().join("config").join(unit)).unwrap();
-        assert!(
-            text.contains("ExecStart=/usr/local/bin/hub-sidecar "),
-            "{unit}"
-        );
+        // The packaged binary's path; install.sh points it at its own PREFIX.
+        assert!(text.contains("\nExecStart=/usr/bin/hub-sidecar "), "{unit}");
         // verify needs the ExecStart binary to exist: point it at the test's build.
-        let text = text.replace("/usr/local/bin/hub-sidecar", bin);
+        let text = text.replace("/usr/bin/hub-sidecar", bin);
         let path = dir.path().join(unit);
         std::fs::write(&path, text).unwrap();
         let target = if unit.contains('@') {
@@ -104,6 +102,11 @@ fn install_sh_dry_run_lists_the_actions_and_keeps_an_existing_config() {
     );
     assert!(text.contains("+ install -D -m 0755"), "{text}");
     assert!(text.contains("hub-sidecar@.service"), "{text}");
+    // The units run the binary install.sh installed, not the package's.
+    assert!(
+        text.contains("(ExecStart=/usr/local/bin/hub-sidecar)"),
+        "{text}"
+    );
     assert!(text.contains("exists: left as is"), "{text}");
     assert!(!text.contains("config/hub-sidecar.example.toml"), "{text}");
     assert!(text.contains("Next steps"), "{text}");

@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::harness::Harness;
 use crate::util::*;
 
+mod alerts;
 mod health;
 mod install;
 mod signals;
