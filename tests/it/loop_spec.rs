@@ -466,8 +466,11 @@ async fn a_restart_between_spend_and_verdict_keeps_the_money_in_the_result_and_t
         wait_until(|| ws.join(".checked").exists(), T).await,
         "the check never started"
     );
+    // The hub dies too (its task table kept), so on restart it answers `task_continue` at
+    // the generation on disk: the task's own, resumed.
+    h.stop().await;
     h.bin_mut().kill9().await;
-    h.set_recovery_answer("demo-greeting", RecoveryAnswer::Continue);
+    h.restart().await.unwrap();
     h.start_bin_again(&[]);
     let done = h.completed("demo-greeting").await;
 
