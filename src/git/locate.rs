@@ -6,7 +6,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::harden::Refusal;
+use super::refusal::Refusal;
 
 /// A git directory found for a path, the way git's discovery finds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

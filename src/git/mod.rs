@@ -7,6 +7,7 @@
 //!   instead of waiting for a human.
 //! - [`harden`]: what keeps git from running a program the repository names.
 //! - [`locate`]: the git directory found the way git finds it, or refused.
+//! - `refusal.rs`: why the daemon runs no git in a work tree ([`harden::Refusal`]).
 //! - [`url`]: repository URLs, their credentials, the names derived from them.
 //! - [`branch`]: the task branch `<agent>/<slug-of-description>-<id>` from the base.
 //! - [`secrets`]: before the commit, refuse a change that carries a credential.
@@ -17,6 +18,7 @@ pub mod branch;
 pub mod harden;
 pub mod locate;
 pub mod publish;
+mod refusal;
 mod runner;
 pub mod secrets;
 pub mod url;
