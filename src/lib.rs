@@ -19,6 +19,8 @@
 //! - [`workspace`]: where a task runs: managed clones, `repo_dir`, per-task dirs, locks.
 //! - [`git`]: every git and gh call: the runner, URLs, the task branch, commit/push/PR, risk.
 //! - [`executor`]: the executors, one file each, behind one seam.
+//! - [`plan`]: the task's plan, asked for once, found in the first attempt, carried forward
+//!   (the executors keep the text it is found in, the loop carries it).
 //! - [`verify`]: checks, reports, workspace observations, the judge and the retry loop.
 //! - [`progress`]: progress events and their coalescing under the hub's budget.
 //! - [`process`]: the one spawn path: process groups, capped capture, group kill, sandbox.
@@ -46,6 +48,7 @@ pub mod logging;
 pub mod mock_hub;
 pub mod ops;
 pub mod outbox;
+pub mod plan;
 pub mod process;
 pub mod progress;
 pub mod recorder;

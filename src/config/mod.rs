@@ -12,8 +12,10 @@
 //! - `raw`: [`Layers`] and the merge of file, environment and flags into raw tables.
 //! - `validate`: raw → [`Config`]; every default and every check is there.
 //! - `publish`: `[publish]`, the staged-change scan's allowed paths.
+//! - [`allow`]: one `[network] allow` entry, parsed for the validation and the proxy.
 //! - `sections`: the validated `[progress]`, `[executor]`, `[caches]`, `[network]`, … sections and their defaults.
 
+pub mod allow;
 mod publish;
 mod raw;
 mod sections;

@@ -308,7 +308,7 @@ fn check(cfg: &Config, origin: &str) -> Result<(), ConfigError> {
         .network
         .allow
         .iter()
-        .find_map(|e| crate::sandbox::allowlist::Entry::parse(e).err())
+        .find_map(|e| crate::config::allow::Entry::parse(e).err())
     {
         return Err(invalid(
             "network.allow",

@@ -15,7 +15,7 @@
 //!   its `.mcp.json`.
 //! - `--no-session-persistence`: no transcript of task data left under HOME. So every attempt
 //!   is a fresh run: the loop carries the work forward itself (a self-contained corrective
-//!   prompt with the plan the first run made, [`crate::verify::plan`]); the first assistant
+//!   prompt with the plan the first run made, [`crate::plan`]); the first assistant
 //!   text of a run is returned as [`ExecOutcome::narrative`] for the loop to find that plan.
 //! - `--max-turns` (`executor.claude_max_turns`), `--max-budget-usd` (the task's remaining
 //!   budget, [`ExecContext::remaining_budget_usd`]).

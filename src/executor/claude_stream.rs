@@ -185,7 +185,7 @@ pub struct StreamState {
     /// Text of the assistant blocks, the output when no result line came.
     text: String,
     /// The first assistant text of the run (up to
-    /// [`crate::verify::plan::NARRATIVE_HEAD_BYTES`]): where its plan is, which the tail
+    /// [`crate::plan::NARRATIVE_HEAD_BYTES`]): where its plan is, which the tail
     /// kept in `text` may have lost on a long run.
     pub head_text: String,
     /// Tokens of earlier tries, so progress counts keep rising across retries.
@@ -398,8 +398,8 @@ impl StreamState {
                         self.text.push('\n');
                     }
                     self.text.push_str(t);
-                    let head_room = crate::verify::plan::NARRATIVE_HEAD_BYTES
-                        .saturating_sub(self.head_text.len());
+                    let head_room =
+                        crate::plan::NARRATIVE_HEAD_BYTES.saturating_sub(self.head_text.len());
                     if head_room > 0 {
                         if !self.head_text.is_empty() {
                             self.head_text.push('\n');

@@ -136,7 +136,7 @@ pub struct ExecOutcome {
     #[serde(default)]
     pub permission_denials: Vec<String>,
     /// The head of what the model said during the attempt (its first messages, up to
-    /// [`crate::verify::plan::NARRATIVE_HEAD_BYTES`]): where the loop looks for its plan.
+    /// [`crate::plan::NARRATIVE_HEAD_BYTES`]): where the loop looks for its plan.
     #[serde(default)]
     pub narrative: String,
     /// Shell: every run of the command, first first (more than one only when the operator

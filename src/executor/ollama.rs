@@ -562,7 +562,7 @@ impl OllamaExecutor {
 }
 
 /// Characters of the model's words kept for the loop to find the plan in.
-const NARRATIVE_HEAD_CHARS: usize = crate::verify::plan::NARRATIVE_HEAD_BYTES;
+const NARRATIVE_HEAD_CHARS: usize = crate::plan::NARRATIVE_HEAD_BYTES;
 
 /// `options` of every chat request.
 fn options(ctx: &ExecContext) -> Value {

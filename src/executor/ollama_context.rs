@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::progress::{EventKind, ProgressEvent};
 use crate::util::truncate_chars;
 
-use crate::verify::plan::Plan;
+use crate::plan::Plan;
 
 use super::ollama_message::{one_line, parse_call};
 use super::ExecContext;

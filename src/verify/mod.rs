@@ -10,7 +10,6 @@
 //! - [`judge`]: the optional `llm_judge` check; [`criteria`]: success criteria with no
 //!   steps, judged where a judge is configured, else said unverified.
 //! - [`signature`]: failure signatures (no-progress and oscillation detection).
-//! - [`plan`]: the plan asked for once, found in the first attempt, carried forward.
 //! - [`prompt`]: first and corrective prompts for LLM executors.
 //! - [`budget`]: the retry budget and the cost caps of one task.
 //! - [`retry_loop`]: plan → execute → verify → decide → correct → report, bounded (the flaky
@@ -23,7 +22,6 @@ pub mod criteria;
 mod flaky;
 pub mod judge;
 pub mod observe;
-pub mod plan;
 pub mod prompt;
 pub mod report;
 pub mod retry_loop;

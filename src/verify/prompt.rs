@@ -20,9 +20,9 @@ use crate::task::Task;
 use crate::util::truncate_chars;
 
 use super::checks::status_str;
-use super::plan::{self, Plan};
 use super::report::AttemptRecord;
 use super::report::CheckStatus;
+use crate::plan::{self, Plan};
 
 /// Characters of a failed check's output shown in a corrective prompt.
 pub const CHECK_OUTPUT_CHARS: usize = 2_000;
@@ -423,7 +423,7 @@ mod tests {
         assert!(p.contains(&"y".repeat(1000)) && !p.contains(&"y".repeat(1001)));
         // No plan was found: the corrective prompt asks for one; with a plan it carries it.
         assert!(p.contains("You did not write a plan"), "{p}");
-        let plan = crate::verify::plan::Plan::find(
+        let plan = crate::plan::Plan::find(
             "Goal: greet\nSteps:\n1. write hello.txt -> verify: grep hi",
             1,
         );

@@ -413,7 +413,7 @@ async fn real_cli_the_plan_in_its_first_text_reaches_the_loop() {
     let (ws, home) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let out = run(&claude, &api, ws.path(), home.path()).await;
     assert_eq!(out.status, ExecStatus::Succeeded, "{:?}", out.error);
-    let plan = hub_sidecar::verify::plan::Plan::find(&out.narrative, 1)
+    let plan = hub_sidecar::plan::Plan::find(&out.narrative, 1)
         .unwrap_or_else(|| panic!("no plan in {:?}", out.narrative));
     assert_eq!(plan.goal, "hello.txt says hi");
     assert_eq!(plan.steps[0].verify, "cat hello.txt prints hi");

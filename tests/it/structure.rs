@@ -34,6 +34,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("workspace", 60),
     ("executor", 50),
     ("git", 50),
+    // The task's plan: the executors keep the text it is found in, the loop carries it.
+    ("plan", 45),
     ("process", 40),
     // Progress events: made by executors, checks and children's output, sent on the link.
     ("progress", 35),

@@ -12,7 +12,7 @@
 //!
 //! - **plan** (`LoopRun::start`): the retry budget and where it came from, a resumed
 //!   task's carried state, the first prompt (which asks for the plan in the specification's
-//!   shape, [`super::plan`]).
+//!   shape, [`crate::plan`]).
 //! - **execute** (`LoopRun::execute`): the caps, the retry announcement, one attempt, its
 //!   cost counted whatever its status; the plan is looked for in what the attempt said.
 //! - **verify** (`LoopRun::verify`): observe what changed, run every check, the flaky
@@ -72,8 +72,8 @@ use crate::executor::{Attempt, ExecContext, ExecOutcome, Executor};
 use crate::spend::SpendLedger;
 
 use super::budget::RetryBudget;
-use super::plan::Plan;
 use super::{Termination, VerificationStatus};
+use crate::plan::Plan;
 
 mod phases;
 use phases::run_phases;

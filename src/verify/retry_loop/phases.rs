@@ -2,6 +2,7 @@
 //! each a method, in that order; the parent module's docs say what each decides.
 
 use crate::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus};
+use crate::plan::Plan;
 use crate::progress::{EventKind, ProgressEvent};
 use crate::spend::{SpendLedger, Usage};
 use crate::verify::budget::{Caps, RetryBudget};
@@ -9,7 +10,6 @@ use crate::verify::checks;
 use crate::verify::criteria;
 use crate::verify::flaky;
 use crate::verify::observe::{self, Snapshot};
-use crate::verify::plan::Plan;
 use crate::verify::prompt;
 use crate::verify::report::{AttemptRecord, CheckStatus, VerificationReport};
 use crate::verify::signature::{failure_signature, interrupted};
@@ -371,7 +371,7 @@ impl<'a> LoopRun<'a> {
     /// The plan is made once: looked for until found, then kept for every later prompt.
     fn look_for_plan(&mut self, k: u32, exec: &ExecOutcome) {
         // Only where a plan was asked for (never in a shell command's output).
-        let asked = self.prompt.contains(crate::verify::plan::REQUEST);
+        let asked = self.prompt.contains(crate::plan::REQUEST);
         if !asked || self.out.plan.is_some() || exec.status != ExecStatus::Succeeded {
             return;
         }
