@@ -20,6 +20,8 @@
 use std::ffi::CStr;
 use std::io;
 
+use super::mounts::{MountPlan, MAX_KEEP};
+
 /// Everything the child needs, prepared by the parent before `fork`.
 #[derive(Debug, Clone)]
 pub(crate) struct ChildPlan {
@@ -37,6 +39,9 @@ pub(crate) struct ChildPlan {
     /// A Landlock ruleset to enforce (the parent keeps it open; `restrict_self` never
     /// consumes it, so one ruleset serves every child of a task).
     pub landlock_fd: Option<i32>,
+    /// With `namespaces`: also a mount namespace, in which this plan hides the host's trees
+    /// (and with them its socket files) but what is granted (see `mounts.rs`).
+    pub mounts: Option<MountPlan>,
 }
 
 /// The port the proxy listens on inside a task's network namespace (each child has its
@@ -93,7 +98,7 @@ impl ChildPlan {
         }
         if let Some(maps) = &self.namespaces {
             let handoff = if self.proxied { Some(handoff) } else { None };
-            enter_namespaces(maps, self.own_network, handoff)?;
+            enter_namespaces(maps, self.own_network, handoff, self.mounts.as_ref())?;
         }
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(io::Error::last_os_error());
@@ -108,14 +113,21 @@ impl ChildPlan {
 }
 
 /// New user and PID namespaces (and a network namespace when `own_network`, its proxy
-/// listener sent over `handoff`); returns in the namespace's PID 1 (see the module docs).
+/// listener sent over `handoff`; a mount namespace with `mounts` applied); returns in the
+/// namespace's PID 1 (see the module docs).
 unsafe fn enter_namespaces(
     maps: &IdMaps,
     own_network: bool,
     handoff: Option<libc::c_int>,
+    mounts: Option<&MountPlan>,
 ) -> io::Result<()> {
     let net = if own_network { libc::CLONE_NEWNET } else { 0 };
-    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | net) != 0 {
+    let mnt = if mounts.is_some() {
+        libc::CLONE_NEWNS
+    } else {
+        0
+    };
+    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | net | mnt) != 0 {
         return Err(io::Error::last_os_error());
     }
     // The daemon is non-dumpable (`protect_daemon`), and so is this fork of it: the kernel
@@ -132,6 +144,12 @@ unsafe fn enter_namespaces(
         return Err(io::Error::last_os_error());
     }
     mapped?;
+    if let Some(plan) = mounts {
+        // Mapped now: what the tmpfs holds belongs to an id of this namespace. The copied
+        // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
+        // user namespace), so nothing done here reaches the host.
+        hide(plan)?;
+    }
     if own_network {
         // As the new user namespace's owner we hold CAP_NET_ADMIN over its network namespace.
         loopback_up()?;
@@ -180,6 +198,112 @@ unsafe fn enter_namespaces(
         libc::_exit(137);
     }
     // alive[0] is close-on-exec: the command never sees it.
+    Ok(())
+}
+
+/// Cover each hidden tree of `plan` with an empty tmpfs and bind back what it keeps (each
+/// cloned before its tree is covered), then enter the working directory again through the
+/// new view: the one inherited still names the tree underneath, and `..` from it would
+/// reach what was hidden (up to the tmpfs).
+unsafe fn hide(plan: &MountPlan) -> io::Result<()> {
+    if plan.hide.is_empty() {
+        return Ok(());
+    }
+    let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
+    let had_cwd = !libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null();
+    for tree in &plan.hide {
+        let mut fds = [-1 as libc::c_int; MAX_KEEP];
+        let result = hide_tree(tree, &mut fds);
+        for fd in fds.iter().filter(|fd| **fd >= 0) {
+            libc::close(*fd);
+        }
+        result?;
+    }
+    // A working directory outside every grant (none the daemon picks today) stays the one
+    // inherited: the command then runs where it was told, and `..` from it names only that
+    // directory's own ancestors up to the hidden tree's top, which is the tmpfs.
+    if had_cwd {
+        libc::chdir(cwd.as_ptr());
+    }
+    Ok(())
+}
+
+/// One tree of [`hide`]; `fds` holds the clones of what it keeps (closed by the caller).
+unsafe fn hide_tree(
+    tree: &super::mounts::Hidden,
+    fds: &mut [libc::c_int; MAX_KEEP],
+) -> io::Result<()> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    for (keep, fd) in tree.keep.iter().zip(fds.iter_mut()) {
+        let flags =
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+        let r = libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            keep.path.as_ptr(),
+            flags,
+        );
+        if r < 0 {
+            let err = io::Error::last_os_error();
+            if keep.optional && err.raw_os_error() == Some(libc::ENOENT) {
+                continue;
+            }
+            return Err(err);
+        }
+        *fd = r as libc::c_int;
+    }
+    if libc::mount(
+        c"tmpfs".as_ptr(),
+        tree.path.as_ptr(),
+        c"tmpfs".as_ptr(),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        c"mode=0755,size=64k,nr_inodes=4096".as_ptr().cast(),
+    ) != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    for (keep, &fd) in tree.keep.iter().zip(fds.iter()) {
+        if fd < 0 {
+            continue;
+        }
+        for dir in &keep.parents {
+            make(libc::mkdir(dir.as_ptr(), 0o755))?;
+        }
+        if keep.dir {
+            make(libc::mkdir(keep.path.as_ptr(), 0o755))?;
+        } else {
+            let f = libc::open(
+                keep.path.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                0o600,
+            );
+            if f < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::close(f);
+        }
+        let empty = c"";
+        if libc::syscall(
+            libc::SYS_move_mount,
+            fd,
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            keep.path.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A `mkdir` result where an existing directory (a parent shared by two kept paths) is fine.
+unsafe fn make(r: libc::c_int) -> io::Result<()> {
+    if r != 0 && *libc::__errno_location() != libc::EEXIST {
+        return Err(io::Error::last_os_error());
+    }
     Ok(())
 }
 

@@ -31,6 +31,7 @@ mod readiness;
 mod real_claude;
 mod recorder;
 mod service_user;
+mod sockets;
 mod systemd_unit;
 mod terminal;
 mod util;
