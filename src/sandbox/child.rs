@@ -236,8 +236,12 @@ unsafe fn hide_tree(
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
     for (keep, fd) in tree.keep.iter().zip(fds.iter_mut()) {
-        let flags =
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+        // Never through a link where the plan had none: a path swapped for a symlink since
+        // the plan was made is refused, not bound wherever it points.
+        let flags = OPEN_TREE_CLONE
+            | libc::O_CLOEXEC as libc::c_uint
+            | libc::AT_RECURSIVE as libc::c_uint
+            | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint;
         let r = libc::syscall(
             libc::SYS_open_tree,
             libc::AT_FDCWD,
