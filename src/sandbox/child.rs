@@ -20,7 +20,7 @@
 use std::ffi::CStr;
 use std::io;
 
-use super::mounts::{MountPlan, MAX_KEEP};
+use super::mounts::{Hidden, MountPlan, MAX_KEEP};
 
 /// Everything the child needs, prepared by the parent before `fork`.
 #[derive(Debug, Clone)]
@@ -201,24 +201,41 @@ unsafe fn enter_namespaces(
     Ok(())
 }
 
-/// Cover each hidden tree of `plan` with an empty tmpfs and bind back what it keeps (each
-/// cloned before its tree is covered), then enter the working directory again through the
-/// new view: the one inherited still names the tree underneath, and `..` from it would
+/// Cover each hidden tree of `plan` with an empty directory of one tmpfs (a directory of its
+/// own for each tree, so nothing made in one shows in another) and bind back what it keeps
+/// (each cloned before its tree is covered), then enter the working directory again through
+/// the new view: the one inherited still names the tree underneath, and `..` from it would
 /// reach what was hidden (up to the tmpfs).
+///
+/// One tmpfs and a bind of one of its directories per tree, not a tmpfs per tree: a
+/// superblock costs several times a bind to make and to tear down with the namespace.
 unsafe fn hide(plan: &MountPlan) -> io::Result<()> {
-    if plan.hide.is_empty() {
+    let Some(first) = plan.hide.first() else {
         return Ok(());
-    }
+    };
     let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
     let had_cwd = !libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null();
-    for tree in &plan.hide {
+    let mut base = -1;
+    for (i, tree) in plan.hide.iter().enumerate() {
         let mut fds = [-1 as libc::c_int; MAX_KEEP];
-        let result = hide_tree(tree, &mut fds);
+        let mut result = clone_keeps(tree, &mut fds);
+        if result.is_ok() && i == 0 {
+            result = stage(plan, first, &mut base);
+        }
+        if result.is_ok() {
+            result = cover(base, tree).and_then(|()| show_keeps(tree, &fds));
+        }
         for fd in fds.iter().filter(|fd| **fd >= 0) {
             libc::close(*fd);
         }
-        result?;
+        if let Err(e) = result {
+            if base >= 0 {
+                libc::close(base);
+            }
+            return Err(e);
+        }
     }
+    libc::close(base);
     // A working directory outside every grant (none the daemon picks today) stays the one
     // inherited: the command then runs where it was told, and `..` from it names only that
     // directory's own ancestors up to the hidden tree's top, which is the tmpfs.
@@ -228,25 +245,15 @@ unsafe fn hide(plan: &MountPlan) -> io::Result<()> {
     Ok(())
 }
 
-/// One tree of [`hide`]; `fds` holds the clones of what it keeps (closed by the caller).
-unsafe fn hide_tree(
-    tree: &super::mounts::Hidden,
-    fds: &mut [libc::c_int; MAX_KEEP],
-) -> io::Result<()> {
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+/// Clone what `tree` keeps, into `fds` (-1 for an optional socket that is not there).
+unsafe fn clone_keeps(tree: &Hidden, fds: &mut [libc::c_int; MAX_KEEP]) -> io::Result<()> {
     for (keep, fd) in tree.keep.iter().zip(fds.iter_mut()) {
         // Never through a link where the plan had none: a path swapped for a symlink since
         // the plan was made is refused, not bound wherever it points.
-        let flags = OPEN_TREE_CLONE
-            | libc::O_CLOEXEC as libc::c_uint
-            | libc::AT_RECURSIVE as libc::c_uint
-            | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint;
-        let r = libc::syscall(
-            libc::SYS_open_tree,
+        let r = open_tree(
             libc::AT_FDCWD,
-            keep.path.as_ptr(),
-            flags,
+            &keep.path,
+            libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
         );
         if r < 0 {
             let err = io::Error::last_os_error();
@@ -255,11 +262,18 @@ unsafe fn hide_tree(
             }
             return Err(err);
         }
-        *fd = r as libc::c_int;
+        *fd = r;
     }
+    Ok(())
+}
+
+/// The one tmpfs, mounted on the first tree (whose keeps are cloned already), with an empty
+/// directory for each tree; `base` becomes a descriptor of its root, which stays reachable
+/// once the first tree's own directory covers it.
+unsafe fn stage(plan: &MountPlan, first: &Hidden, base: &mut libc::c_int) -> io::Result<()> {
     if libc::mount(
         c"tmpfs".as_ptr(),
-        tree.path.as_ptr(),
+        first.path.as_ptr(),
         c"tmpfs".as_ptr(),
         libc::MS_NOSUID | libc::MS_NODEV,
         c"mode=0755,size=64k,nr_inodes=4096".as_ptr().cast(),
@@ -267,6 +281,35 @@ unsafe fn hide_tree(
     {
         return Err(io::Error::last_os_error());
     }
+    *base = libc::open(
+        first.path.as_ptr(),
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+    );
+    if *base < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for tree in &plan.hide {
+        if libc::mkdirat(*base, tree.stage.as_ptr(), 0o755) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Cover `tree` with its own directory of the tmpfs under `base`.
+unsafe fn cover(base: libc::c_int, tree: &Hidden) -> io::Result<()> {
+    let fd = open_tree(base, &tree.stage, 0);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let r = move_mount(fd, &tree.path);
+    libc::close(fd);
+    r
+}
+
+/// Bind what `tree` keeps (cloned into `fds`) back at its own paths, making the mount
+/// points on the way.
+unsafe fn show_keeps(tree: &Hidden, fds: &[libc::c_int; MAX_KEEP]) -> io::Result<()> {
     for (keep, &fd) in tree.keep.iter().zip(fds.iter()) {
         if fd < 0 {
             continue;
@@ -287,18 +330,34 @@ unsafe fn hide_tree(
             }
             libc::close(f);
         }
-        let empty = c"";
-        if libc::syscall(
-            libc::SYS_move_mount,
-            fd,
-            empty.as_ptr(),
-            libc::AT_FDCWD,
-            keep.path.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        ) != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
+        move_mount(fd, &keep.path)?;
+    }
+    Ok(())
+}
+
+/// A detached recursive copy of the mount tree at `path` (relative to `dirfd`).
+unsafe fn open_tree(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> libc::c_int {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let flags = flags
+        | OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_RECURSIVE as libc::c_uint;
+    libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) as libc::c_int
+}
+
+/// Attach the detached tree `fd` at `path`.
+unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    if libc::syscall(
+        libc::SYS_move_mount,
+        fd,
+        c"".as_ptr(),
+        libc::AT_FDCWD,
+        path.as_ptr(),
+        MOVE_MOUNT_F_EMPTY_PATH,
+    ) != 0
+    {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

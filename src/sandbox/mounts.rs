@@ -55,8 +55,11 @@ pub(crate) struct MountPlan {
 /// One hidden tree and what of it is shown again.
 #[derive(Debug, Clone)]
 pub(crate) struct Hidden {
-    /// The tree's path: an empty tmpfs is mounted on it.
+    /// The tree's path: an empty directory of the one tmpfs is bound on it.
     pub path: CString,
+    /// That directory's name in the tmpfs (one per tree, so nothing made in one shows in
+    /// another).
+    pub stage: CString,
     /// Paths inside it bound back from what was there before, none inside another.
     pub keep: Vec<Keep>,
 }
@@ -149,7 +152,7 @@ pub(crate) fn plan(
     }
     roots.sort();
     let mut hide = Vec::with_capacity(roots.len());
-    for root in roots {
+    for (i, root) in roots.into_iter().enumerate() {
         let mut keeps: Vec<(PathBuf, bool, bool)> = Vec::new();
         let inside = |p: &Path| p.starts_with(&root) && p != root;
         for v in visible.iter().filter(|v| inside(v)) {
@@ -188,6 +191,7 @@ pub(crate) fn plan(
             .collect::<Result<_, PlanError>>()?;
         hide.push(Hidden {
             path: c_path(&root)?,
+            stage: CString::new(i.to_string()).map_err(|_| PlanError::Nul(root.clone()))?,
             keep,
         });
     }
