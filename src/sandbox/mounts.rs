@@ -48,7 +48,7 @@ pub(crate) const MAX_KEEP: usize = 32;
 /// One task's mount plan: the trees its children do not see.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct MountPlan {
-    /// Disjoint trees, each covered by an empty tmpfs.
+    /// Disjoint trees, each covered by an empty directory of one tmpfs.
     pub hide: Vec<Hidden>,
 }
 
