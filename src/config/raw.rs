@@ -213,6 +213,7 @@ pub(crate) struct RawSandbox {
     pub max_file_size_mb: Option<u64>,
     pub max_open_files: Option<u64>,
     pub npmrc: Option<PathBuf>,
+    pub sockets: Option<Vec<PathBuf>>,
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
 }

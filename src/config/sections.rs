@@ -347,6 +347,10 @@ pub struct SandboxConfig {
     /// the registries and logins the operator gives tasks on purpose. Unset: an empty one,
     /// never the service user's own `~/.npmrc`.
     pub npmrc: Option<PathBuf>,
+    /// Host unix sockets the task's children may connect to, each by its absolute path
+    /// (`/run/docker.sock` for testcontainers). Every other socket file of the host is
+    /// hidden from them; each one named gives away whatever its server lets its clients do.
+    pub sockets: Vec<PathBuf>,
 }
 
 impl Default for SandboxConfig {
@@ -359,6 +363,7 @@ impl Default for SandboxConfig {
             max_file_size_mb: 4 * 1024,
             max_open_files: 4096,
             npmrc: None,
+            sockets: Vec::new(),
         }
     }
 }

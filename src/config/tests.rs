@@ -469,3 +469,30 @@ fn a_warm_cache_path_that_could_leave_the_clone_stops_the_start() {
         );
     }
 }
+
+#[test]
+fn a_socket_grant_names_one_socket_file_by_its_absolute_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = file_with(
+        dir.path(),
+        "[sandbox]\nsockets = [\"/run/docker.sock\", \"/var/run/user.sock\"]\n",
+    );
+    let c = Config::load(&layers(Some(f), &[], &[])).unwrap();
+    assert_eq!(
+        c.sandbox.sockets,
+        [
+            PathBuf::from("/run/docker.sock"),
+            PathBuf::from("/var/run/user.sock")
+        ]
+    );
+    let a_dir = dir.path().display().to_string();
+    for bad in ["run/docker.sock", "/run/../etc/x.sock", "/", "/run", &a_dir] {
+        let f = file_with(dir.path(), &format!("[sandbox]\nsockets = [\"{bad}\"]\n"));
+        let e = Config::load(&layers(Some(f), &[], &[])).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Invalid { key, .. } if key == "sandbox.sockets"),
+            "{bad}: {e}"
+        );
+        assert!(e.to_string().contains("/run/docker.sock"), "says how: {e}");
+    }
+}

@@ -199,6 +199,7 @@ fn sandbox(r: RawSandbox) -> SandboxConfig {
         max_file_size_mb: r.max_file_size_mb.unwrap_or(d.max_file_size_mb),
         max_open_files: r.max_open_files.unwrap_or(d.max_open_files),
         npmrc: r.npmrc.or(d.npmrc),
+        sockets: r.sockets.unwrap_or(d.sockets),
     }
 }
 
@@ -315,6 +316,20 @@ fn check(cfg: &Config, origin: &str) -> Result<(), ConfigError> {
             format!("{why}; write `host`, `host:port`, `host:*` or `*.domain`"),
         ));
     }
+    if let Some((p, why)) = cfg
+        .sandbox
+        .sockets
+        .iter()
+        .find_map(|p| bad_socket(p).map(|w| (p, w)))
+    {
+        return Err(invalid(
+            "sandbox.sockets",
+            format!(
+                "`{}` {why}; name each socket file by its absolute path, like \"/run/docker.sock\"",
+                p.display()
+            ),
+        ));
+    }
     if cfg.agent_id.chars().count() > 128 {
         return Err(invalid(
             "agent_id",
@@ -390,6 +405,24 @@ fn check(cfg: &Config, origin: &str) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// Why `p` cannot be a `[sandbox] sockets` entry: each names one socket file, so a grant
+/// never opens a tree (a directory, `/`, a path through `..`).
+fn bad_socket(p: &std::path::Path) -> Option<&'static str> {
+    use std::path::Component;
+    if !p.is_absolute() {
+        return Some("is not an absolute path");
+    }
+    if p.components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        return Some("goes through `.` or `..`");
+    }
+    if p.parent().is_none() || std::fs::metadata(p).is_ok_and(|m| m.is_dir()) {
+        return Some("is a directory, not a socket");
+    }
+    None
 }
 
 /// The first argument of `args` that would switch claude's permission checks off.

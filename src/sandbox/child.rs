@@ -20,6 +20,8 @@
 use std::ffi::CStr;
 use std::io;
 
+use super::mounts::{Hidden, MountPlan, MAX_KEEP};
+
 /// Everything the child needs, prepared by the parent before `fork`.
 #[derive(Debug, Clone)]
 pub(crate) struct ChildPlan {
@@ -37,6 +39,9 @@ pub(crate) struct ChildPlan {
     /// A Landlock ruleset to enforce (the parent keeps it open; `restrict_self` never
     /// consumes it, so one ruleset serves every child of a task).
     pub landlock_fd: Option<i32>,
+    /// With `namespaces`: also a mount namespace, in which this plan hides the host's trees
+    /// (and with them its socket files) but what is granted (see `mounts.rs`).
+    pub mounts: Option<MountPlan>,
 }
 
 /// The port the proxy listens on inside a task's network namespace (each child has its
@@ -93,7 +98,7 @@ impl ChildPlan {
         }
         if let Some(maps) = &self.namespaces {
             let handoff = if self.proxied { Some(handoff) } else { None };
-            enter_namespaces(maps, self.own_network, handoff)?;
+            enter_namespaces(maps, self.own_network, handoff, self.mounts.as_ref())?;
         }
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(io::Error::last_os_error());
@@ -108,14 +113,21 @@ impl ChildPlan {
 }
 
 /// New user and PID namespaces (and a network namespace when `own_network`, its proxy
-/// listener sent over `handoff`); returns in the namespace's PID 1 (see the module docs).
+/// listener sent over `handoff`; a mount namespace with `mounts` applied); returns in the
+/// namespace's PID 1 (see the module docs).
 unsafe fn enter_namespaces(
     maps: &IdMaps,
     own_network: bool,
     handoff: Option<libc::c_int>,
+    mounts: Option<&MountPlan>,
 ) -> io::Result<()> {
     let net = if own_network { libc::CLONE_NEWNET } else { 0 };
-    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | net) != 0 {
+    let mnt = if mounts.is_some() {
+        libc::CLONE_NEWNS
+    } else {
+        0
+    };
+    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | net | mnt) != 0 {
         return Err(io::Error::last_os_error());
     }
     // The daemon is non-dumpable (`protect_daemon`), and so is this fork of it: the kernel
@@ -132,6 +144,12 @@ unsafe fn enter_namespaces(
         return Err(io::Error::last_os_error());
     }
     mapped?;
+    if let Some(plan) = mounts {
+        // Mapped now: what the tmpfs holds belongs to an id of this namespace. The copied
+        // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
+        // user namespace), so nothing done here reaches the host.
+        hide(plan)?;
+    }
     if own_network {
         // As the new user namespace's owner we hold CAP_NET_ADMIN over its network namespace.
         loopback_up()?;
@@ -180,6 +198,175 @@ unsafe fn enter_namespaces(
         libc::_exit(137);
     }
     // alive[0] is close-on-exec: the command never sees it.
+    Ok(())
+}
+
+/// Cover each hidden tree of `plan` with an empty directory of one tmpfs (a directory of its
+/// own for each tree, so nothing made in one shows in another) and bind back what it keeps
+/// (each cloned before its tree is covered), then enter the working directory again through
+/// the new view: the one inherited still names the tree underneath, and `..` from it would
+/// reach what was hidden (up to the tmpfs).
+///
+/// One tmpfs and a bind of one of its directories per tree, not a tmpfs per tree: a
+/// superblock costs several times a bind to make and to tear down with the namespace.
+unsafe fn hide(plan: &MountPlan) -> io::Result<()> {
+    let Some(first) = plan.hide.first() else {
+        return Ok(());
+    };
+    let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
+    let had_cwd = !libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null();
+    let mut base = -1;
+    for (i, tree) in plan.hide.iter().enumerate() {
+        let mut fds = [-1 as libc::c_int; MAX_KEEP];
+        let mut result = clone_keeps(tree, &mut fds);
+        if result.is_ok() && i == 0 {
+            result = stage(plan, first, &mut base);
+        }
+        if result.is_ok() {
+            result = cover(base, tree).and_then(|()| show_keeps(tree, &fds));
+        }
+        for fd in fds.iter().filter(|fd| **fd >= 0) {
+            libc::close(*fd);
+        }
+        if let Err(e) = result {
+            if base >= 0 {
+                libc::close(base);
+            }
+            return Err(e);
+        }
+    }
+    libc::close(base);
+    // A working directory outside every grant (none the daemon picks today) stays the one
+    // inherited: the command then runs where it was told, and `..` from it names only that
+    // directory's own ancestors up to the hidden tree's top, which is the tmpfs.
+    if had_cwd {
+        libc::chdir(cwd.as_ptr());
+    }
+    Ok(())
+}
+
+/// Clone what `tree` keeps, into `fds` (-1 for an optional socket that is not there).
+unsafe fn clone_keeps(tree: &Hidden, fds: &mut [libc::c_int; MAX_KEEP]) -> io::Result<()> {
+    for (keep, fd) in tree.keep.iter().zip(fds.iter_mut()) {
+        // Never through a link where the plan had none: a path swapped for a symlink since
+        // the plan was made is refused, not bound wherever it points.
+        let r = open_tree(
+            libc::AT_FDCWD,
+            &keep.path,
+            libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+        );
+        if r < 0 {
+            let err = io::Error::last_os_error();
+            if keep.optional && err.raw_os_error() == Some(libc::ENOENT) {
+                continue;
+            }
+            return Err(err);
+        }
+        *fd = r;
+    }
+    Ok(())
+}
+
+/// The one tmpfs, mounted on the first tree (whose keeps are cloned already), with an empty
+/// directory for each tree; `base` becomes a descriptor of its root, which stays reachable
+/// once the first tree's own directory covers it.
+unsafe fn stage(plan: &MountPlan, first: &Hidden, base: &mut libc::c_int) -> io::Result<()> {
+    if libc::mount(
+        c"tmpfs".as_ptr(),
+        first.path.as_ptr(),
+        c"tmpfs".as_ptr(),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        c"mode=0755,size=64k,nr_inodes=4096".as_ptr().cast(),
+    ) != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    *base = libc::open(
+        first.path.as_ptr(),
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+    );
+    if *base < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for tree in &plan.hide {
+        if libc::mkdirat(*base, tree.stage.as_ptr(), 0o755) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Cover `tree` with its own directory of the tmpfs under `base`.
+unsafe fn cover(base: libc::c_int, tree: &Hidden) -> io::Result<()> {
+    let fd = open_tree(base, &tree.stage, 0);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let r = move_mount(fd, &tree.path);
+    libc::close(fd);
+    r
+}
+
+/// Bind what `tree` keeps (cloned into `fds`) back at its own paths, making the mount
+/// points on the way.
+unsafe fn show_keeps(tree: &Hidden, fds: &[libc::c_int; MAX_KEEP]) -> io::Result<()> {
+    for (keep, &fd) in tree.keep.iter().zip(fds.iter()) {
+        if fd < 0 {
+            continue;
+        }
+        for dir in &keep.parents {
+            make(libc::mkdir(dir.as_ptr(), 0o755))?;
+        }
+        if keep.dir {
+            make(libc::mkdir(keep.path.as_ptr(), 0o755))?;
+        } else {
+            let f = libc::open(
+                keep.path.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                0o600,
+            );
+            if f < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::close(f);
+        }
+        move_mount(fd, &keep.path)?;
+    }
+    Ok(())
+}
+
+/// A detached recursive copy of the mount tree at `path` (relative to `dirfd`).
+unsafe fn open_tree(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> libc::c_int {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let flags = flags
+        | OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_RECURSIVE as libc::c_uint;
+    libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) as libc::c_int
+}
+
+/// Attach the detached tree `fd` at `path`.
+unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    if libc::syscall(
+        libc::SYS_move_mount,
+        fd,
+        c"".as_ptr(),
+        libc::AT_FDCWD,
+        path.as_ptr(),
+        MOVE_MOUNT_F_EMPTY_PATH,
+    ) != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A `mkdir` result where an existing directory (a parent shared by two kept paths) is fine.
+unsafe fn make(r: libc::c_int) -> io::Result<()> {
+    if r != 0 && *libc::__errno_location() != libc::EEXIST {
+        return Err(io::Error::last_os_error());
+    }
     Ok(())
 }
 

@@ -31,6 +31,16 @@ const MARKERS: &[&str] = &[
     "errno 13",
 ];
 
+/// Phrases that report a path missing, lower case: what a child is told of a path its mount
+/// namespace hides (see `mounts.rs`), counted only where the sandbox hides trees and only for
+/// a path outside every grant.
+const HIDDEN_MARKERS: &[&str] = &[
+    "no such file or directory",
+    "directory nonexistent",
+    "enoent",
+    "(os error 2)",
+];
+
 /// How many lines above a marker may name its path (cargo: path, blank, `Caused by:`, reason).
 const LOOKBACK: usize = 4;
 
@@ -241,25 +251,37 @@ pub fn find_network(output: &str, config: Option<&Path>) -> Option<Denial> {
 
 /// The first path in `output` that containment (as `fs` grants) refused, if any.
 /// `config` is where the operator would grant it; `home` is the service user's HOME (never
-/// suggested as a grant; the tools' default caches are under it).
+/// suggested as a grant; the tools' default caches are under it). `hides`: the children
+/// see nothing outside `fs`'s trees (a mount namespace hides the rest), so a path outside
+/// them that they found missing, though it exists, was hidden by containment too.
 pub fn find(
     output: &str,
     fs: &FsPolicy,
     config: Option<&Path>,
     home: Option<&Path>,
+    hides: bool,
 ) -> Option<Denial> {
     let lines: Vec<&str> = output.lines().collect();
     for (i, line) in lines.iter().enumerate() {
         let lower = line.to_ascii_lowercase();
-        if !MARKERS.iter().any(|m| lower.contains(m)) {
+        let refused = MARKERS.iter().any(|m| lower.contains(m));
+        let missing = hides && HIDDEN_MARKERS.iter().any(|m| lower.contains(m));
+        if !refused && !missing {
             continue;
         }
+        let fs_hidden = |p: &Path| {
+            let real = resolve(p);
+            !fs.read.iter().chain(&fs.write).any(|g| real.starts_with(g))
+        };
         // The marker's own line first, then upwards, then downwards.
         let from = i.saturating_sub(LOOKBACK);
         let to = (i + LOOKAHEAD).min(lines.len() - 1);
         let near = lines[from..=i].iter().rev().chain(&lines[i + 1..=to]);
         for l in near {
             for p in paths_in(l) {
+                if !refused && !fs_hidden(&p) {
+                    continue;
+                }
                 if let Some(d) = judge(&p, fs, config, home) {
                     return Some(d);
                 }
@@ -449,7 +471,7 @@ mod tests {
             format!("touch: cannot touch '{o}/f': Operation not permitted"),
             format!("mkdir: cannot create directory ‘{o}/x’: Permission denied"),
         ] {
-            let d = find(&output, &fs, Some(Path::new("/etc/hub-sidecar.toml")), None)
+            let d = find(&output, &fs, Some(Path::new("/etc/hub-sidecar.toml")), None, false)
                 .unwrap_or_else(|| panic!("not recognised: {output}"));
             let Denial::Path { path, .. } = &d else {
                 panic!("{d:?}")
@@ -458,6 +480,46 @@ mod tests {
             let msg = d.to_string();
             assert!(msg.starts_with("infrastructure_error:"), "{msg}");
             assert!(msg.contains("[sandbox]") && msg.contains("/etc/hub-sidecar.toml"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn a_path_hidden_by_the_mount_namespace_is_containment_and_a_missing_granted_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let (ws, outside) = (base.join("ws"), base.join("outside"));
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let fs = FsPolicy {
+            read: vec![PathBuf::from("/usr")],
+            write: vec![ws.clone()],
+            deny: Vec::new(),
+        };
+        for line in [
+            format!(
+                "sh: 1: cannot create {}/f: Directory nonexistent",
+                outside.display()
+            ),
+            format!("cat: {}/f: No such file or directory", outside.display()),
+            format!(
+                "Error: No such file or directory (os error 2): {}",
+                outside.display()
+            ),
+        ] {
+            let d = find(&line, &fs, None, None, true).unwrap_or_else(|| panic!("{line}"));
+            assert!(
+                matches!(&d, Denial::Path { path, .. } if path.starts_with(&outside)),
+                "{d:?}"
+            );
+            // Without a mount namespace a missing path is only missing.
+            assert_eq!(find(&line, &fs, None, None, false), None, "{line}");
+        }
+        // Missing inside a grant, or nowhere at all: the task's own.
+        for line in [
+            format!("cat: {}/nope: No such file or directory", ws.display()),
+            "cat: /usr/nope/x: No such file or directory".to_string(),
+        ] {
+            assert_eq!(find(&line, &fs, None, None, true), None, "{line}");
         }
     }
 
@@ -474,13 +536,20 @@ mod tests {
                 &format!("sh: 1: cannot create {w}/ro.txt: Permission denied"),
                 &fs,
                 None,
-                None
+                None,
+                false
             ),
             None
         );
         // No denial at all.
         assert_eq!(
-            find("test result: FAILED. 1 passed; 1 failed", &fs, None, None),
+            find(
+                "test result: FAILED. 1 passed; 1 failed",
+                &fs,
+                None,
+                None,
+                false
+            ),
             None
         );
     }
@@ -494,7 +563,7 @@ mod tests {
             "error: EACCES: permission denied, open '{}'",
             path.display()
         );
-        let d = find(&out, &fs, None, Some(home)).unwrap_or_else(|| panic!("{out}"));
+        let d = find(&out, &fs, None, Some(home), false).unwrap_or_else(|| panic!("{out}"));
         let Denial::Path { remedy, .. } = &d else {
             panic!("{d:?}")
         };

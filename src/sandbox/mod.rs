@@ -17,6 +17,9 @@
 //! - **Processes (user + PID namespace)**: the command is PID 1 of a fresh namespace, so
 //!   nothing it starts (`setsid`, double fork) outlives it, and the daemon is not even
 //!   addressable by pid from inside. See `child.rs`.
+//! - **The host's socket files (mount namespace)**: every tree but the system's is hidden
+//!   under an empty tmpfs, what is granted in it bound back, so no path socket outside the
+//!   grants and `[sandbox] sockets` can be named (see `mounts.rs`).
 //! - **Network** (`[network] mode`): `open`; `none`: a network namespace of the task's
 //!   own with only its loopback, so it reaches no host and none of the host's loopback
 //!   services (Ollama, a database, the hub); `allowlist`: the same namespace, whose only
@@ -36,7 +39,9 @@
 //!
 //! # Layout
 //!
-//! - this file: levels, the probe, per-task policies and [`Sandbox`].
+//! - this file: levels, per-task policies and [`Sandbox`].
+//! - `support.rs`: what the kernel allows ([`Support`]), probed once.
+//! - `mounts.rs`: the children's view of the host's trees (a mount namespace's plan).
 //! - `grants.rs`: what a sandbox grants on the file system ([`Grants`] → the policy).
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`agent_home`]: the agent CLI's per-task configuration directory.
@@ -63,10 +68,12 @@ mod grants;
 mod handoff;
 mod hardening;
 pub mod landlock;
+mod mounts;
 mod network;
 pub mod proxy;
 mod resolve;
 mod splice;
+mod support;
 mod tally;
 pub mod task_home;
 
@@ -81,6 +88,7 @@ use grants::{fs_policy, var_in};
 pub(crate) use handoff::Spawning;
 pub use hardening::{protect_daemon, refuse_powerless_root};
 use landlock::FsPolicy;
+pub use support::{NamespaceError, Support};
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
 
@@ -111,80 +119,6 @@ impl Probing {
             .unwrap_or_else(|_| Policy::decide(self.configured, Support::none()));
         policy.log();
         policy
-    }
-}
-
-/// What this machine lets the daemon enforce; probed once at start-up.
-#[derive(Debug, Clone)]
-pub struct Support {
-    /// Landlock ABI version, 0 when absent.
-    pub landlock_abi: i32,
-    /// Whether a child can enter new user + PID namespaces, else why not.
-    pub namespaces: Result<(), NamespaceError>,
-}
-
-/// Why children cannot get their own user + PID namespaces here.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum NamespaceError {
-    /// `containment = "off"`: nothing was probed.
-    #[error("containment is off")]
-    Off,
-    /// Neither `/usr/bin/true` nor `/bin/true` exists to run the probe with.
-    #[error("no /bin/true to probe with")]
-    NoProbeProgram,
-    /// The probe started but did not exit 0 inside the namespaces.
-    #[error("the probe exited with {0}")]
-    ProbeFailed(std::process::ExitStatus),
-    /// The probe could not start (typically EPERM: unprivileged user namespaces are off).
-    #[error("{0}")]
-    Spawn(Arc<std::io::Error>),
-}
-
-impl Support {
-    /// Ask the kernel. Forks one short-lived child (blocking, about a millisecond): call it
-    /// off the async runtime.
-    pub fn probe() -> Support {
-        Support {
-            landlock_abi: landlock::kernel_abi(),
-            namespaces: probe_namespaces(),
-        }
-    }
-
-    /// Nothing supported: what `containment = "off"` runs with.
-    pub fn none() -> Support {
-        Support {
-            landlock_abi: 0,
-            namespaces: Err(NamespaceError::Off),
-        }
-    }
-
-    /// The layers that cannot be enforced here, each with what to do about it.
-    pub fn missing(&self) -> Vec<String> {
-        let mut m = Vec::new();
-        if self.landlock_abi < 1 {
-            m.push("filesystem confinement: Landlock is unavailable (needs Linux ≥ 5.13 with `landlock` in the kernel's `lsm=` list)".to_string());
-        }
-        if let Err(e) = &self.namespaces {
-            m.push(format!(
-                "process confinement: cannot create user + PID namespaces ({e}); allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, AppArmor's restrict_unprivileged_userns=0) or RestrictNamespaces=user pid in the unit"
-            ));
-        }
-        m
-    }
-
-    /// One line for `check` and the start-up log.
-    pub fn describe(&self) -> String {
-        let ll = if self.landlock_abi > 0 {
-            format!("Landlock ABI {}", self.landlock_abi)
-        } else {
-            "no Landlock".into()
-        };
-        let ns = if self.namespaces.is_ok() {
-            "user + PID namespaces"
-        } else {
-            "no namespaces"
-        };
-        format!("{ll}, {ns}, resource limits")
     }
 }
 
@@ -339,6 +273,9 @@ pub enum ContainmentError {
     /// The Landlock ruleset could not be built.
     #[error("containment_failed: cannot set up the task's sandbox: {0}")]
     Landlock(#[from] landlock::BuildError),
+    /// The children's view of the host's trees could not be planned.
+    #[error("containment_failed: cannot plan the task's view of the file system: {0}")]
+    Mounts(#[from] mounts::PlanError),
     /// The set-up, run on the blocking pool, panicked or was cancelled.
     #[error("containment_failed: the sandbox set-up panicked: {0}")]
     Panicked(String),
@@ -402,11 +339,11 @@ impl Sandbox {
     /// the task needed: an infrastructure error, not a fault of the task's code (see
     /// [`denial`]). Blocking (stats the paths named): for a failed child's output only.
     pub fn denial(&self, output: &str) -> Option<denial::Denial> {
-        let cut = self.network_cut;
+        let (cut, hides) = (self.network_cut, self.plan.mounts.is_some());
         let config = self.config.as_deref();
         self.fs
             .as_ref()
-            .and_then(|fs| denial::find(output, fs, config, self.home.as_deref()))
+            .and_then(|fs| denial::find(output, fs, config, self.home.as_deref(), hides))
             .or_else(|| cut.then(|| denial::find_network(output, config)).flatten())
             .or_else(|| {
                 // The proxy's tally is the whole task's: a host counts only when this output
@@ -535,13 +472,22 @@ pub fn plan(
             dir.to_string_lossy().into_owned(),
         ));
     }
-    let (ruleset, fs) = if policy.support.landlock_abi > 0 {
-        // What the children will see: the variables set here over the inherited ones.
-        let fs = fs_policy(cfg, &[&set, vars], tmp, &grants);
-        (Some(landlock::build(&fs)?), Some(fs))
-    } else {
-        (None, None)
-    };
+    let (landlock_on, ns_on) = (
+        policy.support.landlock_abi > 0,
+        policy.support.namespaces.is_ok(),
+    );
+    // What the children will see: the variables set here over the inherited ones.
+    let fs = (landlock_on || ns_on).then(|| fs_policy(cfg, &[&set, vars], tmp, &grants));
+    let ruleset = fs
+        .as_ref()
+        .filter(|_| landlock_on)
+        .map(landlock::build)
+        .transpose()?;
+    let mounts = fs.as_ref().filter(|_| ns_on);
+    let mounts = mounts
+        .map(|fs| mounts::for_sandbox(cfg, fs, vars, tmp, &grants))
+        .transpose()?;
+    let fs = fs.filter(|_| landlock_on);
     let own_network = grants.task && cfg.network.mode != NetworkMode::Open;
     if let (true, Err(e)) = (own_network, &policy.support.namespaces) {
         return Err(ContainmentError::NoNetworkNamespace(e.to_string()));
@@ -555,6 +501,7 @@ pub fn plan(
         own_network,
         proxied: proxy.is_some(),
         landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
+        mounts,
     };
     Ok(Confined {
         set,
@@ -620,54 +567,6 @@ fn rlimits(c: &SandboxConfig) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> 
         }
     }
     v
-}
-
-/// Can a child enter new user + PID namespaces here? Runs `true` in them.
-fn probe_namespaces() -> Result<(), NamespaceError> {
-    let plan = ChildPlan {
-        rlimits: Vec::new(),
-        namespaces: Some(IdMaps::current()),
-        own_network: false,
-        proxied: false,
-        landlock_fd: None,
-    };
-    let sb = Arc::new(Sandbox {
-        plan,
-        _ruleset: None,
-        tmp: PathBuf::new(),
-        agent_template: None,
-        fs: None,
-        network_cut: false,
-        proxy: None,
-        config: None,
-        home: None,
-        caches_bytes: None,
-    });
-    let true_bin = ["/usr/bin/true", "/bin/true"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .ok_or(NamespaceError::NoProbeProgram)?;
-    let mut cmd = std::process::Command::new(true_bin);
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let _spawning = sb
-        .install(&mut cmd)
-        .map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
-    // What is asked is whether the namespaces can be made, not whether a program runs: once
-    // the plan is applied, the namespace's PID 1 leaves without exec'ing `true`. Loading a
-    // program was half the probe, and the probe is on the way to `identify`.
-    // SAFETY: `_exit` is async-signal-safe; it runs after the plan, in the forked child.
-    #[allow(unsafe_code)]
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| libc::_exit(0));
-    }
-    match cmd.status() {
-        Ok(s) if s.success() => Ok(()),
-        Ok(s) => Err(NamespaceError::ProbeFailed(s)),
-        Err(e) => Err(NamespaceError::Spawn(Arc::new(e))),
-    }
 }
 
 #[cfg(test)]

@@ -400,9 +400,15 @@ async fn ask_claude(
     bound: Duration,
 ) -> (Result<String, JudgeError>, (f64, (u64, u64))) {
     use crate::executor::claude_stream::StreamState;
+    // Inside the task's TMPDIR when confined: its children see nothing else of the host's
+    // temp directories (see `sandbox::mounts`).
+    let base = ctx
+        .env
+        .sandbox()
+        .map_or_else(std::env::temp_dir, |s| s.tmp().to_path_buf());
     let scratch = match tempfile::Builder::new()
         .prefix("hub-sidecar-judge-")
-        .tempdir()
+        .tempdir_in(base)
     {
         Ok(d) => d,
         Err(e) => return (Err(JudgeError::Scratch(e)), (0.0, (0, 0))),

@@ -78,7 +78,11 @@ async fn the_token_cannot_be_read_from_the_config_file_the_command_line_names() 
         config.display()
     );
     let (out, mut bin) = run_on_binary(dir.path(), "", &[], &cmd).await;
-    assert!(out.contains("Permission denied"), "{out}");
+    // Refused (Landlock) or not there at all (hidden by the task's mount namespace).
+    assert!(
+        out.contains("Permission denied") || out.contains("No such file or directory"),
+        "{out}"
+    );
     assert!(!out.contains(TOKEN), "token leaked: {out}");
     bin.kill9().await;
 }

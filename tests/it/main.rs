@@ -35,6 +35,7 @@ mod real_claude;
 mod recorder;
 mod recovery;
 mod service_user;
+mod sockets;
 mod structure;
 mod systemd_unit;
 mod terminal;
