@@ -19,7 +19,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::process::ChildEnv;
+use super::Sandbox;
 
 /// Largest template file copied: settings and a login are a few KiB.
 const MAX_FILE: u64 = 1024 * 1024;
@@ -82,20 +82,16 @@ pub fn seed(template: &Path, dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Point `env`'s `CLAUDE_CONFIG_DIR` at a fresh copy of the task's template for run `name`
-/// (the judge), inside the task's private directory. Nothing to do when `env` carries no
-/// sandbox (containment off: the CLI uses the operator's directory as configured).
-pub fn fresh(env: &mut ChildEnv, name: &str) -> io::Result<()> {
-    let Some(sb) = env.sandbox() else {
-        return Ok(());
+/// A fresh copy of `sandbox`'s agent template for run `name` (the judge), inside the task's
+/// private directory: the `CLAUDE_CONFIG_DIR` that run gets. `None` when the task has no
+/// template (the CLI then uses the operator's directory as configured).
+pub fn fresh(sandbox: &Sandbox, name: &str) -> io::Result<Option<PathBuf>> {
+    let Some(template) = sandbox.agent_template() else {
+        return Ok(None);
     };
-    let Some(template) = sb.agent_template().map(Path::to_path_buf) else {
-        return Ok(());
-    };
-    let dir = dir_for(sb.tmp(), name);
-    seed(&template, &dir)?;
-    env.set("CLAUDE_CONFIG_DIR", &dir.to_string_lossy());
-    Ok(())
+    let dir = dir_for(sandbox.tmp(), name);
+    seed(template, &dir)?;
+    Ok(Some(dir))
 }
 
 #[cfg(test)]

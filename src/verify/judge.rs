@@ -441,8 +441,15 @@ async fn ask_claude(
     );
     // A configuration of its own, made now the agent has stopped: nothing it wrote in its
     // CLAUDE_CONFIG_DIR (hooks, `env`, `apiKeyHelper`) reaches the judge.
-    if let Err(e) = crate::sandbox::agent_home::fresh(&mut spec.env, "judge") {
-        return (Err(JudgeError::Scratch(e)), (0.0, (0, 0)));
+    // Nothing to do without a sandbox (containment off: the CLI uses the operator's
+    // directory as configured).
+    let fresh = spec.env.sandbox().map_or(Ok(None), |sb| {
+        crate::sandbox::agent_home::fresh(sb, "judge")
+    });
+    match fresh {
+        Ok(Some(dir)) => spec.env.set("CLAUDE_CONFIG_DIR", &dir.to_string_lossy()),
+        Ok(None) => {}
+        Err(e) => return (Err(JudgeError::Scratch(e)), (0.0, (0, 0))),
     }
     spec.stdin = Some(format!("{SYSTEM}\n\n{prompt}").into_bytes());
     let limits = Limits {
