@@ -41,6 +41,7 @@
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`agent_home`]: the agent CLI's per-task configuration directory.
 //! - [`caches`]: the per-repository dependency caches a task's package managers write.
+//! - [`beneath`]: the one way the daemon touches a tree a task can write (no link followed).
 //! - [`task_home`]: the task's own HOME, fresh for every task.
 //! - [`denial`]: telling from a failed child's output that containment refused it a path.
 //! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`.
@@ -51,6 +52,7 @@
 //! - `hardening.rs`: the daemon's own ([`protect_daemon`], [`refuse_powerless_root`]).
 
 pub mod agent_home;
+pub mod beneath;
 pub mod caches;
 mod child;
 pub mod denial;
@@ -492,14 +494,7 @@ pub fn plan(
         put_all(&mut set, home);
     }
     let mut grants = std::borrow::Cow::Borrowed(grants);
-    // A per-task directory is nobody's repository: caches keyed by it would never be used
-    // again, one more directory for every task, each walked by every later prune. Its tools
-    // cache under the task's HOME, which goes with the task.
-    if let Some(ws) = grants
-        .write
-        .first()
-        .filter(|ws| grants.task && cfg.caches.enabled && !crate::workspace::is_task_dir(cfg, ws))
-    {
+    if let Some(ws) = caches::workspace_of(cfg, &grants) {
         let prepared =
             caches::prepare(cfg, ws, vars).map_err(|source| ContainmentError::Caches {
                 path: caches::root(cfg),
