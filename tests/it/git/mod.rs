@@ -21,6 +21,7 @@ use crate::util::*;
 mod hostile;
 mod publish;
 mod steering;
+mod task_tmpdir;
 mod workspaces;
 
 /// Run git synchronously (only while the daemon is idle: tests are single-threaded).
