@@ -150,21 +150,6 @@ impl Tree {
         Ok(out)
     }
 
-    /// The file `name` in this directory, only if it is a regular file (opened without
-    /// following a link and without blocking on a FIFO); `None` for anything else or nothing.
-    pub fn open_file(&self, name: &str) -> io::Result<Option<std::fs::File>> {
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
-        let name = single_name(OsStr::new(name))?;
-        match rustix::fs::openat(&self.fd, name, flags | OFlags::CLOEXEC, Mode::empty()) {
-            Ok(fd) => {
-                let regular = FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode).is_file();
-                Ok(regular.then(|| std::fs::File::from(fd)))
-            }
-            Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
     /// This directory opened again (a second descriptor on the same directory).
     fn reopen(&self) -> io::Result<Tree> {
         Ok(Tree {
@@ -313,6 +298,16 @@ fn single_name(name: &OsStr) -> io::Result<&OsStr> {
         ));
     }
     Ok(name)
+}
+
+/// The regular file at `path` in a tree a task wrote (a file the daemon only reads, such as
+/// one it hashes in the workspace), opened without following a link in its last component
+/// and without blocking on a FIFO; `None` for anything else or nothing.
+pub fn open_regular(path: &Path) -> Option<std::fs::File> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY;
+    let fd = rustix::fs::open(path, flags | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    let regular = FileType::from_raw_mode(rustix::fs::fstat(&fd).ok()?.st_mode).is_file();
+    regular.then(|| std::fs::File::from(fd))
 }
 
 /// `path` (absolute, canonical) opened as a path (`O_PATH`), only if it resolves to itself:
