@@ -46,26 +46,20 @@ pub struct Tree {
 }
 
 impl Tree {
-    /// Open `root`, made (with its parents) when missing. `root` is the daemon's own path (its
-    /// parent may be a link the operator made, say to a larger disk); its last component is
-    /// checked like any other (a link or a file there is replaced by a directory).
+    /// Open `root`, made (with its parents) when missing. `root` is the daemon's own path, in
+    /// a directory no task can write (`caches/<key>`, `tmp/<task>`), so it is opened as named:
+    /// a link the operator made there (the state directory on a larger disk) is followed.
+    /// Everything beneath it is opened by [`Tree::dir`] and friends.
     pub fn open_root(root: &Path) -> io::Result<Tree> {
-        let (Some(parent), Some(name)) = (root.parent(), root.file_name()) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} is not a directory the daemon owns", root.display()),
-            ));
-        };
-        std::fs::create_dir_all(parent)?;
-        let parent = Tree {
+        std::fs::create_dir_all(root)?;
+        Ok(Tree {
             fd: rustix::fs::open(
-                parent,
+                root,
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
                 Mode::empty(),
             )?,
-            path: parent.to_path_buf(),
-        };
-        parent.child_dir(name)
+            path: root.to_path_buf(),
+        })
     }
 
     /// The path this tree was opened as (for messages and for the variables that name it).

@@ -239,6 +239,10 @@ fn copy_cargo_config(inherited: &[(String, String)], cargo_home: &Tree) -> io::R
             None => cargo_home.remove(name)?,
         }
     }
+    // A login a task left (`cargo login`) is not handed to the next one.
+    for name in ["credentials.toml", "credentials"] {
+        cargo_home.remove(name)?;
+    }
     Ok(())
 }
 
@@ -408,14 +412,16 @@ mod tests {
             "[net]\noffline = true\n"
         );
         assert!(!cargo.join("credentials.toml").exists());
-        // A task's own edit does not survive into the next task.
+        // A task's own edit, or login, does not survive into the next task.
         std::fs::write(cargo.join("config.toml"), "[source]\n").unwrap();
+        std::fs::write(cargo.join("credentials.toml"), "token = \"t\"\n").unwrap();
         let home = dir.path().join("home").to_string_lossy().into_owned();
         prepare(&cfg(dir.path(), 0), &ws, &[("HOME".into(), home)]).unwrap();
         assert_eq!(
             std::fs::read_to_string(cargo.join("config.toml")).unwrap(),
             "[net]\noffline = true\n"
         );
+        assert!(!cargo.join("credentials.toml").exists());
     }
 
     #[test]
