@@ -1,4 +1,4 @@
-//! Small helpers shared across modules: time, truncation, URLs, removing a tree.
+//! Small helpers shared across modules: time, truncation, URLs.
 //!
 //! URLs are parsed with the `url` crate and percent-encoded with `percent-encoding` here, and
 //! nowhere else: one reading of what a host is, one set of characters left unencoded.
@@ -154,35 +154,6 @@ macro_rules! open_enum {
     };
 }
 pub(crate) use open_enum;
-
-/// `remove_dir_all`, also where a tool made directories read-only (Go's module cache is):
-/// a task's TMPDIR or HOME, a repository's cache. Blocking.
-pub fn remove_tree(path: &std::path::Path) -> std::io::Result<()> {
-    match std::fs::remove_dir_all(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            make_writable(path);
-            std::fs::remove_dir_all(path)
-        }
-        r => r,
-    }
-}
-
-/// `path` and the directories under it writable by their owner again, links not followed.
-fn make_writable(path: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let Ok(m) = std::fs::symlink_metadata(path) else {
-        return;
-    };
-    if !m.is_dir() {
-        return;
-    }
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
-    if let Ok(rd) = std::fs::read_dir(path) {
-        for e in rd.flatten() {
-            make_writable(&e.path());
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {

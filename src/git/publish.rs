@@ -198,14 +198,21 @@ async fn commit_push_pr(
         .get("TMPDIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| cfg.state_dir.clone());
-    let body_path = body_dir.join(format!("pr-body-{}.md", slugify(&task.task_id, 60)));
-    tokio::fs::write(&body_path, pr_body)
-        .await
-        .map_err(|e| GitError {
-            step: "writing the pull request body".into(),
-            detail: format!("{}: {e}", body_path.display()),
-            refused: false,
-        })?;
+    let body_name = format!("pr-body-{}.md", slugify(&task.task_id, 60));
+    let body_path = body_dir.join(&body_name);
+    // The task could write its TMPDIR: whatever it left under that name (a link to a file of
+    // the daemon's) is replaced, never written through (see `sandbox::beneath`).
+    let body = pr_body.as_bytes().to_vec();
+    tokio::task::spawn_blocking(move || {
+        crate::sandbox::beneath::Tree::open_root(&body_dir)?.put_file(&body_name, &body, 0o600)
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+    .map_err(|e| GitError {
+        step: "writing the pull request body".into(),
+        detail: format!("{}: {e}", body_path.display()),
+        refused: false,
+    })?;
     let title_arg = format!("--title={title}");
     let body_arg = format!("--body-file={}", body_path.display());
     let head_arg = format!("--head={}", tb.name);

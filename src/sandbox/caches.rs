@@ -20,7 +20,7 @@
 //!
 //! **Bounded**: `[caches] max_size_mb` over all repositories. When a task starts, the
 //! directories of the least recently used repositories (by the time their last task
-//! started, `<key>/.last-used`) are removed until the rest fits; the starting task's own
+//! started, `<key>/last-used`) are removed until the rest fits; the starting task's own
 //! directory is never removed.
 //!
 //! **The operator's own settings**: cargo's `config.toml` (mirrors, source replacement, net
@@ -28,13 +28,23 @@
 //! `credentials.toml`. npm's user config, where registry logins live, is not a cache: it is
 //! in the task's own HOME (see [`super::task_home`]), fresh for every task.
 //!
+//! **A tree tasks write, prepared by the daemon** (issue 35): a task may leave a link, a FIFO
+//! or a socket anywhere in `tree/`, and the daemon, unconfined, prepares that tree before the
+//! next task. So it touches `tree/` only through [`super::beneath`]: every directory opened
+//! beneath the tree's root without following a link, and an entry that is not what it expects
+//! (a link where `cargo/` or `go/` was, a FIFO where `config.toml` is written) replaced, never
+//! used or written through. Its own bookkeeping (the LRU clock) is beside the tree, in the
+//! repository's directory that no task is granted; and the grant is that tree's own path,
+//! never one read back from inside it.
+//!
 //! Layout of one repository's directory:
 //!
 //! ```text
-//! caches/<key>/.last-used     when its last task started (the LRU clock)
-//! caches/<key>/cargo/         CARGO_HOME (registry, git, config.toml copied in)
-//! //! caches/<key>/npm/ pnpm-store/ pnpm/ yarn/ yarn-berry/ pip/ uv/ go/{mod,build,path}/
-//! caches/<key>/gradle/ deno/ bun/ xdg/
+//! caches/<key>/last-used          when its last task started (the LRU clock; the daemon's)
+//! caches/<key>/tree/              the one tree the task's children may write:
+//! caches/<key>/tree/cargo/        CARGO_HOME (registry, git, config.toml copied in)
+//! caches/<key>/tree/npm/ pnpm-store/ pnpm/ yarn/ yarn-berry/ pip/ uv/ go/{mod,build,path}/
+//! caches/<key>/tree/gradle/ deno/ bun/ xdg/
 //! ```
 
 use std::io;
@@ -45,11 +55,21 @@ use sha2::Digest as _;
 
 use crate::config::Config;
 
+use super::beneath::Tree;
+use super::grants::Grants;
+
 /// The caches' root under the state directory.
 const ROOT: &str = "caches";
 
-/// The file whose modification time says when the repository's last task started.
-const LAST_USED: &str = ".last-used";
+/// The file whose modification time says when the repository's last task started: in the
+/// repository's directory, beside the tree tasks write, never in it.
+const LAST_USED: &str = "last-used";
+
+/// The tree under the repository's directory that its tasks' children may write.
+const TREE: &str = "tree";
+
+/// Largest operator cargo config copied in: settings are a few KiB.
+const MAX_CONFIG: u64 = 1024 * 1024;
 
 /// Each tool's variable and the directory (under the repository's cache) it names.
 const VARS: &[(&str, &str)] = &[
@@ -93,8 +113,10 @@ pub const HOME_DEFAULTS: &[(&str, &str)] = &[
 /// One repository's caches, ready for a task.
 #[derive(Debug)]
 pub struct Prepared {
-    /// `caches/<key>`: the one tree the children get read-write for their caches.
+    /// `caches/<key>/tree`: the one tree the children get read-write for their caches.
     pub dir: PathBuf,
+    /// `caches/<key>`: the repository's directory (the tree and the daemon's LRU clock).
+    pub repo: PathBuf,
     /// The variables pointing each tool into it.
     pub set: Vec<(String, String)>,
     /// Other repositories' caches removed to stay under the size limit.
@@ -139,44 +161,69 @@ pub fn key_for(workspace: &Path) -> String {
     }
 }
 
+/// The workspace whose repository's caches a sandbox with `grants` gets: the task's own
+/// children's (not the daemon's git), with `[caches]` on. A per-task directory is nobody's
+/// repository: caches keyed by it would never be used again, one more directory for every
+/// task, each walked by every later prune. Its tools cache under the task's HOME, which goes
+/// with the task.
+pub fn workspace_of<'a>(cfg: &Config, grants: &'a Grants) -> Option<&'a Path> {
+    let ws = grants.write.first()?;
+    (grants.task && cfg.caches.enabled && !crate::workspace::is_task_dir(cfg, ws))
+        .then_some(ws.as_path())
+}
+
 /// Create (or reuse) the caches of the repository in `workspace`, mark them used now and
 /// prune other repositories' past the limit. `inherited` is the environment the children
 /// would otherwise get: it names the operator's `CARGO_HOME` and `HOME`. Blocking.
+///
+/// Everything in `tree/` was left by a task: it is opened and replaced as the module docs say,
+/// never followed.
 pub fn prepare(
     cfg: &Config,
     workspace: &Path,
     inherited: &[(String, String)],
 ) -> io::Result<Prepared> {
     let root = root(cfg);
-    let dir = root.join(key_for(workspace));
+    let repo = root.join(key_for(workspace));
+    let own = Tree::open_root(&repo)?;
+    // Only the tree and the clock belong here. Anything else is what tasks left when this
+    // directory itself was theirs (before issue 35): gone, links removed, never followed.
+    for (name, _) in own.entries()? {
+        if name != TREE && name != LAST_USED {
+            own.remove(&name)?;
+        }
+    }
+    let tree = own.dir(TREE)?;
     let mut set = Vec::with_capacity(VARS.len());
     for (var, sub) in VARS {
-        let d = dir.join(sub);
-        std::fs::create_dir_all(&d)?;
-        set.push((var.to_string(), d.to_string_lossy().into_owned()));
+        let d = tree.dir(sub)?;
+        set.push((var.to_string(), d.path().to_string_lossy().into_owned()));
     }
     // Rewritten every time: the task may write here, the next task starts from the
     // operator's settings again.
-    copy_cargo_config(inherited, &dir.join("cargo"))?;
-    // The LRU clock: a write sets the modification time to now.
-    std::fs::write(dir.join(LAST_USED), b"")?;
+    copy_cargo_config(inherited, &tree.dir("cargo")?)?;
+    // The LRU clock: a new file, so its modification time is now.
+    own.put_file(LAST_USED, b"", 0o600)?;
+    let dir = tree.path().to_path_buf();
     let (pruned, bytes) = match cfg.caches.max_size_mb {
         0 => (Vec::new(), None),
         mb => {
-            let (removed, left) = prune_counted(&root, mb.saturating_mul(1024 * 1024), &dir);
+            let (removed, left) = prune_counted(&root, mb.saturating_mul(1024 * 1024), &repo);
             (removed, Some(left))
         }
     };
     Ok(Prepared {
         dir,
+        repo,
         set,
         pruned,
         bytes,
     })
 }
 
-/// The operator's cargo settings (not credentials) into the repository's `CARGO_HOME`.
-fn copy_cargo_config(inherited: &[(String, String)], cargo_home: &Path) -> io::Result<()> {
+/// The operator's cargo settings (not credentials) into the repository's `CARGO_HOME`,
+/// replacing whatever the last task left under those names.
+fn copy_cargo_config(inherited: &[(String, String)], cargo_home: &Tree) -> io::Result<()> {
     let get = |k: &str| {
         inherited
             .iter()
@@ -185,17 +232,23 @@ fn copy_cargo_config(inherited: &[(String, String)], cargo_home: &Path) -> io::R
     };
     let operator = get("CARGO_HOME").or_else(|| get("HOME").map(|h| h.join(".cargo")));
     for name in ["config.toml", "config"] {
-        let to = cargo_home.join(name);
-        match operator.as_ref().map(|o| o.join(name)) {
-            Some(from) if from.is_file() => {
-                std::fs::copy(&from, &to)?;
+        // The operator's own file (links followed: the operator's dotfiles are often links).
+        let from = operator.as_ref().map(|o| o.join(name));
+        let bytes = match from.as_deref().map(std::fs::metadata) {
+            Some(Ok(m)) if m.is_file() && m.len() <= MAX_CONFIG => {
+                from.as_deref().map(std::fs::read)
             }
+            _ => None,
+        };
+        match bytes {
+            Some(bytes) => cargo_home.put_file(name, &bytes?, 0o600)?,
             // Whatever a task left there is not the operator's.
-            _ => match std::fs::remove_file(&to) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            },
+            None => cargo_home.remove(name)?,
         }
+    }
+    // A login a task left (`cargo login`) is not handed to the next one.
+    for name in ["credentials.toml", "credentials"] {
+        cargo_home.remove(name)?;
     }
     Ok(())
 }
@@ -223,9 +276,10 @@ pub fn usage(root: &Path) -> Vec<Usage> {
         .map(|e| Usage {
             key: e.file_name().to_string_lossy().into_owned(),
             bytes: disk_usage(&e.path()),
-            last_used: std::fs::metadata(e.path().join(LAST_USED))
-                .and_then(|m| m.modified())
-                .ok(),
+            last_used: std::fs::symlink_metadata(e.path().join(LAST_USED))
+                .ok()
+                .filter(|m| m.is_file())
+                .and_then(|m| m.modified().ok()),
         })
         .collect();
     out.sort_by_key(|u| u.last_used);
@@ -252,7 +306,7 @@ fn prune_counted(root: &Path, max_bytes: u64, keep: &Path) -> (Vec<PathBuf>, u64
         if path == keep {
             continue;
         }
-        match crate::util::remove_tree(&path) {
+        match super::beneath::remove_tree(&path) {
             Ok(()) => {
                 total = total.saturating_sub(u.bytes);
                 tracing::info!(cache = %path.display(), bytes = u.bytes, "removed the least recently used repository cache");
@@ -317,6 +371,10 @@ fn disk_usage(path: &Path) -> u64 {
 }
 
 #[cfg(test)]
+#[path = "cache_links_tests.rs"]
+mod links_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -366,14 +424,16 @@ mod tests {
             "[net]\noffline = true\n"
         );
         assert!(!cargo.join("credentials.toml").exists());
-        // A task's own edit does not survive into the next task.
+        // A task's own edit, or login, does not survive into the next task.
         std::fs::write(cargo.join("config.toml"), "[source]\n").unwrap();
+        std::fs::write(cargo.join("credentials.toml"), "token = \"t\"\n").unwrap();
         let home = dir.path().join("home").to_string_lossy().into_owned();
         prepare(&cfg(dir.path(), 0), &ws, &[("HOME".into(), home)]).unwrap();
         assert_eq!(
             std::fs::read_to_string(cargo.join("config.toml")).unwrap(),
             "[net]\noffline = true\n"
         );
+        assert!(!cargo.join("credentials.toml").exists());
     }
 
     #[test]
@@ -395,14 +455,14 @@ mod tests {
             };
             std::fs::File::options()
                 .write(true)
-                .open(p.dir.join(LAST_USED))
+                .open(p.repo.join(LAST_USED))
                 .unwrap()
                 .set_modified(t)
                 .unwrap();
-            prepared.push(p.dir);
+            prepared.push(p.repo);
         }
         // Go-style read-only trees are removed too.
-        let ro = prepared[0].join("go/mod/x");
+        let ro = prepared[0].join("tree/go/mod/x");
         std::fs::create_dir_all(&ro).unwrap();
         std::fs::write(ro.join("f"), "x").unwrap();
         use std::os::unix::fs::PermissionsExt;
@@ -412,7 +472,7 @@ mod tests {
         assert_eq!(removed, vec![prepared[1].clone()]);
         assert!(prepared[0].exists() && prepared[2].exists());
         // "new" grows past the limit: "old" is now the least recently used.
-        std::fs::write(prepared[2].join("npm/blob"), vec![7u8; 400 * 1024]).unwrap();
+        std::fs::write(prepared[2].join("tree/npm/blob"), vec![7u8; 400 * 1024]).unwrap();
         let removed = prune(&root(&c), 1024 * 1024, &prepared[2]);
         assert_eq!(removed, vec![prepared[0].clone()]);
         let text = describe(&c);

@@ -54,6 +54,12 @@ pub(super) fn fs_policy(
     grants: &Grants,
 ) -> FsPolicy {
     let get = |k: &str| var_in(env, k);
+    // What the children may write: a path in there is theirs to change (a link put where a
+    // directory was), so no other grant or denial is ever derived from one (see below).
+    let mut write = grants.write.clone();
+    write.push(tmp.to_path_buf());
+    let writable = write.clone();
+    let theirs = |p: &Path| writable.iter().any(|w| p.starts_with(w));
     // The operator's HOME (the inherited one), not the task's own that `set` names: its
     // toolchains are read, its credentials denied.
     let home = env
@@ -67,12 +73,14 @@ pub(super) fn fs_policy(
     }
     // Every list is asked, not only the first that names the variable: the sandbox points
     // CARGO_HOME at the repository's cache, and cargo's rustup proxies still live in the
-    // operator's.
+    // operator's. The cache's own is left out: it is inside a write grant already, and read
+    // through whatever a task put there it would grant (or deny) the link's target.
     let toolchain_homes = |k: &str, under_home: &str| -> Vec<PathBuf> {
         let named: Vec<PathBuf> = env
             .iter()
             .filter_map(|l| var_in(&[l], k))
             .map(PathBuf::from)
+            .filter(|p| !theirs(p))
             .collect();
         let inherited = env.last().and_then(|l| var_in(&[l], k));
         match (inherited, &home) {
@@ -112,8 +120,8 @@ pub(super) fn fs_policy(
     if grants.task {
         read.extend(cfg.sandbox.npmrc.iter().cloned());
     }
-    let mut write = grants.write.clone();
-    write.push(tmp.to_path_buf());
+    // A read grant inside a write grant adds nothing but a way to follow a link put there.
+    read.retain(|p| !theirs(p));
     write.extend(DEVICES.iter().map(PathBuf::from));
     // `claude`'s per-task directory is inside `tmp`; the operator's template is not
     // granted at all.

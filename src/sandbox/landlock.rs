@@ -12,8 +12,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    Access, AccessFs, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    Scope, ABI,
+    Access, AccessFs, BitFlags, PathBeneath, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI,
 };
 
 /// The Landlock ABI this build asks for: filesystem rights up to ioctl on devices, and the
@@ -140,21 +139,20 @@ fn add(
     access: BitFlags<AccessFs>,
     file_rights: BitFlags<AccessFs>,
 ) -> Result<landlock::RulesetCreated, BuildError> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
+    // Opened without following a link anywhere on the way: `path` is canonical, so a link in
+    // it now was planted since it was resolved (a task's tree changed under the daemon), and
+    // granting what it points to would be a grant the task chose. Refused, not followed.
+    let (fd, is_dir) = match super::beneath::open_exact(path) {
+        Ok(opened) => opened,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            tracing::warn!(path = %path.display(), "not granted: the path no longer resolves to itself (a link was put in it)");
+            return Ok(rs);
+        }
         // A path that does not exist grants nothing; nothing to add.
         Err(_) => return Ok(rs),
     };
     // Directory rights on a file are meaningless and the kernel refuses them.
-    let access = if meta.is_dir() {
-        access
-    } else {
-        access & file_rights
-    };
-    let fd = PathFd::new(path).map_err(|source| BuildError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let access = if is_dir { access } else { access & file_rights };
     rs.add_rule(PathBeneath::new(fd, access))
         .map_err(|source| BuildError::Step {
             step: format!("granting {}", path.display()),
@@ -178,7 +176,12 @@ pub fn carve(grant: &Path, deny: &[PathBuf]) -> Vec<PathBuf> {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for e in entries.flatten() {
+    // A link among the children is not followed: the grant would be its target, chosen by
+    // whoever could write the carved tree (a task, in its workspace or caches).
+    for e in entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| !t.is_symlink()))
+    {
         out.extend(carve(&e.path(), deny));
     }
     out

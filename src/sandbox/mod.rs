@@ -46,6 +46,7 @@
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`agent_home`]: the agent CLI's per-task configuration directory.
 //! - [`caches`]: the per-repository dependency caches a task's package managers write.
+//! - [`beneath`]: the one way the daemon touches a tree a task can write (no link followed).
 //! - [`task_home`]: the task's own HOME, fresh for every task.
 //! - [`denial`]: telling from a failed child's output that containment refused it a path.
 //! - [`proxy`]: the HTTP proxy that is a task's only way out under `[network] mode = "allowlist"`;
@@ -60,6 +61,7 @@
 
 pub mod agent_home;
 pub mod allowlist;
+pub mod beneath;
 pub mod caches;
 mod child;
 pub mod denial;
@@ -440,14 +442,7 @@ pub fn plan(
     }
     let mut grants = std::borrow::Cow::Borrowed(grants);
     let mut caches_bytes = None;
-    // A per-task directory is nobody's repository: caches keyed by it would never be used
-    // again, one more directory for every task, each walked by every later prune. Its tools
-    // cache under the task's HOME, which goes with the task.
-    if let Some(ws) = grants
-        .write
-        .first()
-        .filter(|ws| grants.task && cfg.caches.enabled && !crate::workspace::is_task_dir(cfg, ws))
-    {
+    if let Some(ws) = caches::workspace_of(cfg, &grants) {
         let prepared =
             caches::prepare(cfg, ws, vars).map_err(|source| ContainmentError::Caches {
                 path: caches::root(cfg),

@@ -63,7 +63,7 @@ pub fn seed(
 ) -> io::Result<Vec<(String, String)>> {
     use std::os::unix::fs::DirBuilderExt;
     let home = tmp.join(DIR);
-    match crate::util::remove_tree(&home) {
+    match crate::sandbox::beneath::remove_tree(&home) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }

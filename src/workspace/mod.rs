@@ -393,7 +393,7 @@ pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> usize {
                 }
                 let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
                 let res = if is_dir {
-                    crate::util::remove_tree(&e.path())
+                    crate::sandbox::beneath::remove_tree(&e.path())
                 } else {
                     std::fs::remove_file(e.path())
                 };
@@ -422,7 +422,7 @@ pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> usize {
 /// Go makes its module cache so, and with caches off it is in the task's HOME here).
 pub async fn remove_task_tmp_dir(path: &Path) {
     let p = path.to_path_buf();
-    let removed = tokio::task::spawn_blocking(move || crate::util::remove_tree(&p))
+    let removed = tokio::task::spawn_blocking(move || crate::sandbox::beneath::remove_tree(&p))
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
     if let Err(e) = removed {

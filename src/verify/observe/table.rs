@@ -264,7 +264,8 @@ pub(super) fn content_hash(path: &Path, size: u64) -> Option<ContentHash> {
     if size > MAX_HASHED_BYTES {
         return None;
     }
-    let mut f = std::fs::File::open(path).ok()?;
+    // What a task left: a link or a FIFO where a file was listed is not read.
+    let mut f = crate::sandbox::beneath::open_regular(path)?;
     let mut h = Sha256::new();
     let mut buf = [0u8; 16 * 1024];
     loop {
@@ -286,7 +287,8 @@ pub(super) fn line_count(path: &Path) -> Option<u64> {
     if !meta.is_file() || meta.len() > MAX_HASHED_BYTES {
         return None;
     }
-    let mut f = std::fs::File::open(path).ok()?;
+    // What a task left: a link or a FIFO where a file was listed is not read.
+    let mut f = crate::sandbox::beneath::open_regular(path)?;
     let mut buf = [0u8; 16 * 1024];
     let (mut lines, mut last) = (0u64, b'\n');
     loop {

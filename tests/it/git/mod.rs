@@ -22,6 +22,7 @@ mod hostile;
 mod publish;
 mod secrets;
 mod steering;
+mod task_tmpdir;
 mod workspaces;
 
 /// Run git synchronously (only while the daemon is idle: tests are single-threaded).
