@@ -39,6 +39,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let grants = crate::sandbox::Grants {
         write: vec![workspace.clone()],
         task: true,
+        caches: true,
         ..Default::default()
     };
     let tmp = state.path().join("tmp");

@@ -13,7 +13,7 @@ use crate::process::ChildEnv;
 use crate::progress::{ProgressEvent, ProgressSink};
 use crate::sandbox::{ContainmentError, Grants};
 use crate::task::Task;
-use crate::workspace::{self, Workspace, WorkspaceKind};
+use crate::workspace::{self, Shape, Workspace, WorkspaceKind};
 
 use super::RunnerDeps;
 
@@ -31,13 +31,15 @@ pub(super) async fn prepare(
     cancel: &CancellationToken,
 ) -> Result<Prepared, PrepareError> {
     let cfg = &deps.config;
-    if workspace::is_temp(cfg, task) {
-        return prepare_temp(task, deps, tmp, cancel).await;
+    // What the workspace is, asked once: everything below follows from the answer.
+    let shape = workspace::Shape::of(cfg, task);
+    if let Shape::Temp { path } = &shape {
+        return prepare_temp(task, path, deps, tmp, cancel).await;
     }
     // The daemon's own git calls are children too: confined to the workspaces, never
     // the state file, and with no HOME but an empty one of the daemon's (see
     // `git::home_dir`): nothing of the service user's reaches them.
-    let git_roots = workspace::git_write_roots(cfg, task);
+    let git_roots = shape.git_write_roots(cfg);
     let git_home = crate::git::home_dir(cfg);
     for root in git_roots
         .iter()
@@ -60,12 +62,13 @@ pub(super) async fn prepare(
             write: git_roots,
             read: vec![git_home],
             task: false,
+            caches: false,
             hosts: Vec::new(),
         },
     )
     .await?;
     let git = GitRunner::new(cfg, &git_env, cancel.clone());
-    let (ws, branch) = prepare_workspace(cfg, task, &git, progress).await?;
+    let (ws, branch) = prepare_workspace(cfg, task, &shape, &git, progress).await?;
     let (ws, env) = task_sandbox(task, deps, tmp, ws).await?;
     let git = match ws.git_dir() {
         Some(dir) => git.trusting(&ws.path, dir),
@@ -74,20 +77,25 @@ pub(super) async fn prepare(
     Ok((git, ws, branch, env))
 }
 
-/// [`prepare`] for a task in a per-task directory ([`workspace::is_temp`]): nobody's
-/// repository, so no git of the daemon's runs there and no sandbox is built for one (it was
-/// half of a short task's set-up). The runner handed on is over the task's own sandbox and
-/// is never called: there is no branch to publish.
+/// [`prepare`] for a task in a per-task directory ([`Shape::Temp`]): nobody's repository,
+/// so no git of the daemon's runs there and no sandbox is built for one (it was half of a
+/// short task's set-up). The runner handed on is over the task's own sandbox and is never
+/// called: there is no branch to publish.
 async fn prepare_temp(
     task: &Task,
+    path: &Path,
     deps: &RunnerDeps,
     tmp: &Path,
     cancel: &CancellationToken,
 ) -> Result<Prepared, PrepareError> {
-    let cfg = &deps.config;
-    let ws = workspace::prepare_temp(cfg, task).await?;
+    let ws = workspace::prepare_temp(path).await?;
     let (ws, env) = task_sandbox(task, deps, tmp, ws).await?;
-    Ok((GitRunner::new(cfg, &env, cancel.clone()), ws, None, env))
+    Ok((
+        GitRunner::new(&deps.config, &env, cancel.clone()),
+        ws,
+        None,
+        env,
+    ))
 }
 
 /// The task's own children's sandbox over `ws` ([`task_grants`]); a workspace the task
@@ -114,13 +122,15 @@ async fn task_sandbox(
 }
 
 /// What a task's own children may use: the workspace read-write, a managed clone's history
-/// read-only (for the task's own git), the per-repository caches and the network policy,
-/// with the repository's remote among the hosts it may reach.
+/// read-only (for the task's own git), the repository's caches (not for a per-task
+/// directory, nobody's repository) and the network policy, with the repository's remote
+/// among the hosts it may reach.
 fn task_grants(task: &Task, ws: &Workspace) -> Grants {
     Grants {
         write: vec![ws.path.clone()],
         read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
         task: true,
+        caches: ws.kind != WorkspaceKind::Temp,
         hosts: task
             .repo
             .as_deref()
@@ -173,13 +183,14 @@ async fn confine_off_runtime(
 async fn prepare_workspace(
     cfg: &Config,
     task: &Task,
+    shape: &Shape,
     git: &GitRunner,
     progress: &ProgressSink,
 ) -> Result<(Workspace, Option<TaskBranch>), PrepareError> {
-    if task.repo.is_some() {
+    if matches!(shape, Shape::Managed { .. }) {
         progress.emit(ProgressEvent::status("preparing the repository workspace"));
     }
-    let ws = workspace::prepare(cfg, task, git).await?;
+    let ws = workspace::prepare(cfg, task, shape, git).await?;
     let branch = match &ws.kind {
         // A per-task directory is nobody's repository: nothing to branch or push.
         WorkspaceKind::Temp => Ok(None),

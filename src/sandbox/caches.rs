@@ -168,8 +168,7 @@ pub fn key_for(workspace: &Path) -> String {
 /// with the task.
 pub fn workspace_of<'a>(cfg: &Config, grants: &'a Grants) -> Option<&'a Path> {
     let ws = grants.write.first()?;
-    (grants.task && cfg.caches.enabled && !crate::workspace::is_task_dir(cfg, ws))
-        .then_some(ws.as_path())
+    (grants.task && grants.caches && cfg.caches.enabled).then_some(ws.as_path())
 }
 
 /// Create (or reuse) the caches of the repository in `workspace`, mark them used now and

@@ -40,6 +40,10 @@ pub struct Grants {
     /// of their own ([`task_home`]) and the network policy (`[network]`). The daemon's own
     /// git calls are not.
     pub task: bool,
+    /// With `task`: whether the workspace (`write[0]`) is a repository's, whose dependency
+    /// caches ([`caches`]) the children get. The workspace decides (a per-task directory is
+    /// nobody's repository: caches keyed by it would never be used again).
+    pub caches: bool,
     /// Hosts the task's children may reach under `[network] mode = "allowlist"` beyond
     /// `[network] allow`: the repository's remote.
     pub hosts: Vec<String>,

@@ -119,48 +119,98 @@ impl Workspace {
     }
 }
 
-/// The workspace for `task`: see the module docs. Failures are the task's failure reason.
+/// What a task's workspace is, decided once from the config and the task: the runner asks
+/// [`Shape::of`] once and prepares, confines and cleans up from that one answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shape {
+    /// A managed clone of the task's `repo` (the URL as given, trimmed).
+    Managed {
+        /// The repository URL.
+        url: String,
+    },
+    /// The operator's `repo_dir`.
+    RepoDir {
+        /// `repo_dir`.
+        path: PathBuf,
+    },
+    /// A per-task directory (`state_dir/work/<id>`): nobody's repository, so the daemon runs
+    /// no git in it and no dependency caches are kept for it; removed with its task.
+    Temp {
+        /// The directory.
+        path: PathBuf,
+    },
+}
+
+impl Shape {
+    /// The shape of `task`'s workspace: its `repo`, else `repo_dir`, else a directory of its own.
+    pub fn of(cfg: &Config, task: &Task) -> Shape {
+        if let Some(url) = task
+            .repo
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+        {
+            return Shape::Managed {
+                url: url.to_string(),
+            };
+        }
+        match &cfg.repo_dir {
+            Some(path) => Shape::RepoDir { path: path.clone() },
+            None => Shape::Temp {
+                path: task_dirs_root(cfg).join(safe_name(&task.task_id)),
+            },
+        }
+    }
+
+    /// Where the daemon's git calls write: the managed clones' root (a clone is made beside
+    /// its final place) and a remote that is a local path (a push writes there), else the
+    /// workspace itself.
+    pub fn git_write_roots(&self, cfg: &Config) -> Vec<PathBuf> {
+        match self {
+            Shape::Managed { url } => {
+                let mut v = vec![
+                    cfg.state_dir.join("workspaces"),
+                    cfg.state_dir.join("gitdirs"),
+                ];
+                v.extend(crate::git::url::local_path(url));
+                v
+            }
+            Shape::RepoDir { path } | Shape::Temp { path } => vec![path.clone()],
+        }
+    }
+}
+
+/// The workspace of `shape` for `task`: see the module docs. Failures are the task's failure
+/// reason. `git` is used for a managed clone only.
 pub async fn prepare(
     cfg: &Config,
     task: &Task,
+    shape: &Shape,
     git: &GitRunner,
 ) -> Result<Workspace, WorkspaceError> {
-    if let Some(url) = task.repo.as_deref().filter(|u| !u.trim().is_empty()) {
-        return prepare_managed(cfg, task, url.trim(), git).await;
+    match shape {
+        Shape::Managed { url } => prepare_managed(cfg, task, url, git).await,
+        Shape::RepoDir { path } => {
+            tokio::fs::create_dir_all(path)
+                .await
+                .map_err(WorkspaceError::io("create repo_dir", path))?;
+            Ok(Workspace {
+                path: path.clone(),
+                kind: WorkspaceKind::RepoDir,
+                _lock: None,
+            })
+        }
+        Shape::Temp { path } => prepare_temp(path).await,
     }
-    if let Some(dir) = &cfg.repo_dir {
-        tokio::fs::create_dir_all(dir)
-            .await
-            .map_err(WorkspaceError::io("create repo_dir", dir))?;
-        return Ok(Workspace {
-            path: dir.clone(),
-            kind: WorkspaceKind::RepoDir,
-            _lock: None,
-        });
-    }
-    prepare_temp(cfg, task).await
 }
 
-/// Whether `task` works in a per-task directory of its own ([`WorkspaceKind::Temp`]): no
-/// `repo` and no `repo_dir`. Nobody's repository, so the daemon runs no git in it.
-pub fn is_temp(cfg: &Config, task: &Task) -> bool {
-    task.repo.as_deref().is_none_or(|u| u.trim().is_empty()) && cfg.repo_dir.is_none()
-}
-
-/// Whether `path` is a per-task directory ([`WorkspaceKind::Temp`], `state_dir/work/<id>`):
-/// nobody's repository, removed with its task.
-pub fn is_task_dir(cfg: &Config, path: &Path) -> bool {
-    cfg.repo_dir.is_none() && path.parent() == Some(task_dirs_root(cfg).as_path())
-}
-
-/// The per-task directory of a task that [`is_temp`]: created empty, removed on release.
-pub async fn prepare_temp(cfg: &Config, task: &Task) -> Result<Workspace, WorkspaceError> {
-    let path = workspace_for(cfg, task);
-    tokio::fs::create_dir_all(&path)
+/// The per-task directory of a [`Shape::Temp`] task: created empty, removed on release.
+pub async fn prepare_temp(path: &Path) -> Result<Workspace, WorkspaceError> {
+    tokio::fs::create_dir_all(path)
         .await
-        .map_err(WorkspaceError::io("create workspace", &path))?;
+        .map_err(WorkspaceError::io("create workspace", path))?;
     Ok(Workspace {
-        path,
+        path: path.to_path_buf(),
         kind: WorkspaceKind::Temp,
         _lock: None,
     })
@@ -429,31 +479,6 @@ pub async fn remove_task_tmp_dir(path: &Path) {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(path = %path.display(), error = %e, "cannot remove the task's TMPDIR; delete it by hand");
         }
-    }
-}
-
-/// Where the daemon's git calls for `task` write: the managed clones' root (a clone is made
-/// beside its final place) and a remote that is a local path (a push writes there), else the
-/// task's own directory.
-pub fn git_write_roots(cfg: &Config, task: &Task) -> Vec<PathBuf> {
-    match task
-        .repo
-        .as_deref()
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-    {
-        Some(url) => {
-            let mut v = vec![
-                cfg.state_dir.join("workspaces"),
-                cfg.state_dir.join("gitdirs"),
-            ];
-            v.extend(crate::git::url::local_path(url));
-            v
-        }
-        None => vec![cfg
-            .repo_dir
-            .clone()
-            .unwrap_or_else(|| workspace_for(cfg, task))],
     }
 }
 
