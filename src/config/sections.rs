@@ -49,9 +49,10 @@ pub struct RecorderConfig {
     /// host (`recorder::sizing`: 1 % of the disk split between the agents beside it, at
     /// most 256 MiB).
     pub max_total_bytes: Option<u64>,
-    /// Most bytes of streamed output and events one task's record keeps (its prompts,
-    /// reports, decisions and result are always kept, each string capped at 32 KiB);
-    /// `None`: 4 MiB, or a quarter of `max_total_bytes` when that is less.
+    /// Most bytes one task's record takes, every line counted: output and events stop at
+    /// it; attempts, verification, decisions, the network summary and the terminal frame
+    /// are still written past it, each shrunk to about 12 KiB; `None`: 4 MiB, or a quarter
+    /// of `max_total_bytes` when that is less.
     pub max_task_bytes: Option<u64>,
 }
 
