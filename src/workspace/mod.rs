@@ -190,28 +190,28 @@ pub async fn prepare(
 ) -> Result<Workspace, WorkspaceError> {
     match shape {
         Shape::Managed { url } => prepare_managed(cfg, task, url, git).await,
-        Shape::RepoDir { path } => {
-            tokio::fs::create_dir_all(path)
-                .await
-                .map_err(WorkspaceError::io("create repo_dir", path))?;
-            Ok(Workspace {
-                path: path.clone(),
-                kind: WorkspaceKind::RepoDir,
-                _lock: None,
-            })
-        }
+        Shape::RepoDir { path } => directory(path, WorkspaceKind::RepoDir, "create repo_dir").await,
         Shape::Temp { path } => prepare_temp(path).await,
     }
 }
 
 /// The per-task directory of a [`Shape::Temp`] task: created empty, removed on release.
 pub async fn prepare_temp(path: &Path) -> Result<Workspace, WorkspaceError> {
+    directory(path, WorkspaceKind::Temp, "create workspace").await
+}
+
+/// A workspace of `kind` at `path`, created if missing (`what` names the step in an error).
+async fn directory(
+    path: &Path,
+    kind: WorkspaceKind,
+    what: &'static str,
+) -> Result<Workspace, WorkspaceError> {
     tokio::fs::create_dir_all(path)
         .await
-        .map_err(WorkspaceError::io("create workspace", path))?;
+        .map_err(WorkspaceError::io(what, path))?;
     Ok(Workspace {
         path: path.to_path_buf(),
-        kind: WorkspaceKind::Temp,
+        kind,
         _lock: None,
     })
 }
