@@ -18,7 +18,7 @@
 //! inodes, so the Landlock rules on them still hold.
 //!
 //! This file owns the plan, plain data built once per task in the parent ([`plan`]);
-//! `child.rs` applies it between `fork` and `exec` with no allocation.
+//! `view.rs` applies it once per task, in namespaces every child of the task joins.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
