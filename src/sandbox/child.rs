@@ -20,8 +20,6 @@
 
 use std::io;
 
-use super::view::Join;
-
 /// Everything the child needs, prepared by the parent before `fork`.
 #[derive(Debug, Clone)]
 pub(crate) struct ChildPlan {
@@ -40,6 +38,14 @@ pub(crate) struct ChildPlan {
     /// A Landlock ruleset to enforce (the parent keeps it open; `restrict_self` never
     /// consumes it, so one ruleset serves every child of a task).
     pub landlock_fd: Option<i32>,
+}
+
+/// What a child joins: the descriptors of the task's user and mount namespaces, which its
+/// view (`view.rs`) keeps open.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Join {
+    pub user: libc::c_int,
+    pub mnt: libc::c_int,
 }
 
 /// The port the proxy listens on inside a task's network namespace (each child has its

@@ -1,5 +1,5 @@
 //! What a task's children see of the host's file system: every tree outside the system's
-//! hidden under an empty tmpfs in a mount namespace of their own, and inside those trees
+//! hidden under an empty tmpfs in a mount namespace of the task's own, and inside those trees
 //! only what is granted bound back.
 //!
 //! Why: Landlock (up to ABI 7) does not govern `connect()` or `sendto()` on a path unix

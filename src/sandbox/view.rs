@@ -23,7 +23,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 
-use super::child::{send_fds, IdMaps};
+use super::child::{send_fds, IdMaps, Join};
 use super::mounts::{Hidden, MountPlan, MAX_KEEP};
 
 /// The task's user and mount namespaces, held open.
@@ -31,13 +31,6 @@ use super::mounts::{Hidden, MountPlan, MAX_KEEP};
 pub(crate) struct TaskView {
     user: OwnedFd,
     mnt: OwnedFd,
-}
-
-/// What a child joins: the raw descriptors of a [`TaskView`] (which keeps them open).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Join {
-    pub user: RawFd,
-    pub mnt: RawFd,
 }
 
 impl TaskView {
