@@ -1,5 +1,6 @@
 //! The code that runs in a forked child between `fork` and `exec`: limits, namespaces
-//! (user, PID and, for `[network] mode = "none"` or `"allowlist"`, network), the proxy's
+//! (the task's user and mount namespaces joined, see `view.rs`; a PID namespace of its own
+//! and, for `[network] mode = "none"` or `"allowlist"`, a network namespace), the proxy's
 //! listener inside the network namespace, `no_new_privs` and the Landlock domain.
 //!
 //! It runs in a copy of a multi-threaded process, so it only makes raw system calls on data
@@ -17,18 +18,16 @@
 
 #![allow(unsafe_code)]
 
-use std::ffi::CStr;
 use std::io;
-
-use super::mounts::{Hidden, MountPlan, MAX_KEEP};
 
 /// Everything the child needs, prepared by the parent before `fork`.
 #[derive(Debug, Clone)]
 pub(crate) struct ChildPlan {
     /// `(resource, limit)`: soft and hard limit both set to `min(limit, current hard)`.
     pub rlimits: Vec<(libc::__rlimit_resource_t, libc::rlim_t)>,
-    /// New user + PID namespace with these `uid_map` / `gid_map` contents.
-    pub namespaces: Option<IdMaps>,
+    /// Join the task's user and mount namespaces (its view of the host's trees, in which
+    /// its host sockets are hidden: see `view.rs`), then a PID namespace of its own.
+    pub namespaces: Option<Join>,
     /// Also a network namespace of its own, with only a loopback interface (up): the
     /// command reaches no other host and none of the host's loopback services.
     pub own_network: bool,
@@ -39,9 +38,14 @@ pub(crate) struct ChildPlan {
     /// A Landlock ruleset to enforce (the parent keeps it open; `restrict_self` never
     /// consumes it, so one ruleset serves every child of a task).
     pub landlock_fd: Option<i32>,
-    /// With `namespaces`: also a mount namespace, in which this plan hides the host's trees
-    /// (and with them its socket files) but what is granted (see `mounts.rs`).
-    pub mounts: Option<MountPlan>,
+}
+
+/// What a child joins: the descriptors of the task's user and mount namespaces, which its
+/// view (`view.rs`) keeps open.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Join {
+    pub user: libc::c_int,
+    pub mnt: libc::c_int,
 }
 
 /// The port the proxy listens on inside a task's network namespace (each child has its
@@ -96,9 +100,9 @@ impl ChildPlan {
                 return Err(io::Error::last_os_error());
             }
         }
-        if let Some(maps) = &self.namespaces {
+        if let Some(join) = &self.namespaces {
             let handoff = if self.proxied { Some(handoff) } else { None };
-            enter_namespaces(maps, self.own_network, handoff, self.mounts.as_ref())?;
+            enter_namespaces(join, self.own_network, handoff)?;
         }
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(io::Error::last_os_error());
@@ -112,46 +116,36 @@ impl ChildPlan {
     }
 }
 
-/// New user and PID namespaces (and a network namespace when `own_network`, its proxy
-/// listener sent over `handoff`; a mount namespace with `mounts` applied); returns in the
+/// The task's user and mount namespaces joined, then a new PID namespace (and a network
+/// namespace when `own_network`, its proxy listener sent over `handoff`); returns in the
 /// namespace's PID 1 (see the module docs).
 unsafe fn enter_namespaces(
-    maps: &IdMaps,
+    join: &Join,
     own_network: bool,
     handoff: Option<libc::c_int>,
-    mounts: Option<&MountPlan>,
 ) -> io::Result<()> {
+    // Joining a mount namespace moves to its root: the working directory (set by `Command`
+    // before this runs) is entered again by its path, through the task's view, so `..` from
+    // it never names the host's tree. One that the view does not show fails the spawn.
+    let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
+    if libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    // Single-threaded (a fresh fork) and of the namespace owner's uid: all capabilities in
+    // the task's user namespace, which the mount namespace and the ones made below need.
+    if libc::setns(join.user, libc::CLONE_NEWUSER) != 0
+        || libc::setns(join.mnt, libc::CLONE_NEWNS) != 0
+        || libc::chdir(cwd.as_ptr()) != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
     let net = if own_network { libc::CLONE_NEWNET } else { 0 };
-    let mnt = if mounts.is_some() {
-        libc::CLONE_NEWNS
-    } else {
-        0
-    };
-    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | net | mnt) != 0 {
+    if libc::unshare(libc::CLONE_NEWPID | net) != 0 {
         return Err(io::Error::last_os_error());
-    }
-    // The daemon is non-dumpable (`protect_daemon`), and so is this fork of it: the kernel
-    // then makes `/proc/self/*` belong to root, and a service user cannot open its own id
-    // maps (EACCES; root can, which is why only a deployment saw it). Dumpable just for the
-    // three writes, as container runtimes do, then closed again before anything else runs:
-    // nothing of the task exists yet, and confined processes of earlier tasks cannot trace
-    // us (Landlock forbids tracing a less-restricted process; they are in other namespaces).
-    if libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mapped = write_maps(maps);
-    if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    mapped?;
-    if let Some(plan) = mounts {
-        // Mapped now: what the tmpfs holds belongs to an id of this namespace. The copied
-        // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
-        // user namespace), so nothing done here reaches the host.
-        hide(plan)?;
     }
     if own_network {
-        // As the new user namespace's owner we hold CAP_NET_ADMIN over its network namespace.
+        // With every capability in the task's user namespace, which owns the new network
+        // namespace: CAP_NET_ADMIN over it.
         loopback_up()?;
     }
     if let Some(handoff) = handoff {
@@ -198,175 +192,6 @@ unsafe fn enter_namespaces(
         libc::_exit(137);
     }
     // alive[0] is close-on-exec: the command never sees it.
-    Ok(())
-}
-
-/// Cover each hidden tree of `plan` with an empty directory of one tmpfs (a directory of its
-/// own for each tree, so nothing made in one shows in another) and bind back what it keeps
-/// (each cloned before its tree is covered), then enter the working directory again through
-/// the new view: the one inherited still names the tree underneath, and `..` from it would
-/// reach what was hidden (up to the tmpfs).
-///
-/// One tmpfs and a bind of one of its directories per tree, not a tmpfs per tree: a
-/// superblock costs several times a bind to make and to tear down with the namespace.
-unsafe fn hide(plan: &MountPlan) -> io::Result<()> {
-    let Some(first) = plan.hide.first() else {
-        return Ok(());
-    };
-    let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
-    let had_cwd = !libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null();
-    let mut base = -1;
-    for (i, tree) in plan.hide.iter().enumerate() {
-        let mut fds = [-1 as libc::c_int; MAX_KEEP];
-        let mut result = clone_keeps(tree, &mut fds);
-        if result.is_ok() && i == 0 {
-            result = stage(plan, first, &mut base);
-        }
-        if result.is_ok() {
-            result = cover(base, tree).and_then(|()| show_keeps(tree, &fds));
-        }
-        for fd in fds.iter().filter(|fd| **fd >= 0) {
-            libc::close(*fd);
-        }
-        if let Err(e) = result {
-            if base >= 0 {
-                libc::close(base);
-            }
-            return Err(e);
-        }
-    }
-    libc::close(base);
-    // A working directory outside every grant (none the daemon picks today) stays the one
-    // inherited: the command then runs where it was told, and `..` from it names only that
-    // directory's own ancestors up to the hidden tree's top, which is the tmpfs.
-    if had_cwd {
-        libc::chdir(cwd.as_ptr());
-    }
-    Ok(())
-}
-
-/// Clone what `tree` keeps, into `fds` (-1 for an optional socket that is not there).
-unsafe fn clone_keeps(tree: &Hidden, fds: &mut [libc::c_int; MAX_KEEP]) -> io::Result<()> {
-    for (keep, fd) in tree.keep.iter().zip(fds.iter_mut()) {
-        // Never through a link where the plan had none: a path swapped for a symlink since
-        // the plan was made is refused, not bound wherever it points.
-        let r = open_tree(
-            libc::AT_FDCWD,
-            &keep.path,
-            libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
-        );
-        if r < 0 {
-            let err = io::Error::last_os_error();
-            if keep.optional && err.raw_os_error() == Some(libc::ENOENT) {
-                continue;
-            }
-            return Err(err);
-        }
-        *fd = r;
-    }
-    Ok(())
-}
-
-/// The one tmpfs, mounted on the first tree (whose keeps are cloned already), with an empty
-/// directory for each tree; `base` becomes a descriptor of its root, which stays reachable
-/// once the first tree's own directory covers it.
-unsafe fn stage(plan: &MountPlan, first: &Hidden, base: &mut libc::c_int) -> io::Result<()> {
-    if libc::mount(
-        c"tmpfs".as_ptr(),
-        first.path.as_ptr(),
-        c"tmpfs".as_ptr(),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        c"mode=0755,size=64k,nr_inodes=4096".as_ptr().cast(),
-    ) != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    *base = libc::open(
-        first.path.as_ptr(),
-        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-    );
-    if *base < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    for tree in &plan.hide {
-        if libc::mkdirat(*base, tree.stage.as_ptr(), 0o755) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// Cover `tree` with its own directory of the tmpfs under `base`.
-unsafe fn cover(base: libc::c_int, tree: &Hidden) -> io::Result<()> {
-    let fd = open_tree(base, &tree.stage, 0);
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let r = move_mount(fd, &tree.path);
-    libc::close(fd);
-    r
-}
-
-/// Bind what `tree` keeps (cloned into `fds`) back at its own paths, making the mount
-/// points on the way.
-unsafe fn show_keeps(tree: &Hidden, fds: &[libc::c_int; MAX_KEEP]) -> io::Result<()> {
-    for (keep, &fd) in tree.keep.iter().zip(fds.iter()) {
-        if fd < 0 {
-            continue;
-        }
-        for dir in &keep.parents {
-            make(libc::mkdir(dir.as_ptr(), 0o755))?;
-        }
-        if keep.dir {
-            make(libc::mkdir(keep.path.as_ptr(), 0o755))?;
-        } else {
-            let f = libc::open(
-                keep.path.as_ptr(),
-                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-                0o600,
-            );
-            if f < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            libc::close(f);
-        }
-        move_mount(fd, &keep.path)?;
-    }
-    Ok(())
-}
-
-/// A detached recursive copy of the mount tree at `path` (relative to `dirfd`).
-unsafe fn open_tree(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> libc::c_int {
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    let flags = flags
-        | OPEN_TREE_CLONE
-        | libc::O_CLOEXEC as libc::c_uint
-        | libc::AT_RECURSIVE as libc::c_uint;
-    libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) as libc::c_int
-}
-
-/// Attach the detached tree `fd` at `path`.
-unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
-    if libc::syscall(
-        libc::SYS_move_mount,
-        fd,
-        c"".as_ptr(),
-        libc::AT_FDCWD,
-        path.as_ptr(),
-        MOVE_MOUNT_F_EMPTY_PATH,
-    ) != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// A `mkdir` result where an existing directory (a parent shared by two kept paths) is fine.
-unsafe fn make(r: libc::c_int) -> io::Result<()> {
-    if r != 0 && *libc::__errno_location() != libc::EEXIST {
-        return Err(io::Error::last_os_error());
-    }
     Ok(())
 }
 
@@ -457,13 +282,6 @@ pub(super) unsafe fn send_fds(to: libc::c_int, fds: &[libc::c_int]) -> io::Resul
     }
 }
 
-/// Map the caller's own ids into its new user namespace.
-unsafe fn write_maps(maps: &IdMaps) -> io::Result<()> {
-    write_proc(c"/proc/self/setgroups", b"deny")?;
-    write_proc(c"/proc/self/gid_map", &maps.gid_map)?;
-    write_proc(c"/proc/self/uid_map", &maps.uid_map)
-}
-
 /// The supervisor: hold nothing, wait for the namespace's init, exit as it did.
 unsafe fn supervise(child: libc::pid_t, alive: libc::c_int) -> ! {
     // Dies with the daemon's spawning thread, which lives as long as the runtime.
@@ -502,18 +320,4 @@ unsafe fn supervise(child: libc::pid_t, alive: libc::c_int) -> ! {
         libc::_exit(128 + sig);
     }
     libc::_exit(127)
-}
-
-unsafe fn write_proc(path: &CStr, data: &[u8]) -> io::Result<()> {
-    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let n = libc::write(fd, data.as_ptr().cast(), data.len());
-    let err = io::Error::last_os_error();
-    libc::close(fd);
-    if n != data.len() as isize {
-        return Err(err);
-    }
-    Ok(())
 }

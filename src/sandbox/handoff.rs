@@ -112,7 +112,7 @@ fn refused(what: &str) -> io::Error {
 }
 
 /// Every descriptor in one message waiting on `sock` (all of them owned, so extras close).
-fn recv_fds(sock: &OwnedFd) -> io::Result<Vec<OwnedFd>> {
+pub(super) fn recv_fds(sock: &OwnedFd) -> io::Result<Vec<OwnedFd>> {
     // Room for more than a child sends, so that extras arrive (and are closed) rather than
     // being cut off unseen.
     const MAX: usize = 2 * super::child::MAX_SEND_FDS;

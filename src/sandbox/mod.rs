@@ -19,7 +19,8 @@
 //!   addressable by pid from inside. See `child.rs`.
 //! - **The host's socket files (mount namespace)**: every tree but the system's is hidden
 //!   under an empty tmpfs, what is granted in it bound back, so no path socket outside the
-//!   grants and `[sandbox] sockets` can be named (see `mounts.rs`).
+//!   grants and `[sandbox] sockets` can be named (see `mounts.rs`). Made once per task,
+//!   joined by each child (see `view.rs`).
 //! - **Network** (`[network] mode`): `open`; `none`: a network namespace of the task's
 //!   own with only its loopback, so it reaches no host and none of the host's loopback
 //!   services (Ollama, a database, the hub); `allowlist`: the same namespace, whose only
@@ -41,7 +42,8 @@
 //!
 //! - this file: levels, per-task policies and [`Sandbox`].
 //! - `support.rs`: what the kernel allows ([`Support`]), probed once.
-//! - `mounts.rs`: the children's view of the host's trees (a mount namespace's plan).
+//! - `mounts.rs`: the children's view of the host's trees (a mount namespace's plan);
+//!   `view.rs`: that view made once per task, in namespaces each child joins.
 //! - `grants.rs`: what a sandbox grants on the file system ([`Grants`] → the policy).
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`agent_home`]: the agent CLI's per-task configuration directory.
@@ -78,13 +80,14 @@ mod splice;
 mod support;
 mod tally;
 pub mod task_home;
+mod view;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::Config;
 
-use child::{ChildPlan, IdMaps};
+use child::ChildPlan;
 pub use grants::Grants;
 use grants::{fs_policy, var_in};
 pub(crate) use handoff::Spawning;
@@ -278,6 +281,9 @@ pub enum ContainmentError {
     /// The children's view of the host's trees could not be planned.
     #[error("containment_failed: cannot plan the task's view of the file system: {0}")]
     Mounts(#[from] mounts::PlanError),
+    /// The task's namespaces, with that view in them, could not be made.
+    #[error("containment_failed: cannot make the task's view of the file system: {0}")]
+    View(std::io::Error),
     /// The set-up, run on the blocking pool, panicked or was cancelled.
     #[error("containment_failed: the sandbox set-up panicked: {0}")]
     Panicked(String),
@@ -289,6 +295,8 @@ pub struct Sandbox {
     plan: ChildPlan,
     /// Keeps the ruleset descriptor the plan names open.
     _ruleset: Option<landlock::Built>,
+    /// Keeps the task's namespaces the plan joins open (see `view.rs`).
+    _view: Option<view::TaskView>,
     /// The private TMPDIR.
     tmp: PathBuf,
     /// The operator's agent configuration the task's copies are made from (never granted).
@@ -341,7 +349,7 @@ impl Sandbox {
     /// the task needed: an infrastructure error, not a fault of the task's code (see
     /// [`denial`]). Blocking (stats the paths named): for a failed child's output only.
     pub fn denial(&self, output: &str) -> Option<denial::Denial> {
-        let (cut, hides) = (self.network_cut, self.plan.mounts.is_some());
+        let (cut, hides) = (self.network_cut, self.plan.namespaces.is_some());
         let config = self.config.as_deref();
         self.fs
             .as_ref()
@@ -482,6 +490,12 @@ pub fn plan(
     let mounts = mounts
         .map(|fs| mounts::for_sandbox(cfg, fs, vars, tmp, &grants))
         .transpose()?;
+    // Made once for the task, joined by each child (see `view.rs`).
+    let task_view = mounts
+        .as_ref()
+        .map(view::TaskView::create)
+        .transpose()
+        .map_err(ContainmentError::View)?;
     let fs = fs.filter(|_| landlock_on);
     let own_network = grants.task && cfg.network.mode != NetworkMode::Open;
     if let (true, Err(e)) = (own_network, &policy.support.namespaces) {
@@ -492,17 +506,17 @@ pub fn plan(
         .transpose()?;
     let plan = ChildPlan {
         rlimits: rlimits(&cfg.sandbox),
-        namespaces: policy.support.namespaces.is_ok().then(IdMaps::current),
+        namespaces: task_view.as_ref().map(view::TaskView::join),
         own_network,
         proxied: proxy.is_some(),
         landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
-        mounts,
     };
     Ok(Confined {
         set,
         sandbox: Some(Arc::new(Sandbox {
             plan,
             _ruleset: ruleset,
+            _view: task_view,
             tmp: tmp.to_path_buf(),
             agent_template,
             fs,

@@ -1,5 +1,5 @@
 //! What a task's children see of the host's file system: every tree outside the system's
-//! hidden under an empty tmpfs in a mount namespace of their own, and inside those trees
+//! hidden under an empty tmpfs in a mount namespace of the task's own, and inside those trees
 //! only what is granted bound back.
 //!
 //! Why: Landlock (up to ABI 7) does not govern `connect()` or `sendto()` on a path unix
@@ -18,7 +18,7 @@
 //! inodes, so the Landlock rules on them still hold.
 //!
 //! This file owns the plan, plain data built once per task in the parent ([`plan`]);
-//! `child.rs` applies it between `fork` and `exec` with no allocation.
+//! `view.rs` applies it once per task, in namespaces every child of the task joins.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;

@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::child::{ChildPlan, IdMaps};
+use super::child::ChildPlan;
 use super::mounts::MountPlan;
+use super::view::TaskView;
 use super::{landlock, Sandbox};
 
 /// What this machine lets the daemon enforce; probed once at start-up.
@@ -84,19 +85,22 @@ impl Support {
 
 /// Can a child enter new user, PID and mount namespaces here? Runs `true` in them.
 fn probe_namespaces() -> Result<(), NamespaceError> {
+    // The task's way: user and mount namespaces made once by a holder, with an empty plan
+    // (the namespaces are made, as the daemon's tasks need and the shipped unit must allow,
+    // nothing is mounted), then joined by the child, which makes its PID namespace.
+    let view =
+        TaskView::create(&MountPlan::default()).map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
     let plan = ChildPlan {
         rlimits: Vec::new(),
-        namespaces: Some(IdMaps::current()),
+        namespaces: Some(view.join()),
         own_network: false,
         proxied: false,
         landlock_fd: None,
-        // An empty plan: the mount namespace is made (the daemon's tasks need it, and the
-        // shipped unit must allow it), nothing is mounted.
-        mounts: Some(MountPlan::default()),
     };
     let sb = Arc::new(Sandbox {
         plan,
         _ruleset: None,
+        _view: Some(view),
         tmp: PathBuf::new(),
         agent_template: None,
         fs: None,

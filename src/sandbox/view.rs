@@ -1,0 +1,299 @@
+//! A task's view of the host's file system, made once per task: a user namespace and, owned
+//! by it, a mount namespace in which the [`MountPlan`] is applied (every tree but the
+//! system's hidden under an empty tmpfs, what is granted bound back). Every child of the
+//! task joins both (`setns`, see `child.rs`) before it makes its own PID (and network)
+//! namespace, so the view is built once per task and not once per child: a fresh mount
+//! namespace, its tmpfs and binds, and tearing them down again cost about 0.4 ms a child.
+//!
+//! A short-lived holder process makes them: forked from the daemon by [`TaskView::create`]
+//! (on the blocking pool, when the task's sandbox is planned), it unshares, writes its id
+//! maps, hides, sends descriptors of its two namespaces back over a socket pair and exits.
+//! The descriptors keep the namespaces alive (no process needs to stay in them); they close
+//! with the task's [`super::Sandbox`], and the view goes with its last child.
+//!
+//! The holder runs in a copy of a multi-threaded process and never execs, so, as in
+//! `child.rs`, it only makes raw system calls on data prepared before the fork (no
+//! allocation, no locks): async-signal-safe by construction. Hence `unsafe` here.
+
+#![allow(unsafe_code)]
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+
+use super::child::{send_fds, IdMaps, Join};
+use super::mounts::{Hidden, MountPlan, MAX_KEEP};
+
+/// The task's user and mount namespaces, held open.
+#[derive(Debug)]
+pub(crate) struct TaskView {
+    user: OwnedFd,
+    mnt: OwnedFd,
+}
+
+impl TaskView {
+    /// Make the namespaces and apply `plan` in them. Blocking (forks a process that lives
+    /// about a millisecond): off the async runtime.
+    pub(crate) fn create(plan: &MountPlan) -> io::Result<TaskView> {
+        let maps = IdMaps::current();
+        let plan = plan.clone();
+        let (ours, theirs) = UnixStream::pair()?;
+        let to = theirs.as_raw_fd();
+        // Never exec'd: the holder leaves from `hold` (an error in it is the spawn's error).
+        let mut cmd = std::process::Command::new("/bin/true");
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .current_dir("/");
+        // SAFETY: `hold` only makes async-signal-safe system calls on data prepared before
+        // the fork; `to` stays open until the holder has exited.
+        unsafe {
+            cmd.pre_exec(move || hold(&maps, &plan, to));
+        }
+        let status = cmd.spawn()?.wait()?;
+        drop(theirs);
+        if !status.success() {
+            return Err(io::Error::other(format!(
+                "the namespace holder exited with {status}"
+            )));
+        }
+        let mut fds = super::handoff::recv_fds(&OwnedFd::from(ours))?.into_iter();
+        match (fds.next(), fds.next(), fds.next()) {
+            (Some(user), Some(mnt), None) => Ok(TaskView { user, mnt }),
+            _ => Err(io::Error::other(
+                "the namespace holder did not send its two namespaces",
+            )),
+        }
+    }
+
+    /// What each child joins.
+    pub(crate) fn join(&self) -> Join {
+        Join {
+            user: self.user.as_raw_fd(),
+            mnt: self.mnt.as_raw_fd(),
+        }
+    }
+}
+
+/// The holder, in the forked process: new user and mount namespaces, the ids mapped, the
+/// plan applied, both namespaces sent over `to`, then gone.
+unsafe fn hold(maps: &IdMaps, plan: &MountPlan, to: RawFd) -> io::Result<()> {
+    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The daemon is non-dumpable (`protect_daemon`), and so is this fork of it: the kernel
+    // then makes `/proc/self/*` belong to root, and a service user cannot open its own id
+    // maps (EACCES; root can, which is why only a deployment saw it). Dumpable just for the
+    // writes and the two opens, as container runtimes do, then closed again: the holder runs
+    // nothing of a task, and confined processes of earlier tasks cannot trace it (Landlock
+    // forbids tracing a less-restricted process; they are in other namespaces).
+    if libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut ns = [-1 as libc::c_int; 2];
+    let done = write_maps(maps).and_then(|()| {
+        ns[0] = open_ns(c"/proc/self/ns/user")?;
+        ns[1] = open_ns(c"/proc/self/ns/mnt")?;
+        Ok(())
+    });
+    if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    done?;
+    // Mapped now: what the tmpfs holds belongs to an id of this namespace. The copied
+    // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
+    // user namespace), so nothing done here reaches the host.
+    hide(plan)?;
+    send_fds(to, &ns)?;
+    libc::_exit(0)
+}
+
+unsafe fn open_ns(path: &CStr) -> io::Result<libc::c_int> {
+    let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Cover each hidden tree of `plan` with an empty directory of one tmpfs (a directory of its
+/// own for each tree, so nothing made in one shows in another) and bind back what it keeps
+/// (each cloned before its tree is covered).
+///
+/// One tmpfs and a bind of one of its directories per tree, not a tmpfs per tree: a
+/// superblock costs several times a bind to make and to tear down with the namespace.
+unsafe fn hide(plan: &MountPlan) -> io::Result<()> {
+    let Some(first) = plan.hide.first() else {
+        return Ok(());
+    };
+    let mut base = -1;
+    for (i, tree) in plan.hide.iter().enumerate() {
+        let mut fds = [-1 as libc::c_int; MAX_KEEP];
+        let mut result = clone_keeps(tree, &mut fds);
+        if result.is_ok() && i == 0 {
+            result = stage(plan, first, &mut base);
+        }
+        if result.is_ok() {
+            result = cover(base, tree).and_then(|()| show_keeps(tree, &fds));
+        }
+        for fd in fds.iter().filter(|fd| **fd >= 0) {
+            libc::close(*fd);
+        }
+        if let Err(e) = result {
+            if base >= 0 {
+                libc::close(base);
+            }
+            return Err(e);
+        }
+    }
+    libc::close(base);
+    Ok(())
+}
+
+/// Clone what `tree` keeps, into `fds` (-1 for an optional socket that is not there).
+unsafe fn clone_keeps(tree: &Hidden, fds: &mut [libc::c_int; MAX_KEEP]) -> io::Result<()> {
+    for (keep, fd) in tree.keep.iter().zip(fds.iter_mut()) {
+        // Never through a link where the plan had none: a path swapped for a symlink since
+        // the plan was made is refused, not bound wherever it points.
+        let r = open_tree(
+            libc::AT_FDCWD,
+            &keep.path,
+            libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+        );
+        if r < 0 {
+            let err = io::Error::last_os_error();
+            if keep.optional && err.raw_os_error() == Some(libc::ENOENT) {
+                continue;
+            }
+            return Err(err);
+        }
+        *fd = r;
+    }
+    Ok(())
+}
+
+/// The one tmpfs, mounted on the first tree (whose keeps are cloned already), with an empty
+/// directory for each tree; `base` becomes a descriptor of its root, which stays reachable
+/// once the first tree's own directory covers it.
+unsafe fn stage(plan: &MountPlan, first: &Hidden, base: &mut libc::c_int) -> io::Result<()> {
+    if libc::mount(
+        c"tmpfs".as_ptr(),
+        first.path.as_ptr(),
+        c"tmpfs".as_ptr(),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        c"mode=0755,size=64k,nr_inodes=4096".as_ptr().cast(),
+    ) != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    *base = libc::open(
+        first.path.as_ptr(),
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+    );
+    if *base < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for tree in &plan.hide {
+        if libc::mkdirat(*base, tree.stage.as_ptr(), 0o755) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Cover `tree` with its own directory of the tmpfs under `base`.
+unsafe fn cover(base: libc::c_int, tree: &Hidden) -> io::Result<()> {
+    let fd = open_tree(base, &tree.stage, 0);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let r = move_mount(fd, &tree.path);
+    libc::close(fd);
+    r
+}
+
+/// Bind what `tree` keeps (cloned into `fds`) back at its own paths, making the mount
+/// points on the way.
+unsafe fn show_keeps(tree: &Hidden, fds: &[libc::c_int; MAX_KEEP]) -> io::Result<()> {
+    for (keep, &fd) in tree.keep.iter().zip(fds.iter()) {
+        if fd < 0 {
+            continue;
+        }
+        for dir in &keep.parents {
+            make(libc::mkdir(dir.as_ptr(), 0o755))?;
+        }
+        if keep.dir {
+            make(libc::mkdir(keep.path.as_ptr(), 0o755))?;
+        } else {
+            let f = libc::open(
+                keep.path.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                0o600,
+            );
+            if f < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::close(f);
+        }
+        move_mount(fd, &keep.path)?;
+    }
+    Ok(())
+}
+
+/// A detached recursive copy of the mount tree at `path` (relative to `dirfd`).
+unsafe fn open_tree(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> libc::c_int {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let flags = flags
+        | OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_RECURSIVE as libc::c_uint;
+    libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) as libc::c_int
+}
+
+/// Attach the detached tree `fd` at `path`.
+unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    if libc::syscall(
+        libc::SYS_move_mount,
+        fd,
+        c"".as_ptr(),
+        libc::AT_FDCWD,
+        path.as_ptr(),
+        MOVE_MOUNT_F_EMPTY_PATH,
+    ) != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A `mkdir` result where an existing directory (a parent shared by two kept paths) is fine.
+unsafe fn make(r: libc::c_int) -> io::Result<()> {
+    if r != 0 && *libc::__errno_location() != libc::EEXIST {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Map the caller's own ids into its new user namespace.
+unsafe fn write_maps(maps: &IdMaps) -> io::Result<()> {
+    write_proc(c"/proc/self/setgroups", b"deny")?;
+    write_proc(c"/proc/self/gid_map", &maps.gid_map)?;
+    write_proc(c"/proc/self/uid_map", &maps.uid_map)
+}
+
+unsafe fn write_proc(path: &CStr, data: &[u8]) -> io::Result<()> {
+    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = libc::write(fd, data.as_ptr().cast(), data.len());
+    let err = io::Error::last_os_error();
+    libc::close(fd);
+    if n != data.len() as isize {
+        return Err(err);
+    }
+    Ok(())
+}
