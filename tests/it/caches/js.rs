@@ -192,16 +192,17 @@ async fn js_installs_then_reuses_the_cache(js: &Js, registry_from: Registry) {
         "the tarball came from the cache"
     );
     if let Registry::Operator = registry_from {
-        // Yarn also reads the settings files of every directory above the project, and
-        // one of the service user's there cannot be a task's: an infrastructure error that
-        // names it and the operator's route, not a failure of the task.
+        // Yarn also reads the settings files of every directory above the project. One of
+        // the service user's there is not a task's: the task's view of the host hides it
+        // (only the workspace is bound back into the hidden tree), so yarn is not refused it
+        // (Landlock alone would refuse it, and yarn would fail on that).
         let above = dir.join(".yarnrc");
         private(&above, "registry \"http://127.0.0.1:9/\"\n");
         let third = run(h.hub(), &format!("{}-3", tools[0]), install).await;
-        let err = third["error"].as_str().unwrap_or_default();
-        assert!(err.contains("infrastructure_error"), "{third}");
-        assert!(err.contains(&above.display().to_string()), "{err}");
-        assert!(err.contains("[sandbox] npmrc"), "{err}");
+        assert!(
+            completed(&third),
+            "the operator's .yarnrc above the project reached the task: {third}"
+        );
     }
     h.finish().await;
 }
