@@ -23,7 +23,9 @@ pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCod
     let cfg = args.config.load()?;
     // The probe first: it forks a test child and is the longest step before `identify`.
     let probe = crate::sandbox::Probing::start(cfg.containment);
-    logs.set(ChildEnv::from_config(&cfg).redactor(&cfg).await);
+    // One redactor for the logs and the daemon: the agent's login files are read once.
+    let redactor = std::sync::Arc::new(ChildEnv::from_config(&cfg).redactor(&cfg).await);
+    logs.set(redactor.clone());
     config::warn_about(&cfg);
     tracing::info!(agent_id = %cfg.agent_id, hub = %cfg.hub_url, state = %cfg.state_file().display(), open_files, "hub-sidecar starting");
     if open_files < 4096 {
@@ -56,7 +58,7 @@ pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCod
         cfg.ping_interval() * 2,
         services.clone(),
     ));
-    let result = daemon::run_probed(cfg, shutdown, ops, probe).await;
+    let result = daemon::run_probed(cfg, shutdown, ops, probe, redactor).await;
     services.cancel();
     tracker.close();
     tracker.wait().await;

@@ -37,6 +37,7 @@ use crate::ops::Ops;
 use crate::outbox::Outbox;
 use crate::process::ChildEnv;
 use crate::recorder::Recorder;
+use crate::redact::Redactor;
 use crate::runner::RunnerDeps;
 use crate::sandbox::Probing;
 use crate::state::{ActiveTask, OutboxMeta, Phase, StateStore};
@@ -69,15 +70,19 @@ const REPROBE_MAX: Duration = Duration::from_secs(300);
 /// Run the daemon until shutdown. `ops` receives metrics and health.
 pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
     let probe = Probing::start(cfg.containment);
-    run_probed(cfg, shutdown, ops, probe).await
+    let redactor = Arc::new(ChildEnv::from_config(&cfg).redactor(&cfg).await);
+    run_probed(cfg, shutdown, ops, probe, redactor).await
 }
 
-/// [`run`] with the containment probe already started (by the caller, as early as it could).
+/// [`run`] with the containment probe already started (by the caller, as early as it could)
+/// and the redactor of every credential the daemon holds already built (the caller's logs
+/// scrub with the same one: the agent's login files are read once).
 pub async fn run_probed(
     cfg: Config,
     shutdown: Shutdown,
     ops: Ops,
     probe: Probing,
+    redactor: Arc<Redactor>,
 ) -> anyhow::Result<ExitReason> {
     let cfg = Arc::new(cfg);
     // Start-up waits on three things, each a few hundred microseconds to milliseconds, and
@@ -115,9 +120,10 @@ pub async fn run_probed(
         handle,
         events: ev_rx,
         announce,
+        budget,
     };
     let (mut d, recorder_writer) =
-        Daemon::new(cfg, shutdown.clone(), ops, budget, link, state, probe).await;
+        Daemon::new(cfg, shutdown.clone(), ops, link, state, probe, redactor).await;
     d.write_back().await;
     let reason = d.run().await;
     if let Some(leftovers) = d.leftovers.take() {
@@ -189,6 +195,8 @@ struct Link {
     handle: LinkHandle,
     events: mpsc::Receiver<LinkEvent>,
     announce: watch::Sender<Option<String>>,
+    /// The link's outgoing rate budget, which the runners' progress spends too.
+    budget: Arc<RateBudget>,
 }
 
 struct Daemon {
@@ -268,29 +276,29 @@ async fn sleep_until_opt(t: Option<Instant>) {
 
 impl Daemon {
     /// The daemon around a link (`link` to send, `events` to hear), holding what
-    /// [`load_state`] found, taking work as the containment `probe` decides. Also returns
-    /// the recorder's writer, which ends once the daemon (and every runner's handle on the
-    /// recorder) is dropped.
+    /// [`load_state`] found, taking work as the containment `probe` decides, scrubbing what
+    /// leaves with `redactor`. Also returns the recorder's writer, which ends once the daemon
+    /// (and every runner's handle on the recorder) is dropped.
     async fn new(
         cfg: Arc<Config>,
         shutdown: Shutdown,
         ops: Ops,
-        budget: Arc<RateBudget>,
         link: Link,
         state: LoadedState,
         probe: Probing,
+        redactor: Arc<Redactor>,
     ) -> (Daemon, JoinHandle<()>) {
         let Link {
             handle: link,
             events,
             announce,
+            budget,
         } = link;
         let outbox = Outbox::new(
             cfg.outbox_max_entries,
             Duration::from_secs(cfg.outbox_expiry_secs),
         );
         let env = ChildEnv::from_config(&cfg);
-        let redactor = Arc::new(env.redactor(&cfg).await);
         let (recorder, recorder_writer) = Recorder::start_counted(
             crate::recorder::root(&cfg.state_dir),
             cfg.recorder.clone(),

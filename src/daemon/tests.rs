@@ -87,16 +87,18 @@ async fn daemon(seed: Seed, tweak: impl FnOnce(&mut Config)) -> (Daemon, Rig) {
         handle: link,
         events: ev_rx,
         announce: tokio::sync::watch::channel(None).0,
+        budget,
     };
     let probe = crate::sandbox::Probing::start(cfg.containment);
+    let redactor = Arc::new(ChildEnv::from_config(&cfg).redactor(&cfg).await);
     let (d, _writer) = Daemon::new(
         cfg,
         shutdown.clone(),
         Ops::new(),
-        budget,
         link,
         state,
         probe,
+        redactor,
     )
     .await;
     let rig = Rig {

@@ -517,13 +517,13 @@ impl RedactingWriter {
     /// A writer scrubbing with `redactor` before writing to stderr.
     pub fn new(redactor: Redactor) -> RedactingWriter {
         let w = RedactingWriter::default();
-        w.set(redactor);
+        w.set(std::sync::Arc::new(redactor));
         w
     }
 
     /// Replace the secrets scrubbed from logs.
-    pub fn set(&self, redactor: Redactor) {
-        *self.redactor.write().expect("redactor lock poisoned") = std::sync::Arc::new(redactor);
+    pub fn set(&self, redactor: std::sync::Arc<Redactor>) {
+        *self.redactor.write().expect("redactor lock poisoned") = redactor;
     }
 
     fn current(&self) -> std::sync::Arc<Redactor> {
