@@ -385,10 +385,8 @@ pub fn pr_body(task: &Task, lo: &LoopOutcome) -> String {
 
 /// The tokens of the agent login in the operator's template, read off the runtime.
 async fn agent_login_now(env: &ChildEnv) -> Vec<crate::redact::known::Credential> {
-    let Some(template) = crate::sandbox::agent_home::template(env.vars()) else {
-        return Vec::new();
-    };
-    tokio::task::spawn_blocking(move || crate::redact::known::agent_login(&template))
+    let env = env.clone();
+    tokio::task::spawn_blocking(move || env.agent_login())
         .await
         .unwrap_or_default()
 }

@@ -160,8 +160,18 @@ impl ChildEnv {
     /// agent login in the template these variables name (see
     /// [`crate::redact::known`]). Reads the login files: call it off the runtime.
     pub fn credentials(&self, cfg: &crate::config::Config) -> Vec<Credential> {
-        let login = crate::sandbox::agent_home::template(&self.vars);
-        crate::redact::known::from_parts(cfg, &self.agent, &self.publish, login.as_deref())
+        let mut all = crate::redact::known::from_parts(cfg, &self.agent, &self.publish);
+        all.extend(self.agent_login());
+        all
+    }
+
+    /// The tokens of the agent login in the template these variables name (the operator's
+    /// `CLAUDE_CONFIG_DIR`, else `~/.claude`), as the files are now. Reads them: call it off
+    /// the runtime.
+    pub fn agent_login(&self) -> Vec<Credential> {
+        crate::sandbox::agent_home::template(&self.vars)
+            .map(|dir| crate::redact::known::agent_login(&dir))
+            .unwrap_or_default()
     }
 
     /// The redactor for everything [`ChildEnv::credentials`] names, the login files read
@@ -176,7 +186,6 @@ impl ChildEnv {
                 cfg,
                 &self.agent,
                 &self.publish,
-                None,
             )),
         }
     }

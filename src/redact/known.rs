@@ -50,15 +50,13 @@ const MAX_LOGIN_FILE: u64 = 1024 * 1024;
 /// Most values taken from one login file: a login holds a handful.
 const MAX_PER_FILE: usize = 32;
 
-/// The credentials of `cfg`, of the child environment built from it (its `[env] agent`
-/// and `[env] publish` values, kept aside from every other child) and of the agent login
-/// in `login_dir` (the operator's template). Reads the login files: call it off the
-/// runtime. `ChildEnv::credentials` passes its own parts.
+/// The credentials of `cfg` and of the child environment built from it (its `[env] agent`
+/// and `[env] publish` values, kept aside from every other child); the agent login's are
+/// [`agent_login`]'s. `ChildEnv::credentials` passes its own parts and adds the login's.
 pub fn from_parts(
     cfg: &Config,
     agent: &[(String, String)],
     publish: &[(String, String)],
-    login_dir: Option<&Path>,
 ) -> Vec<Credential> {
     let mut out = vec![Credential::new("the hub token", &cfg.token)];
     out.extend(
@@ -71,9 +69,6 @@ pub fn from_parts(
             vars.iter()
                 .map(|(k, v)| Credential::new(format!("`[env] {list}` {k}"), v)),
         );
-    }
-    if let Some(dir) = login_dir {
-        out.extend(agent_login(dir));
     }
     out
 }
