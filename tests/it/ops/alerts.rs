@@ -82,17 +82,8 @@ async fn every_metric_the_rules_name_is_in_the_daemons_metrics() {
         c.containment = Some(hub_sidecar::config::Containment::BestEffort);
     }
     c.caches.max_size_mb = 64;
-    let ops = Ops::new();
-    let cancel = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    let addr = hub_sidecar::ops::http::start(
-        "127.0.0.1:0".parse().unwrap(),
-        ops.clone(),
-        cancel.clone(),
-        &tracker,
-    )
-    .await
-    .unwrap();
+    let server = MetricsServer::start().await;
+    let (ops, addr) = (server.ops.clone(), server.addr);
     let shutdown = hub_sidecar::daemon::Shutdown::new();
     let daemon = tokio::spawn(hub_sidecar::daemon::run(c, shutdown.clone(), ops.clone()));
     hub.wait_for_type("identify", T).await.unwrap();
@@ -161,8 +152,6 @@ async fn every_metric_the_rules_name_is_in_the_daemons_metrics() {
         .unwrap()
         .unwrap()
         .unwrap();
-    cancel.cancel();
-    tracker.close();
-    tokio::time::timeout(T, tracker.wait()).await.unwrap();
+    server.stop().await;
     assert_no_violations(&hub);
 }

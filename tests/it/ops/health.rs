@@ -128,17 +128,8 @@ async fn healthz_turns_200_after_identify_and_metrics_count_a_verified_task() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(&hub, dir.path());
     c.token = "tok-METRICS-91c4e2".into();
-    let ops = Ops::new();
-    let cancel = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    let addr = hub_sidecar::ops::http::start(
-        "127.0.0.1:0".parse().unwrap(),
-        ops.clone(),
-        cancel.clone(),
-        &tracker,
-    )
-    .await
-    .unwrap();
+    let server = MetricsServer::start().await;
+    let (ops, addr) = (server.ops.clone(), server.addr);
     // Before the daemon runs: not identified.
     let (code, _, body) = http_get(addr, "/healthz").await;
     assert_eq!(code, 503, "{body}");
@@ -208,9 +199,7 @@ async fn healthz_turns_200_after_identify_and_metrics_count_a_verified_task() {
         .unwrap()
         .unwrap()
         .unwrap();
-    cancel.cancel();
-    tracker.close();
-    tokio::time::timeout(T, tracker.wait()).await.unwrap();
+    server.stop().await;
     assert_no_violations(&hub);
 }
 

@@ -24,6 +24,43 @@ mod install;
 mod signals;
 mod subcommands;
 
+/// `/healthz` and `/metrics` served on a free loopback port, as `run` serves them.
+struct MetricsServer {
+    ops: Ops,
+    addr: std::net::SocketAddr,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl MetricsServer {
+    async fn start() -> MetricsServer {
+        let ops = Ops::new();
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let addr = hub_sidecar::ops::http::start(
+            "127.0.0.1:0".parse().unwrap(),
+            ops.clone(),
+            cancel.clone(),
+            &tracker,
+        )
+        .await
+        .unwrap();
+        MetricsServer {
+            ops,
+            addr,
+            cancel,
+            tracker,
+        }
+    }
+
+    /// Stop serving and wait for the server to end.
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        tokio::time::timeout(T, self.tracker.wait()).await.unwrap();
+    }
+}
+
 async fn hub() -> MockHub {
     MockHub::start(MockHubOptions::default()).await.unwrap()
 }
