@@ -546,29 +546,12 @@ fn the_collector_keeps_the_first_paths_and_counts_the_rest() {
 /// stopped `no_progress` ("workspace unchanged") after its second attempt, and `llm_judge`
 /// failed "nothing to judge" without asking.
 mod through_the_loop {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::config::Config;
-    use crate::executor::{Attempt, ExecContext, ExecOutcome, ExecStatus};
-    use crate::progress::ProgressSink;
-    use crate::task::Task;
+    use crate::executor::{Attempt, ExecOutcome, ExecStatus};
     use crate::verify::report::CheckStatus;
     use crate::verify::retry_loop::{self, FnAttempter, LoopOptions};
 
-    fn ctx(ws: &Path, task: serde_json::Value) -> ExecContext {
-        let mut task = task;
-        task["task_id"] = serde_json::json!("t-ignored");
-        ExecContext {
-            task: Arc::new(Task::from_value(task).unwrap()),
-            workspace: ws.to_path_buf(),
-            config: Arc::new(Config::for_hub("ws://127.0.0.1:1/ws", ws)),
-            env: ChildEnv::inherit(),
-            progress: ProgressSink::new(8192),
-            cancel: CancellationToken::new(),
-            remaining_budget_usd: None,
-        }
-    }
+    use crate::verify::test_support::ctx_for as ctx;
 
     fn ignored_repo(ws: &Path) {
         crate::verify::test_support::git(ws, &["init", "-q"]);
