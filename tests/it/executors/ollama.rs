@@ -495,6 +495,18 @@ async fn sandbox_refusals_go_back_to_the_model_and_the_loop_goes_on() {
     );
 }
 
+/// `f00.txt` … `f19.txt` in `ws`, 16 KiB each (five times a 16,384-token window in all);
+/// their content.
+fn twenty_big_files(ws: &std::path::Path) -> String {
+    let big: String = (0..16 * 1024 / 64)
+        .map(|i| format!("{i:05} the quick brown fox jumps over the lazy dog, again.....\n"))
+        .collect();
+    for i in 0..20 {
+        std::fs::write(ws.join(format!("f{i:02}.txt")), &big).unwrap();
+    }
+    big
+}
+
 /// Twenty iterations, each reading a different 16 KiB file: 320 KiB of tool results, about
 /// five times a 16,384-token window. Every request stays under `num_ctx` (by the executor's
 /// own conservative estimate, and by far by a 4-characters-a-token one), and every request
@@ -502,12 +514,9 @@ async fn sandbox_refusals_go_back_to_the_model_and_the_loop_goes_on() {
 #[tokio::test]
 async fn a_20_iteration_run_stays_under_num_ctx_by_summarising_older_turns() {
     let ws = tempfile::tempdir().unwrap();
-    let big: String = (0..16 * 1024 / 64)
-        .map(|i| format!("{i:05} the quick brown fox jumps over the lazy dog, again.....\n"))
-        .collect();
+    let big = twenty_big_files(ws.path());
     let mut replies = Vec::new();
     for i in 0..20 {
-        std::fs::write(ws.path().join(format!("f{i:02}.txt")), &big).unwrap();
         replies.push(tool_calls(&[(
             "read_file",
             json!({"path": format!("f{i:02}.txt")}),
@@ -559,12 +568,9 @@ const PLAN: &str = "PLAN\nGoal: summarise every file of the workspace into SUMMA
 #[tokio::test]
 async fn the_plan_and_the_task_stay_whole_through_20_iterations() {
     let ws = tempfile::tempdir().unwrap();
-    let big: String = (0..16 * 1024 / 64)
-        .map(|i| format!("{i:05} the quick brown fox jumps over the lazy dog, again.....\n"))
-        .collect();
+    twenty_big_files(ws.path());
     let mut replies = Vec::new();
     for i in 0..20 {
-        std::fs::write(ws.path().join(format!("f{i:02}.txt")), &big).unwrap();
         let call = json!({"function": {"name": "read_file",
                                        "arguments": {"path": format!("f{i:02}.txt")}}});
         let content = if i == 0 { PLAN } else { "" };
