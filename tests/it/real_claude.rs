@@ -24,6 +24,38 @@ use hub_sidecar::verify::report::CheckStatus;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+/// A workspace, a HOME and a state directory, and a fake API on `ip` whose model writes
+/// `hi` into the workspace's `hello.txt` (`target`).
+struct HelloRun {
+    ws: tempfile::TempDir,
+    home: tempfile::TempDir,
+    state: tempfile::TempDir,
+    target: PathBuf,
+    api: FakeAnthropic,
+}
+
+impl HelloRun {
+    async fn start(ip: &str) -> HelloRun {
+        let ws = tempfile::tempdir().unwrap();
+        let target = ws.path().join("hello.txt");
+        let api = FakeAnthropic::start_at(
+            ip,
+            Script::Write {
+                file_path: target.display().to_string(),
+                content: "hi\n".into(),
+            },
+        )
+        .await;
+        HelloRun {
+            ws,
+            home: tempfile::tempdir().unwrap(),
+            state: tempfile::tempdir().unwrap(),
+            target,
+            api,
+        }
+    }
+}
+
 /// The installed CLI, or `None` (and a note on stderr) to skip.
 fn real_claude() -> Option<PathBuf> {
     match which::which("claude") {
@@ -129,16 +161,14 @@ async fn real_cli_works_inside_the_task_sandbox() {
     if !crate::containment::supported() {
         return;
     }
-    let ws = tempfile::tempdir().unwrap();
-    let home = tempfile::tempdir().unwrap();
-    let state = tempfile::tempdir().unwrap();
-    let target = ws.path().join("hello.txt");
+    let HelloRun {
+        ws,
+        home,
+        state,
+        target,
+        api,
+    } = HelloRun::start("127.0.0.1").await;
     let outside = home.path().join("escaped.txt");
-    let api = FakeAnthropic::start(Script::Write {
-        file_path: target.display().to_string(),
-        content: "hi\n".into(),
-    })
-    .await;
     let mut ctx = context(&claude, &api, ws.path(), home.path());
     confine(&mut ctx, state.path(), false);
     let attempt = Attempt::new(
@@ -172,18 +202,13 @@ async fn real_cli_reaches_its_api_through_the_proxy_under_the_allowlist() {
     if !crate::containment::supported() {
         return;
     }
-    let ws = tempfile::tempdir().unwrap();
-    let home = tempfile::tempdir().unwrap();
-    let state = tempfile::tempdir().unwrap();
-    let target = ws.path().join("hello.txt");
-    let api = FakeAnthropic::start_at(
-        "127.0.0.2",
-        Script::Write {
-            file_path: target.display().to_string(),
-            content: "hi\n".into(),
-        },
-    )
-    .await;
+    let HelloRun {
+        ws,
+        home,
+        state,
+        target,
+        api,
+    } = HelloRun::start("127.0.0.2").await;
     let mut ctx = context(&claude, &api, ws.path(), home.path());
     assert_eq!(
         ctx.config.network.mode,
@@ -219,15 +244,13 @@ async fn real_cli_reaches_an_api_on_the_hosts_loopback(spelling: &str) {
     if !crate::containment::supported() {
         return;
     }
-    let ws = tempfile::tempdir().unwrap();
-    let home = tempfile::tempdir().unwrap();
-    let state = tempfile::tempdir().unwrap();
-    let target = ws.path().join("hello.txt");
-    let api = FakeAnthropic::start(Script::Write {
-        file_path: target.display().to_string(),
-        content: "hi\n".into(),
-    })
-    .await;
+    let HelloRun {
+        ws,
+        home,
+        state,
+        target,
+        api,
+    } = HelloRun::start("127.0.0.1").await;
     let mut ctx = context(&claude, &api, ws.path(), home.path());
     let base = api.base_url().replace("127.0.0.1", spelling);
     ctx.env.set("ANTHROPIC_BASE_URL", &base);
@@ -269,14 +292,13 @@ async fn real_cli_reaches_an_api_on_localhost_under_the_default_allowlist() {
 #[tokio::test]
 async fn real_cli_a_write_inside_the_workspace_happens_and_no_transcript_is_left() {
     let Some(claude) = real_claude() else { return };
-    let ws = tempfile::tempdir().unwrap();
-    let home = tempfile::tempdir().unwrap();
-    let target = ws.path().join("hello.txt");
-    let api = FakeAnthropic::start(Script::Write {
-        file_path: target.display().to_string(),
-        content: "hi\n".into(),
-    })
-    .await;
+    let HelloRun {
+        ws,
+        home,
+        target,
+        api,
+        ..
+    } = HelloRun::start("127.0.0.1").await;
     let out = run(&claude, &api, ws.path(), home.path()).await;
     assert_eq!(out.status, ExecStatus::Succeeded, "{:?}", out.error);
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "hi\n");
