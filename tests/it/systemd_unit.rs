@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::util::*;
 
@@ -145,6 +145,26 @@ impl Booted {
 
     pub(crate) fn daemon_log(&self) -> String {
         read(&self.dir.join("daemon.log"))
+    }
+
+    /// Assign `task` on `hub` to the booted daemon and wait for its `task_complete` (a
+    /// `task_failed`, or none within a minute, fails the test with the daemon's log).
+    pub(crate) async fn complete(&self, hub: &MockHub, task: Value) -> Value {
+        hub.assign(task);
+        let done = hub
+            .wait_for(
+                |f| f["type"] == "task_complete" || f["type"] == "task_failed",
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap_or_else(|| panic!("no result; log:\n{}", self.daemon_log()));
+        assert_eq!(
+            done["type"],
+            "task_complete",
+            "{done:#}\nlog:\n{}",
+            self.daemon_log()
+        );
+        done
     }
 
     /// The uid install.sh gave the service user (in the namespace's /etc only).
@@ -333,20 +353,7 @@ async fn the_shipped_unit_runs_a_confined_task_as_the_service_user_and_stops_cle
         &format!("id -u; echo pid=$$; cat /proc/self/uid_map; echo done > done.txt; python3 -c '{PROBE_DAEMON}' {daemon}"),
     );
     task["verification_steps"] = json!([{"type": "file_exists", "target": "done.txt"}]);
-    hub.assign(task);
-    let done = hub
-        .wait_for(
-            |f| f["type"] == "task_complete" || f["type"] == "task_failed",
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap_or_else(|| panic!("no result; log:\n{}", sd.daemon_log()));
-    assert_eq!(
-        done["type"],
-        "task_complete",
-        "{done:#}\nlog:\n{}",
-        sd.daemon_log()
-    );
+    let done = sd.complete(&hub, task).await;
     let result = &done["result"];
     assert_eq!(result["verification_status"], "verified", "{done:#}");
     assert_eq!(result["containment"], "strict", "{done:#}");

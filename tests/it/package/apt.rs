@@ -241,20 +241,7 @@ async fn the_package_installs_runs_a_confined_task_upgrades_over_an_edited_confi
         .unwrap_or_else(|| panic!("the unit never identified; log:\n{}", sd.daemon_log()));
     let mut task = sample_shell_task("deb-task", "id -u; echo pid=$$; echo done > done.txt");
     task["verification_steps"] = json!([{"type": "file_exists", "target": "done.txt"}]);
-    hub.assign(task);
-    let done = hub
-        .wait_for(
-            |f| f["type"] == "task_complete" || f["type"] == "task_failed",
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap_or_else(|| panic!("no result; log:\n{}", sd.daemon_log()));
-    assert_eq!(
-        done["type"],
-        "task_complete",
-        "{done:#}\nlog:\n{}",
-        sd.daemon_log()
-    );
+    let done = sd.complete(&hub, task).await;
     assert_eq!(
         done["result"]["verification_status"], "verified",
         "{done:#}"
