@@ -4,10 +4,12 @@
 //! It owns a real WebSocket server on `127.0.0.1:0` that behaves like the hub described in
 //! PROTOCOL.md: identify and auth, ping/pong, per-type schema validation with the violation
 //! cut-off, the per-agent token-bucket rate limiter, a task table with generations, recovery
-//! answers and state-report reconciliation as the hub (4718a58) gives them, reclaim-on-
-//! disconnect, the idle timeout, "hub crash" via [`MockHub::stop`] / [`MockHub::restart`],
-//! and, for tasks handed in with [`MockHub::submit`], the hub's scheduler across several
-//! agents. Every frame in both directions is recorded so tests can assert on what the
+//! answers and state-report reconciliation as the hub (4718a58) gives them, the hub's
+//! per-agent state machine (`AgentFSM`: reclaim on disconnect, the acceptance timer, one task
+//! held whatever id a result names), results fenced by generation only, retries and the dead
+//! letter, the idle timeout, "hub crash" via [`MockHub::stop`] / [`MockHub::restart`], and,
+//! for tasks handed in with [`MockHub::submit`], the hub's event-driven scheduler across
+//! several agents (with a knob for its double assignment). Every frame in both directions is recorded so tests can assert on what the
 //! sidecar actually put on the wire.
 //!
 //! # Layout
@@ -19,7 +21,9 @@
 //! - `handle`: the test-facing [`MockHub`] API (start/stop/restart, pushes, knobs, waits).
 //! - `server`: the accept loop, one task per connection, the handshake and identification.
 //! - `state`: the scripted hub: recording, the rate limiter and the answer to each frame.
-//! - `scheduler`: submitted tasks to idle agents, and the acceptance timeout.
+//! - `fsm`: the per-agent state machine, the reclaim it makes and the socket registry.
+//! - `scheduler`: submitted tasks to agents whose machine is idle, on the real triggers, and
+//!   the acceptance timers.
 //!
 //! # Deviations from the real hub
 //!
@@ -32,6 +36,7 @@
 //!   and reclaimed when not accepted in time.
 //! - Chat traffic (`message`, `channel_*`, …) is validated and answered minimally, never routed.
 
+mod fsm;
 mod handle;
 mod scheduler;
 pub mod schema;
@@ -54,6 +59,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
+use fsm::Fsm;
+pub use fsm::{AgentFsm, FsmState, HubEvent};
 use server::bind;
 
 /// Violations inside [`VIOLATION_WINDOW`] that make the hub close the socket.
@@ -86,10 +93,14 @@ pub struct MockHubOptions {
     pub idle_timeout: Option<Duration>,
     /// Loopback port to listen on; 0 (the default, and what tests use) picks a free one.
     pub port: u16,
-    /// How long a [`MockHub::submit`]ted task may wait for `task_accepted` from the agent it
-    /// was assigned to, counted while that agent is connected (the AgentFSM's timer, also
-    /// started when the agent identifies); then it is reclaimed (generation + 1).
+    /// The AgentFSM's acceptance timer: armed when an assignment is pushed and when a
+    /// machine starts `assigned` at identify; without `task_accepted` for the task it holds
+    /// by then, the machine reclaims it (generation + 1) and goes idle. The real hub: 60 s.
     pub acceptance_timeout: Duration,
+    /// `task_failed` answers before a task is dead-lettered (`TaskQueue`'s default, 3; a
+    /// [`MockHub::submit`]ted body may carry its own `max_retries`). Every `task_failed` the
+    /// table accepts counts, `sidecar_busy` included.
+    pub max_retries: u32,
 }
 
 impl Default for MockHubOptions {
@@ -106,6 +117,7 @@ impl Default for MockHubOptions {
             idle_timeout: Some(Duration::from_secs(60)),
             port: 0,
             acceptance_timeout: Duration::from_secs(60),
+            max_retries: 3,
         }
     }
 }
@@ -159,6 +171,9 @@ pub enum MockTaskState {
     Queued,
     /// `task_complete` was accepted.
     Complete,
+    /// Failed `max_retries` times: out of the task table for good (the hub moves it to its
+    /// dead-letter table; results and recovery for it get `not_found` answers).
+    DeadLetter,
 }
 
 /// One row of the mock's task table.
@@ -172,6 +187,8 @@ pub struct MockTask {
     pub agent: String,
     /// Current state.
     pub state: MockTaskState,
+    /// `task_failed` answers the table accepted for it (the hub's `retry_count`).
+    pub retries: u32,
 }
 
 impl MockTask {
@@ -258,8 +275,19 @@ struct State {
     /// Tasks the hub schedules itself ([`MockHub::submit`]), in submission order, with
     /// the `task_assign` body each assignment is made from.
     submitted: Vec<(String, Value)>,
-    /// When a submitted task assigned and not yet accepted is reclaimed.
-    accept_by: HashMap<String, Instant>,
+    /// Per-task `max_retries` from a submitted body (else the option's).
+    max_retries: HashMap<String, u32>,
+    /// The per-agent state machines (`AgentFSM`), keyed by agent.
+    fsms: HashMap<String, Fsm>,
+    /// `AgentRegistry`: the connection the scheduler's pushes for an agent go to.
+    registry: HashMap<String, u64>,
+    /// What the hub logged about tasks and agents, in order.
+    hub_log: Vec<HubEvent>,
+    /// A scheduling trigger happened since the last pass (the real triggers only).
+    sched_pending: bool,
+    /// Agents whose next assignment reaches their machine only after one more scheduling
+    /// pass ([`MockHub::race_next_assignment`]).
+    race: std::collections::HashSet<String>,
 }
 
 struct Inner {
@@ -269,6 +297,7 @@ struct Inner {
     /// Woken on every inbound frame (for `wait_for*`).
     inbound: Notify,
     /// Wakes the scheduler: a frame came in, an agent came or went, a task was submitted.
+    /// It assigns only after a real trigger (`State::sched_pending`).
     schedule: Notify,
     running: AtomicBool,
     /// Cancelled when the last `MockHub` handle is dropped.
@@ -328,5 +357,7 @@ fn type_of(v: &Value) -> Option<&str> {
     v.get("type").and_then(Value::as_str)
 }
 
+#[cfg(test)]
+mod fsm_tests;
 #[cfg(test)]
 mod tests;
