@@ -57,8 +57,11 @@ pub struct HubEvent {
     pub agent: String,
     /// The real hub's log message.
     pub event: &'static str,
-    /// The task it names, if any.
+    /// The task it names, if any (for the machine's events: the task it held).
     pub task_id: Option<String>,
+    /// For a result's cast to the machine: the task the result named (the machine is not
+    /// told; kept so tests can see a result for one task end another).
+    pub cause: Option<String>,
 }
 
 /// The live machine: the snapshot plus its timer.
@@ -77,6 +80,7 @@ impl State {
             agent: agent.to_string(),
             event,
             task_id: task_id.map(str::to_string),
+            cause: None,
         });
     }
 
@@ -191,7 +195,7 @@ impl State {
 
     /// `task_completed` / `task_failed` cast after the table took a result: ends whatever the
     /// machine holds, from `working` only, and broadcasts `agent_idle` (a trigger).
-    pub(super) fn fsm_task_ended(&mut self, agent: &str, completed: bool) {
+    pub(super) fn fsm_task_ended(&mut self, agent: &str, completed: bool, named: &str) {
         let Some(f) = self.fsms.get_mut(agent) else {
             return;
         };
@@ -209,6 +213,9 @@ impl State {
         } else {
             let held = f.view.task_id.clone();
             self.log(agent, "fsm_unexpected_event", held.as_deref());
+        }
+        if let Some(e) = self.hub_log.last_mut() {
+            e.cause = Some(named.to_string());
         }
     }
 

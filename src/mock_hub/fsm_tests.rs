@@ -113,6 +113,11 @@ async fn a_result_ends_whatever_task_the_machine_holds_whatever_id_it_names() {
     assert_eq!(ask(&mut a, failed("t2", 1)).await["status"], "retried");
     assert!(fsm_is(&hub, "agent-a", FsmState::Idle, None));
     assert!(logged(&hub, "agent-a", "fsm_task_failed", "t1"));
+    let ended = hub.hub_log().pop().unwrap();
+    assert_eq!(
+        (ended.event, ended.task_id, ended.cause),
+        ("fsm_task_failed", Some("t1".into()), Some("t2".into()))
+    );
     assert_eq!(hub.task("t1").unwrap().state, MockTaskState::Accepted);
     // `task_complete` likewise: a third assignment, accepted, then a result for t2's
     // successor id ends whatever is held.
@@ -145,6 +150,15 @@ async fn the_double_assignment_gives_one_agent_two_tasks_and_its_machine_holds_t
             ("agent-a", MockTaskState::Assigned)
         );
     }
+    // A disconnect reclaims only the task the machine holds; t2 stays assigned to the agent
+    // that is gone (until its next machine picks it up, or the hub's 10-minute sweep).
+    drop(a);
+    assert!(
+        hub.wait_state(T, |h| h.task("t1").unwrap().state == MockTaskState::Queued)
+            .await
+    );
+    let t2 = hub.task("t2").unwrap();
+    assert_eq!((t2.generation, t2.state), (1, MockTaskState::Assigned));
 }
 
 #[tokio::test]

@@ -25,16 +25,71 @@
 //! - `scheduler`: submitted tasks to agents whose machine is idle, on the real triggers, and
 //!   the acceptance timers.
 //!
-//! # Deviations from the real hub
+//! # What it models of the real hub's task handling (4718a58)
 //!
-//! - Violations close the socket with 1008 but do not start a cooldown by themselves; tests
-//!   arm it explicitly with [`MockHub::set_cooldown`].
-//! - `task_failed` always re-queues (`retried`); there is no retry budget / dead letter.
+//! - **Reclaim on disconnect**, as `AgentFSM` does it: the agent's state machine watches the
+//!   connection that identified; when that one closes (while the hub runs) the task the
+//!   machine holds goes back to the queue at generation + 1. A second connection that
+//!   identifies as the agent replaces the machine (nothing reclaimed), so *its* close
+//!   reclaims the task the agent still runs on the first, and the first connection, left
+//!   without a machine, gets no more work and its close reclaims nothing.
+//! - **The state machine** (`fsm`): one task held, `idle` → `assigned` (push) → `working`
+//!   (`task_accepted` for that task) → `idle`. A result the table takes (any task id, at the
+//!   right generation) ends whatever it holds, but only from `working`; otherwise it is
+//!   logged `fsm_unexpected_event` and the machine stays put.
+//! - **The acceptance timer**: armed on every push to an idle machine and whenever a machine
+//!   starts `assigned` at identify (for the first task the table shows assigned to the agent,
+//!   accepted before or not, e.g. after a hub restart). When it fires the machine reclaims
+//!   that task from whoever holds it now (`fsm_reclaim_failed` if it is no longer assigned)
+//!   and goes idle, flagged `unresponsive`, without telling the scheduler.
+//! - **Re-creation at identify** (how a sidecar can bring the hub's view back in step): every
+//!   `identify`, on a new or the same connection, stops the agent's machine (no reclaim) and
+//!   starts a new one from the task table: `assigned` on the first task assigned to the agent,
+//!   with a fresh timer (so a task still running there must be accepted again), else `idle`
+//!   (and `agent_joined` makes the scheduler look at once).
+//! - **The scheduler** is event-driven: it assigns only after a trigger (task submitted,
+//!   retried, reclaimed or completed; agent joined or gone idle through a result), never on
+//!   a timer or an ordinary frame. Its pushes go to the agent's registered connection (the
+//!   first of its connections that identified and is still open; none: the task stays
+//!   assigned, unpushed). The double assignment happens on demand
+//!   ([`MockHub::race_next_assignment`]).
+//! - **Results** are fenced by the generation only, whoever sends them, and the state machine
+//!   told is the sender's. Every `task_failed` taken counts toward `max_retries`
+//!   ([`MockHubOptions::max_retries`], default 3, `sidecar_busy` included); the last one
+//!   dead-letters the task (out of the table: `not_found` afterwards).
+//!
+//! # Deviations from the real hub, and why
+//!
+//! - The double assignment needs two scheduling triggers inside the socket's cast latency;
+//!   here every cast lands before the next frame is handled, so it happens only when a test
+//!   arms it: tests must be reproducible, and a race left to chance is not.
+//! - Triggers arriving between two passes are coalesced into one pass. A pass never assigns
+//!   an agent twice, so this only saves passes; the extra passes matter only for the race
+//!   above, which the knob provides.
 //! - Tasks given out with [`MockHub::assign`] / [`MockHub::assign_to`] are the test's to
-//!   schedule: they go out at the table's generation and wait unaccepted for ever. Only
-//!   [`MockHub::submit`]ted tasks are scheduled by the hub (generation + 1 per assignment)
-//!   and reclaimed when not accepted in time.
-//! - Chat traffic (`message`, `channel_*`, …) is validated and answered minimally, never routed.
+//!   schedule: they go out at the table's generation (no + 1) and, once re-queued, wait for
+//!   the test. Their push and cast are the scheduler's. Only [`MockHub::submit`]ted tasks are
+//!   scheduled by the hub, in submission order (the hub: priority, then age), with no
+//!   capability, routing, paused-repo or dependency filter (tests submit plain shell tasks).
+//! - Agents are matched in agent-id order and a new machine picks its first assigned task by
+//!   task id; the hub uses its registry's and its DETS table's order (unspecified). Fixed
+//!   here so runs repeat.
+//! - Agents with recent rate-limit violations are not skipped by the scheduler (the hub's
+//!   `RateLimiter.rate_limited?`): the fleet tests lift the limits; the limiter itself is
+//!   tested on its own.
+//! - No stuck-assignment sweep (30 s, for tasks untouched 10 min), overdue sweep
+//!   (`complete_by`) or TTL sweep: their periods are far beyond any test.
+//! - [`MockTaskState::Accepted`] is the mock's marker for "the assignee accepted it"; the
+//!   hub's table has no such status (both are `assigned`). [`MockTask::agent`] keeps the last
+//!   assignee after a re-queue (the hub clears it), for tests to see who had it.
+//! - [`MockHub::stop`] is a hub killed outright: the table is kept, every in-memory process
+//!   (sockets, state machines, registry) dies. A graceful hub shutdown (which reclaims) is
+//!   not modelled.
+//! - Violations close the socket with 1008 but do not start a cooldown by themselves; tests
+//!   arm it explicitly with [`MockHub::set_cooldown`]. Limiter buckets start full after a
+//!   restart.
+//! - No `task_cancelled`, `blocked` state or HTTP API; chat traffic (`message`,
+//!   `channel_*`, …) is validated and answered minimally, never routed.
 
 mod fsm;
 mod handle;

@@ -184,7 +184,7 @@ impl Inner {
                         if status == "dead_letter" {
                             st.log(agent, "task_dead_letter", Some(task_id));
                         }
-                        st.fsm_task_ended(agent, complete);
+                        st.fsm_task_ended(agent, complete, task_id);
                         Some(json!({"type": "task_ack", "task_id": task_id, "status": status}))
                     }
                     Err(r) => {

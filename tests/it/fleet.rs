@@ -436,6 +436,23 @@ async fn fleet_soak(agents: usize, tasks: usize, seed: u64) {
         twice.len(),
         unrun.len(),
     );
+    // The hub's view of the agents (its per-agent state machines, as the mock models the
+    // real hub's): how often it went wrong on the way (issue 42).
+    let log = f.hub.hub_log();
+    let count = |e: &str| log.iter().filter(|l| l.event == e).count();
+    let ended_another = log
+        .iter()
+        .filter(|l| matches!(l.event, "fsm_task_failed" | "fsm_task_completed"))
+        .filter(|l| l.cause != l.task_id)
+        .count();
+    eprintln!(
+        "fleet soak, hub view: {ended_another} results for one task that ended another, {} results ignored by a machine not working, {} acceptance timeouts ({} reclaims refused), {} duplicate assignments, {} dead-lettered",
+        count("fsm_unexpected_event"),
+        count("fsm_acceptance_timeout"),
+        count("fsm_reclaim_failed"),
+        count("fsm_invalid_transition"),
+        count("task_dead_letter"),
+    );
     assert!(lost.is_empty(), "lost: {lost:?}");
     assert!(twice.is_empty(), "ran to the end twice: {twice:?}");
     assert!(unrun.is_empty(), "completed without running: {unrun:?}");
