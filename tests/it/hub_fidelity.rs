@@ -323,6 +323,51 @@ async fn a_double_assignment_costs_neither_task_and_leaves_the_hubs_view_true() 
     p.finish().await;
 }
 
+/// A sidecar killed mid-task comes back while the hub has given its task to the other agent
+/// and has work queued: its new state machine starts idle, the hub assigns at once, before
+/// the sidecar has dropped the task it recovers. Correct outcome: every task runs to its end
+/// once and no machine sits in `assigned` until the acceptance timer. Today the sidecar
+/// refuses (`sidecar_busy`), the machine, `assigned`, ignores the refusal, and its timer
+/// later reclaims the task from the other agent, which is running it by then.
+#[tokio::test]
+#[ignore = "needs the sidecar fencing of issue 42 (branch h42)"]
+async fn an_agent_back_from_a_crash_while_recovering_is_not_left_stuck_by_its_refusal() {
+    let opts = MockHubOptions {
+        acceptance_timeout: std::time::Duration::from_secs(5),
+        ..MockHubOptions::default()
+    };
+    let mut p = Pair::new(opts).await;
+    p.up(0).await;
+    p.hub.submit(p.task("first", 4.0, 0));
+    assert!(wait_until(|| p.lines("starts", "first").len() == 1, T).await);
+    p.up(1).await;
+    p.kill(0).await;
+    assert!(wait_until(|| p.lines("starts", "first").len() == 2, T).await);
+    p.hub.submit(p.task("queued", 6.0, 0));
+    p.up(0).await;
+    assert!(
+        p.complete(&["first", "queued"]).await,
+        "{:?}",
+        p.hub.hub_log()
+    );
+    // One more acceptance period: a stuck machine's timer would have fired by then.
+    let pings = p.hub.received_of("ping").len();
+    p.hub.wait_for_nth("ping", pings + 12, T).await;
+    assert_eq!(p.ran_on("first"), ["agent-1"]);
+    assert_eq!(
+        p.ran_on("queued").len(),
+        1,
+        "queued ran on {:?}",
+        p.ran_on("queued")
+    );
+    assert!(
+        p.logged("agent-0", "fsm_acceptance_timeout").is_empty(),
+        "{:?}",
+        p.hub.hub_log()
+    );
+    p.finish().await;
+}
+
 /// Each `task_failed` the hub takes counts against `max_retries`, `sidecar_busy` included:
 /// a duplicate assignment of a task with a budget of one, refused, is dead-lettered and never
 /// runs. Correct outcome: it runs once. Today the refusal dead-letters it.
