@@ -46,7 +46,11 @@
 //!   `identify`, on a new or the same connection, stops the agent's machine (no reclaim) and
 //!   starts a new one from the task table: `assigned` on the first task assigned to the agent,
 //!   with a fresh timer (so a task still running there must be accepted again), else `idle`
-//!   (and `agent_joined` makes the scheduler look at once).
+//!   (and `agent_joined` makes the scheduler look at once). Identifying again on the same
+//!   socket is allowed (one heavy-tier token of 10 a minute). If the table shows two tasks
+//!   assigned to the agent (a double assignment neither run nor refused), the machine takes
+//!   one of them in table order, not necessarily the one running: `task_accepted` for the
+//!   other is then logged and ignored, and the timer reclaims the one it took.
 //! - **The scheduler** is event-driven: it assigns only after a trigger (task submitted,
 //!   retried, reclaimed or completed; agent joined or gone idle through a result), never on
 //!   a timer or an ordinary frame. Its pushes go to the agent's registered connection (the
