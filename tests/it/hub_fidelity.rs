@@ -442,12 +442,12 @@ async fn a_task_failing_max_retries_times_is_dead_lettered_and_never_given_out_a
 #[tokio::test]
 async fn after_a_hub_restart_the_running_task_is_accepted_again_before_the_timer_reclaims_it() {
     let opts = MockHubOptions {
-        acceptance_timeout: std::time::Duration::from_secs(2),
+        acceptance_timeout: std::time::Duration::from_secs(4),
         ..MockHubOptions::default()
     };
     let mut p = Pair::new(opts).await;
     p.up(0).await;
-    p.hub.submit(p.task("kept", 4.0, 0));
+    p.hub.submit(p.task("kept", 6.0, 0));
     assert!(wait_until(|| p.lines("starts", "kept").len() == 1, T).await);
     p.up(1).await;
     p.hub.stop().await;
