@@ -51,7 +51,16 @@ impl MockHub {
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
         self.inner.tracker.reopen();
-        self.inner.lock().conns.clear();
+        {
+            // The hub's processes die with it: sockets, state machines, registry, pending
+            // triggers. Only the table (on disk) survives.
+            let mut st = self.inner.lock();
+            st.conns.clear();
+            st.fsms.clear();
+            st.registry.clear();
+            st.sched_pending = false;
+            st.race.clear();
+        }
         let hold = TcpSocket::new_v4().and_then(|sock| {
             sock.set_reuseaddr(true)?;
             sock.bind(self.inner.addr)?;
@@ -160,9 +169,11 @@ impl MockHub {
         self.assign_to(&agent, task)
     }
 
-    /// [`MockHub::assign`] to one agent: the table records it as that agent's, and only that
-    /// agent's socket gets the frame (none while it is not connected: the push is lost, as
-    /// at a hub whose agent is away).
+    /// [`MockHub::assign`] to one agent, as the hub's scheduler would: the table records it
+    /// as that agent's, the frame goes to the agent's registered connection (none while it is
+    /// not connected: the push is lost, as at a hub whose agent is away), and the socket's
+    /// cast reaches the agent's state machine (`idle` → `assigned`, acceptance timer armed;
+    /// ignored in any other state). The scheduler never gives such a task out again.
     pub fn assign_to(&self, agent: &str, task: Value) -> Value {
         let mut frame = match task {
             Value::Object(m) => m,
@@ -175,6 +186,7 @@ impl MockHub {
             .and_then(Value::as_u64)
             .or_else(|| st.tasks.get(&task_id).map(|t| t.generation))
             .unwrap_or(1);
+        let retries = st.tasks.get(&task_id).map_or(0, |t| t.retries);
         st.tasks.insert(
             task_id.clone(),
             MockTask {
@@ -182,6 +194,7 @@ impl MockHub {
                 generation,
                 agent: agent.to_string(),
                 state: MockTaskState::Assigned,
+                retries,
             },
         );
         frame.insert("type".into(), json!("task_assign"));
@@ -191,7 +204,12 @@ impl MockHub {
             frame.insert("assigned_at".into(), json!(now_ms()));
         }
         let frame = Value::Object(frame);
-        st.push_to(agent, &frame);
+        if st.push_registered(agent, &frame) {
+            st.fsm_assigned(agent, &task_id, self.inner.opts.acceptance_timeout);
+        }
+        drop(st);
+        self.inner.inbound.notify_waiters();
+        self.inner.schedule.notify_one();
         frame
     }
 
@@ -199,10 +217,18 @@ impl MockHub {
     /// scheduler, as the hub's HTTP API does: it is queued at generation 0 and assigned to
     /// an idle agent (one that holds no task in flight), generation + 1 per assignment, like
     /// `TaskQueue.assign_task`; re-queued on a disconnect, a `task_failed` or an acceptance
-    /// timeout, and assigned again. Returns its id.
-    pub fn submit(&self, task: Value) -> String {
+    /// timeout, and assigned again, until it fails `max_retries` times (a `max_retries`
+    /// field in the body, taken out before it is pushed, else the option's). Returns its id.
+    pub fn submit(&self, mut task: Value) -> String {
         let mut st = self.inner.lock();
         let task_id = st.task_id_of(task.get("task_id"));
+        let max = task
+            .as_object_mut()
+            .and_then(|m| m.remove("max_retries"))
+            .and_then(|v| v.as_u64());
+        if let Some(max) = max {
+            st.max_retries.insert(task_id.clone(), max as u32);
+        }
         st.tasks.insert(
             task_id.clone(),
             MockTask {
@@ -210,12 +236,62 @@ impl MockHub {
                 generation: 0,
                 agent: String::new(),
                 state: MockTaskState::Queued,
+                retries: 0,
             },
         );
+        // `task_submitted` is a scheduling trigger.
+        st.sched_pending = true;
         st.submitted.push((task_id.clone(), task));
         drop(st);
         self.inner.schedule.notify_one();
         task_id
+    }
+
+    /// The double assignment of the hub's scheduler, on demand: the next task the scheduler
+    /// gives `agent` reaches its state machine only after one more scheduling pass, which
+    /// (seeing the agent idle still) gives it a second queued task if there is one. The
+    /// machine then holds the first; the second cast is logged `fsm_invalid_transition`.
+    /// In the real hub this takes two triggers inside the socket's cast latency.
+    pub fn race_next_assignment(&self, agent: &str) {
+        self.inner.lock().race.insert(agent.to_string());
+    }
+
+    /// A snapshot of `agent`'s state machine; `None` while it has none (never identified,
+    /// its watched connection closed, or the hub restarted since).
+    pub fn fsm(&self, agent: &str) -> Option<AgentFsm> {
+        self.inner.lock().fsms.get(agent).map(|f| f.view.clone())
+    }
+
+    /// Everything the hub logged about tasks and agents so far, in order.
+    pub fn hub_log(&self) -> Vec<HubEvent> {
+        self.inner.lock().hub_log.clone()
+    }
+
+    /// Waits until the hub logged an event matching `pred` (past ones count).
+    pub async fn wait_hub_event(
+        &self,
+        pred: impl Fn(&HubEvent) -> bool,
+        timeout: Duration,
+    ) -> Option<HubEvent> {
+        self.wait_until(timeout, |st| st.hub_log.iter().find(|e| pred(e)).cloned())
+            .await
+    }
+
+    /// Waits until `check` holds on the task table and the agents' machines (checked
+    /// whenever a frame comes in or the hub logs something).
+    pub async fn wait_state(&self, timeout: Duration, check: impl Fn(&MockHub) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.inner.inbound.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if check(self) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return check(self);
+            }
+        }
     }
 
     /// Answers the next identify(s) with close 1008 "cooldown active: retry in Ns" until

@@ -4,10 +4,12 @@
 //! It owns a real WebSocket server on `127.0.0.1:0` that behaves like the hub described in
 //! PROTOCOL.md: identify and auth, ping/pong, per-type schema validation with the violation
 //! cut-off, the per-agent token-bucket rate limiter, a task table with generations, recovery
-//! answers and state-report reconciliation as the hub (4718a58) gives them, reclaim-on-
-//! disconnect, the idle timeout, "hub crash" via [`MockHub::stop`] / [`MockHub::restart`],
-//! and, for tasks handed in with [`MockHub::submit`], the hub's scheduler across several
-//! agents. Every frame in both directions is recorded so tests can assert on what the
+//! answers and state-report reconciliation as the hub (4718a58) gives them, the hub's
+//! per-agent state machine (`AgentFSM`: reclaim on disconnect, the acceptance timer, one task
+//! held whatever id a result names), results fenced by generation only, retries and the dead
+//! letter, the idle timeout, "hub crash" via [`MockHub::stop`] / [`MockHub::restart`], and,
+//! for tasks handed in with [`MockHub::submit`], the hub's event-driven scheduler across
+//! several agents (with a knob for its double assignment). Every frame in both directions is recorded so tests can assert on what the
 //! sidecar actually put on the wire.
 //!
 //! # Layout
@@ -19,19 +21,81 @@
 //! - `handle`: the test-facing [`MockHub`] API (start/stop/restart, pushes, knobs, waits).
 //! - `server`: the accept loop, one task per connection, the handshake and identification.
 //! - `state`: the scripted hub: recording, the rate limiter and the answer to each frame.
-//! - `scheduler`: submitted tasks to idle agents, and the acceptance timeout.
+//! - `fsm`: the per-agent state machine, the reclaim it makes and the socket registry.
+//! - `scheduler`: submitted tasks to agents whose machine is idle, on the real triggers, and
+//!   the acceptance timers.
 //!
-//! # Deviations from the real hub
+//! # What it models of the real hub's task handling (4718a58)
 //!
-//! - Violations close the socket with 1008 but do not start a cooldown by themselves; tests
-//!   arm it explicitly with [`MockHub::set_cooldown`].
-//! - `task_failed` always re-queues (`retried`); there is no retry budget / dead letter.
+//! - **Reclaim on disconnect**, as `AgentFSM` does it: the agent's state machine watches the
+//!   connection that identified; when that one closes (while the hub runs) the task the
+//!   machine holds goes back to the queue at generation + 1. A second connection that
+//!   identifies as the agent replaces the machine (nothing reclaimed), so *its* close
+//!   reclaims the task the agent still runs on the first, and the first connection, left
+//!   without a machine, gets no more work and its close reclaims nothing.
+//! - **The state machine** (`fsm`): one task held, `idle` → `assigned` (push) → `working`
+//!   (`task_accepted` for that task) → `idle`. A result the table takes (any task id, at the
+//!   right generation) ends whatever it holds, but only from `working`; otherwise it is
+//!   logged `fsm_unexpected_event` and the machine stays put.
+//! - **The acceptance timer**: armed on every push to an idle machine and whenever a machine
+//!   starts `assigned` at identify (for the first task the table shows assigned to the agent,
+//!   accepted before or not, e.g. after a hub restart). When it fires the machine reclaims
+//!   that task from whoever holds it now (`fsm_reclaim_failed` if it is no longer assigned)
+//!   and goes idle, flagged `unresponsive`, without telling the scheduler.
+//! - **Re-creation at identify** (how a sidecar can bring the hub's view back in step): every
+//!   `identify`, on a new or the same connection, stops the agent's machine (no reclaim) and
+//!   starts a new one from the task table: `assigned` on the first task assigned to the agent,
+//!   with a fresh timer (so a task still running there must be accepted again), else `idle`
+//!   (and `agent_joined` makes the scheduler look at once). Identifying again on the same
+//!   socket is allowed (one heavy-tier token of 10 a minute). If the table shows two tasks
+//!   assigned to the agent (a double assignment neither run nor refused), the machine takes
+//!   one of them in table order, not necessarily the one running: `task_accepted` for the
+//!   other is then logged and ignored, and the timer reclaims the one it took.
+//! - **The scheduler** is event-driven: it assigns only after a trigger (task submitted,
+//!   retried, reclaimed or completed; agent joined or gone idle through a result), never on
+//!   a timer or an ordinary frame. Its pushes go to the agent's registered connection (the
+//!   first of its connections that identified and is still open; none: the task stays
+//!   assigned, unpushed). The double assignment happens on demand
+//!   ([`MockHub::race_next_assignment`]).
+//! - **Results** are fenced by the generation only, whoever sends them, and the state machine
+//!   told is the sender's. Every `task_failed` taken counts toward `max_retries`
+//!   ([`MockHubOptions::max_retries`], default 3, `sidecar_busy` included); the last one
+//!   dead-letters the task (out of the table: `not_found` afterwards).
+//!
+//! # Deviations from the real hub, and why
+//!
+//! - The double assignment needs two scheduling triggers inside the socket's cast latency;
+//!   here every cast lands before the next frame is handled, so it happens only when a test
+//!   arms it: tests must be reproducible, and a race left to chance is not.
+//! - Triggers arriving between two passes are coalesced into one pass. A pass never assigns
+//!   an agent twice, so this only saves passes; the extra passes matter only for the race
+//!   above, which the knob provides.
 //! - Tasks given out with [`MockHub::assign`] / [`MockHub::assign_to`] are the test's to
-//!   schedule: they go out at the table's generation and wait unaccepted for ever. Only
-//!   [`MockHub::submit`]ted tasks are scheduled by the hub (generation + 1 per assignment)
-//!   and reclaimed when not accepted in time.
-//! - Chat traffic (`message`, `channel_*`, …) is validated and answered minimally, never routed.
+//!   schedule: they go out at the table's generation (no + 1) and, once re-queued, wait for
+//!   the test. Their push and cast are the scheduler's. Only [`MockHub::submit`]ted tasks are
+//!   scheduled by the hub, in submission order (the hub: priority, then age), with no
+//!   capability, routing, paused-repo or dependency filter (tests submit plain shell tasks).
+//! - Agents are matched in agent-id order and a new machine picks its first assigned task by
+//!   task id; the hub uses its registry's and its DETS table's order (unspecified). Fixed
+//!   here so runs repeat.
+//! - Agents with recent rate-limit violations are not skipped by the scheduler (the hub's
+//!   `RateLimiter.rate_limited?`): the fleet tests lift the limits; the limiter itself is
+//!   tested on its own.
+//! - No stuck-assignment sweep (30 s, for tasks untouched 10 min), overdue sweep
+//!   (`complete_by`) or TTL sweep: their periods are far beyond any test.
+//! - [`MockTaskState::Accepted`] is the mock's marker for "the assignee accepted it"; the
+//!   hub's table has no such status (both are `assigned`). [`MockTask::agent`] keeps the last
+//!   assignee after a re-queue (the hub clears it), for tests to see who had it.
+//! - [`MockHub::stop`] is a hub killed outright: the table is kept, every in-memory process
+//!   (sockets, state machines, registry) dies. A graceful hub shutdown (which reclaims) is
+//!   not modelled.
+//! - Violations close the socket with 1008 but do not start a cooldown by themselves; tests
+//!   arm it explicitly with [`MockHub::set_cooldown`]. Limiter buckets start full after a
+//!   restart.
+//! - No `task_cancelled`, `blocked` state or HTTP API; chat traffic (`message`,
+//!   `channel_*`, …) is validated and answered minimally, never routed.
 
+mod fsm;
 mod handle;
 mod scheduler;
 pub mod schema;
@@ -54,6 +118,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
+use fsm::Fsm;
+pub use fsm::{AgentFsm, FsmState, HubEvent};
 use server::bind;
 
 /// Violations inside [`VIOLATION_WINDOW`] that make the hub close the socket.
@@ -86,10 +152,14 @@ pub struct MockHubOptions {
     pub idle_timeout: Option<Duration>,
     /// Loopback port to listen on; 0 (the default, and what tests use) picks a free one.
     pub port: u16,
-    /// How long a [`MockHub::submit`]ted task may wait for `task_accepted` from the agent it
-    /// was assigned to, counted while that agent is connected (the AgentFSM's timer, also
-    /// started when the agent identifies); then it is reclaimed (generation + 1).
+    /// The AgentFSM's acceptance timer: armed when an assignment is pushed and when a
+    /// machine starts `assigned` at identify; without `task_accepted` for the task it holds
+    /// by then, the machine reclaims it (generation + 1) and goes idle. The real hub: 60 s.
     pub acceptance_timeout: Duration,
+    /// `task_failed` answers before a task is dead-lettered (`TaskQueue`'s default, 3; a
+    /// [`MockHub::submit`]ted body may carry its own `max_retries`). Every `task_failed` the
+    /// table accepts counts, `sidecar_busy` included.
+    pub max_retries: u32,
 }
 
 impl Default for MockHubOptions {
@@ -106,6 +176,7 @@ impl Default for MockHubOptions {
             idle_timeout: Some(Duration::from_secs(60)),
             port: 0,
             acceptance_timeout: Duration::from_secs(60),
+            max_retries: 3,
         }
     }
 }
@@ -159,6 +230,9 @@ pub enum MockTaskState {
     Queued,
     /// `task_complete` was accepted.
     Complete,
+    /// Failed `max_retries` times: out of the task table for good (the hub moves it to its
+    /// dead-letter table; results and recovery for it get `not_found` answers).
+    DeadLetter,
 }
 
 /// One row of the mock's task table.
@@ -172,6 +246,8 @@ pub struct MockTask {
     pub agent: String,
     /// Current state.
     pub state: MockTaskState,
+    /// `task_failed` answers the table accepted for it (the hub's `retry_count`).
+    pub retries: u32,
 }
 
 impl MockTask {
@@ -258,8 +334,19 @@ struct State {
     /// Tasks the hub schedules itself ([`MockHub::submit`]), in submission order, with
     /// the `task_assign` body each assignment is made from.
     submitted: Vec<(String, Value)>,
-    /// When a submitted task assigned and not yet accepted is reclaimed.
-    accept_by: HashMap<String, Instant>,
+    /// Per-task `max_retries` from a submitted body (else the option's).
+    max_retries: HashMap<String, u32>,
+    /// The per-agent state machines (`AgentFSM`), keyed by agent.
+    fsms: HashMap<String, Fsm>,
+    /// `AgentRegistry`: the connection the scheduler's pushes for an agent go to.
+    registry: HashMap<String, u64>,
+    /// What the hub logged about tasks and agents, in order.
+    hub_log: Vec<HubEvent>,
+    /// A scheduling trigger happened since the last pass (the real triggers only).
+    sched_pending: bool,
+    /// Agents whose next assignment reaches their machine only after one more scheduling
+    /// pass ([`MockHub::race_next_assignment`]).
+    race: std::collections::HashSet<String>,
 }
 
 struct Inner {
@@ -269,6 +356,7 @@ struct Inner {
     /// Woken on every inbound frame (for `wait_for*`).
     inbound: Notify,
     /// Wakes the scheduler: a frame came in, an agent came or went, a task was submitted.
+    /// It assigns only after a real trigger (`State::sched_pending`).
     schedule: Notify,
     running: AtomicBool,
     /// Cancelled when the last `MockHub` handle is dropped.
@@ -328,5 +416,7 @@ fn type_of(v: &Value) -> Option<&str> {
     v.get("type").and_then(Value::as_str)
 }
 
+#[cfg(test)]
+mod fsm_tests;
 #[cfg(test)]
 mod tests;

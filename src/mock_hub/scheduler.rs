@@ -1,10 +1,12 @@
-//! The hub's scheduler, for tasks handed in with [`MockHub::submit`]: a queued task goes to
-//! an idle agent (one holding no task in flight) at generation + 1, as the hub's `Scheduler`
-//! and `TaskQueue.assign_task` do; an assignment not accepted within
-//! [`MockHubOptions::acceptance_timeout`] while its agent is connected is reclaimed
-//! (generation + 1, queued again), as the AgentFSM's acceptance timer does. The loop runs
-//! while the hub runs; it wakes on every inbound frame, every agent coming or going, every
-//! submission, and at the next acceptance deadline.
+//! The hub's scheduler, for tasks handed in with [`MockHub::submit`], as `Scheduler` (4718a58)
+//! runs it: event-driven, it assigns only after a trigger (a task submitted, retried or
+//! reclaimed, a task completed, an agent joined or gone idle), and then matches queued tasks,
+//! in submission order, to agents whose state machine is `idle`, one task per agent per pass,
+//! at generation + 1 (`TaskQueue.assign_task`). The push goes to the agent's registered
+//! connection, and the machine learns of it only through the socket's later cast: a second
+//! pass before that cast lands sees the agent idle still and gives it a second task (the
+//! double assignment; reproduced on demand by [`MockHub::race_next_assignment`]). The loop
+//! runs while the hub runs; it also fires the machines' acceptance timers.
 
 use super::*;
 
@@ -25,94 +27,76 @@ impl Inner {
         });
     }
 
-    /// Reclaim what was not accepted in time, then assign queued submitted tasks to idle
-    /// agents. Returns the next acceptance deadline.
+    /// Fire the acceptance timers that are due, then, after a trigger, assign. Returns the
+    /// next acceptance deadline.
     fn schedule_once(&self) -> Option<Instant> {
         let now = Instant::now();
         let mut guard = self.lock();
         let st = &mut *guard;
-        if st.submitted.is_empty() {
-            return None;
+        let logged = st.hub_log.len();
+        st.fsm_fire_timers(now);
+        if std::mem::take(&mut st.sched_pending) {
+            self.try_schedule_all(st);
         }
-        let connected: Vec<String> = {
-            let mut agents: Vec<String> =
-                st.conns.values().filter_map(|c| c.agent.clone()).collect();
-            agents.sort();
-            agents.dedup();
-            agents
-        };
-        for (task_id, _) in &st.submitted {
-            let Some(t) = st.tasks.get_mut(task_id) else {
-                continue;
-            };
-            let overdue = st.accept_by.get(task_id).is_some_and(|by| *by <= now);
-            if t.state == MockTaskState::Assigned && overdue && connected.contains(&t.agent) {
-                tracing::debug!(task_id = %task_id, agent = %t.agent, "mock hub: acceptance timeout, reclaiming");
-                t.generation += 1;
-                t.state = MockTaskState::Queued;
-                st.accept_by.remove(task_id);
-            }
+        let next = st.fsm_next_deadline();
+        let woke = st.hub_log.len() > logged;
+        drop(guard);
+        if woke {
+            self.inbound.notify_waiters();
         }
-        let mut idle: Vec<&String> = connected
-            .iter()
-            .filter(|a| !st.tasks.values().any(|t| t.in_flight() && &t.agent == *a))
-            .collect();
-        let mut pushes = Vec::new();
-        for (task_id, body) in &st.submitted {
-            if idle.is_empty() {
-                break;
-            }
-            let Some(t) = st.tasks.get_mut(task_id) else {
-                continue;
-            };
-            if t.state != MockTaskState::Queued {
-                continue;
-            }
-            let agent = idle.remove(0).clone();
-            t.generation += 1;
-            t.agent = agent.clone();
-            t.state = MockTaskState::Assigned;
-            st.accept_by
-                .insert(task_id.clone(), now + self.opts.acceptance_timeout);
-            let mut frame = body.clone();
-            if let Value::Object(m) = &mut frame {
-                m.insert("type".into(), json!("task_assign"));
-                m.insert("task_id".into(), json!(task_id));
-                m.insert("generation".into(), json!(t.generation));
-                m.insert("assigned_at".into(), json!(now_ms()));
-            }
-            pushes.push((agent, frame));
-        }
-        for (agent, frame) in &pushes {
-            st.push_to(agent, frame);
-        }
-        let tasks = &st.tasks;
-        st.accept_by.retain(|id, _| {
-            tasks
-                .get(id)
-                .is_some_and(|t| t.state == MockTaskState::Assigned)
-        });
-        // A deadline counts only while its agent is connected (it starts again at identify).
-        st.accept_by
-            .iter()
-            .filter(|(id, _)| tasks.get(*id).is_some_and(|t| connected.contains(&t.agent)))
-            .map(|(_, by)| *by)
-            .min()
+        next
     }
 
-    /// The agent identified: the acceptance timers of what the hub holds for it start again,
-    /// as a new AgentFSM starts in `assigned` with a fresh timer.
-    pub(super) fn restart_acceptance_timers(&self, agent: &str) {
-        let now = Instant::now();
-        let mut guard = self.lock();
-        let st = &mut *guard;
-        for (id, by) in st.accept_by.iter_mut() {
-            if st.tasks.get(id).is_some_and(|t| t.agent == agent) {
-                *by = now + self.opts.acceptance_timeout;
+    /// One `try_schedule_all`: a pass over the queue; when an armed agent got a task, a
+    /// second pass before its machine hears of it; then the held casts land, in order.
+    fn try_schedule_all(&self, st: &mut State) {
+        let timeout = self.opts.acceptance_timeout;
+        let mut held: Vec<(String, String)> = Vec::new();
+        for pass in 0..2 {
+            if pass == 1 && held.is_empty() {
+                break;
+            }
+            let mut idle = st.idle_agents();
+            let mut made = Vec::new();
+            for (task_id, body) in &st.submitted {
+                if idle.is_empty() {
+                    break;
+                }
+                let Some(t) = st.tasks.get_mut(task_id) else {
+                    continue;
+                };
+                if t.state != MockTaskState::Queued {
+                    continue;
+                }
+                let agent = idle.remove(0);
+                t.generation += 1;
+                t.agent = agent.clone();
+                t.state = MockTaskState::Assigned;
+                let mut frame = body.clone();
+                if let Value::Object(m) = &mut frame {
+                    m.insert("type".into(), json!("task_assign"));
+                    m.insert("task_id".into(), json!(task_id));
+                    m.insert("generation".into(), json!(t.generation));
+                    m.insert("assigned_at".into(), json!(now_ms()));
+                }
+                made.push((agent, task_id.clone(), frame));
+            }
+            for (agent, task_id, frame) in made {
+                // `scheduler_ws_not_found`: assigned, never pushed, no cast.
+                if !st.push_registered(&agent, &frame) {
+                    st.log(&agent, "scheduler_ws_not_found", Some(&task_id));
+                    continue;
+                }
+                if held.iter().any(|(a, _)| *a == agent) || st.race.remove(&agent) {
+                    held.push((agent, task_id));
+                } else {
+                    st.fsm_assigned(&agent, &task_id, timeout);
+                }
             }
         }
-        drop(guard);
-        self.schedule.notify_one();
+        for (agent, task_id) in held {
+            st.fsm_assigned(&agent, &task_id, timeout);
+        }
     }
 }
 

@@ -146,19 +146,16 @@ impl Inner {
 
         let mut st = self.lock();
         st.conns.remove(&id);
-        // A disconnect while the hub runs makes it reclaim the agent's tasks; a crash
-        // (stop) keeps its on-disk table as is.
+        // The agent's state machine watches the connection that identified: its close makes
+        // the hub reclaim the task the machine holds. A crash (stop) keeps its on-disk table
+        // as is.
         if !stopped && !self.root.is_cancelled() {
             if let Some(agent) = conn.agent {
-                for t in st.tasks.values_mut() {
-                    if t.agent == agent && t.in_flight() {
-                        t.generation += 1;
-                        t.state = MockTaskState::Queued;
-                    }
-                }
+                st.fsm_conn_down(&agent, id);
             }
         }
         drop(st);
+        self.inbound.notify_waiters();
         self.schedule.notify_one();
     }
 
@@ -325,8 +322,10 @@ impl Inner {
                 if let Some(c) = st.conns.get_mut(&conn.id) {
                     c.agent = Some(agent_id.to_string());
                 }
+                // `do_identify`: a new AgentFSM from the task table, replacing any other.
+                st.fsm_start(agent_id, conn.id, self.opts.acceptance_timeout);
                 drop(st);
-                self.restart_acceptance_timers(agent_id);
+                self.schedule.notify_one();
                 (
                     vec![Outbound::Json(
                         json!({"type": "identified", "agent_id": agent_id}),

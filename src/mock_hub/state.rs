@@ -12,17 +12,6 @@ impl State {
             None => format!("task-mock-{}", self.tasks.len() + 1),
         }
     }
-
-    /// Send `frame` to every socket `agent` has identified on (none: the push is lost).
-    pub(super) fn push_to(&self, agent: &str, frame: &Value) {
-        for c in self
-            .conns
-            .values()
-            .filter(|c| c.agent.as_deref() == Some(agent))
-        {
-            let _ = c.tx.send(Outbound::Json(frame.clone()));
-        }
-    }
 }
 
 impl Inner {
@@ -137,15 +126,18 @@ impl Inner {
     /// Answers one valid frame from an identified agent.
     pub(super) fn dispatch(&self, agent: &str, ty: &str, f: &Value) -> Option<Value> {
         let task_id = f.get("task_id").and_then(Value::as_str).unwrap_or_default();
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         match ty {
             "ping" => Some(json!({"type": "pong", "timestamp": now_ms()})),
             "task_accepted" => {
+                // The table only refreshes its progress stamp; the marker below is the mock's.
                 if let Some(t) = st.tasks.get_mut(task_id) {
                     if t.agent == agent && t.state == MockTaskState::Assigned {
                         t.state = MockTaskState::Accepted;
                     }
                 }
+                st.fsm_accepted(agent, task_id);
                 Some(json!({"type": "task_ack", "task_id": task_id, "status": "accepted"}))
             }
             "task_complete" | "task_failed" => {
@@ -153,38 +145,57 @@ impl Inner {
                     return None;
                 }
                 let complete = ty == "task_complete";
-                let generation = f["generation"].as_u64();
+                // As `TaskQueue.complete_task` / `fail_task` (4718a58): fenced by the
+                // generation only, whoever sends it.
+                let generation = f["generation"].as_u64().unwrap_or(0);
+                let max = st
+                    .max_retries
+                    .get(task_id)
+                    .copied()
+                    .unwrap_or(self.opts.max_retries);
                 let verdict = match st.tasks.get_mut(task_id) {
-                    None => Err("not_found".to_string()),
-                    Some(t) if !t.in_flight() => {
-                        Err(format!("invalid_state {:?}", t.state).to_lowercase())
+                    None => Err("not_found"),
+                    Some(t) if t.state == MockTaskState::DeadLetter => Err("not_found"),
+                    Some(t) if !t.in_flight() => Err("invalid_state"),
+                    Some(t) if generation != t.generation => Err("stale_generation"),
+                    Some(t) if complete => {
+                        t.state = MockTaskState::Complete;
+                        Ok("complete")
                     }
-                    Some(t) if t.agent != agent => Err("not_assigned_to_agent".into()),
-                    Some(t) if generation != Some(t.generation) => Err("stale_generation".into()),
                     Some(t) => {
-                        if complete {
-                            t.state = MockTaskState::Complete;
+                        t.retries += 1;
+                        if t.retries >= max {
+                            t.state = MockTaskState::DeadLetter;
+                            Ok("dead_letter")
                         } else {
                             t.generation += 1;
                             t.state = MockTaskState::Queued;
+                            Ok("retried")
                         }
-                        Ok(())
                     }
                 };
-                Some(match (verdict, complete) {
-                    (Ok(()), true) => {
-                        json!({"type": "task_ack", "task_id": task_id, "status": "complete"})
+                match verdict {
+                    Ok(status) => {
+                        // `task_completed` and `task_retried` are scheduling triggers,
+                        // `task_dead_letter` is not; then the cast to the *sender's* machine.
+                        if status != "dead_letter" {
+                            st.sched_pending = true;
+                        }
+                        if status == "dead_letter" {
+                            st.log(agent, "task_dead_letter", Some(task_id));
+                        }
+                        st.fsm_task_ended(agent, complete, task_id);
+                        Some(json!({"type": "task_ack", "task_id": task_id, "status": status}))
                     }
-                    (Ok(()), false) => {
-                        json!({"type": "task_ack", "task_id": task_id, "status": "retried"})
+                    Err(r) => {
+                        let what = if complete {
+                            "task_complete_failed"
+                        } else {
+                            "task_fail_failed"
+                        };
+                        Some(json!({"type": "error", "error": format!("{what}: {r}")}))
                     }
-                    (Err(r), true) => {
-                        json!({"type": "error", "error": format!("task_complete_failed: {r}")})
-                    }
-                    (Err(r), false) => {
-                        json!({"type": "error", "error": format!("task_fail_failed: {r}")})
-                    }
-                })
+                }
             }
             "task_recovering" => {
                 let forced = st.recovery.get(task_id).copied();
@@ -215,6 +226,7 @@ impl Inner {
                         if let Some(t) = t.filter(|t| t.in_flight()) {
                             t.generation += 1;
                             t.state = MockTaskState::Queued;
+                            st.sched_pending = true;
                         }
                         Some(json!({"type": "task_reassign", "task_id": task_id}))
                     }

@@ -379,6 +379,10 @@ async fn client_disconnect_requeues_but_hub_crash_keeps_the_task() {
     assert_eq!(hub.addr(), addr);
     let mut c = identified(&hub).await;
     assert_eq!(hub.task("t1").unwrap().generation, 1);
+    // The new state machine starts `assigned` on it: only `task_accepted` makes it `working`,
+    // so that the result ends it (see `fsm_tests` for what happens without).
+    send(&mut c, json!({"type":"task_accepted","task_id":"t1"})).await;
+    assert_eq!(recv(&mut c).await.unwrap()["status"], "accepted");
     send(
         &mut c,
         json!({"type":"task_complete","task_id":"t1","generation":1}),
@@ -400,7 +404,7 @@ async fn client_disconnect_requeues_but_hub_crash_keeps_the_task() {
     .await;
     assert_eq!(
         recv(&mut c).await.unwrap()["error"],
-        "task_complete_failed: invalid_state queued"
+        "task_complete_failed: invalid_state"
     );
     let t2 = hub.task("t2").unwrap();
     assert_eq!((t2.generation, t2.state), (2, MockTaskState::Queued));

@@ -19,6 +19,7 @@ mod faults;
 mod fleet;
 mod git;
 mod harness;
+mod hub_fidelity;
 mod hub_restart;
 mod leaks;
 mod loop_spec;
