@@ -269,3 +269,41 @@ impl Ops {
         h.identified && h.last_pong.is_some_and(|t| t.elapsed() <= max_age)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `check` shows the daemon's link from this: its clock starts at the first
+    /// `identified` of a link, survives a repeated one, and stops when the link is lost.
+    #[tokio::test(start_paused = true)]
+    async fn the_link_clock_and_the_last_frame_reach_the_status() {
+        let ops = Ops::new();
+        let s = ops.status_snapshot();
+        assert_eq!(
+            (
+                s.connected_since_ms,
+                s.connected_for_ms,
+                s.last_frame_age_ms
+            ),
+            (None, None, None)
+        );
+        ops.link_state(true);
+        let since = ops.status_snapshot().connected_since_ms.expect("connected");
+        tokio::time::advance(std::time::Duration::from_secs(90)).await;
+        ops.link_state(true);
+        ops.frame_in();
+        tokio::time::advance(std::time::Duration::from_secs(2)).await;
+        let s = ops.status_snapshot();
+        assert_eq!(
+            s.connected_since_ms,
+            Some(since),
+            "a repeated true keeps it"
+        );
+        assert_eq!(s.connected_for_ms, Some(92_000));
+        assert_eq!(s.last_frame_age_ms, Some(2_000));
+        ops.link_state(false);
+        let s = ops.status_snapshot();
+        assert_eq!((s.connected_since_ms, s.connected_for_ms), (None, None));
+    }
+}
