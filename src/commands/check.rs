@@ -12,8 +12,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use tokio_util::sync::CancellationToken;
 
+use super::status::Asked;
 use crate::cli::CheckArgs;
 use crate::config::Config;
+use crate::ops::StatusSnapshot;
 use crate::process::{self, ChildEnv, CommandSpec, Exit, Limits, RunOutput};
 
 /// How long any one probe may take.
@@ -115,7 +117,20 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Every probe for a valid config, in display order. Probes run concurrently.
+///
+/// A daemon running on this state directory is asked first, and its answer stands for the
+/// hub: `check` then never identifies to the hub itself, since the hub keeps one
+/// connection per agent and a second identify as the same agent replaces the daemon's,
+/// whose close makes the hub reclaim its running task (PROTOCOL.md §8).
 pub async fn probe_all(cfg: &Config) -> Vec<Item> {
+    // Asked while `check` is still dumpable: the daemon admits a peer of its status socket
+    // by reading the peer's `/proc/<pid>/ns/user`, which the kernel closes to a
+    // non-dumpable process of the same (non-root) user.
+    let daemon = super::status::ask_socket(&crate::ops::socket::path(&cfg.state_dir)).await;
+    // Then non-dumpable at once, as the daemon is (`protect_daemon`): `check` holds the
+    // token too, and the probes below (the containment probe above all) must see the
+    // process state the daemon's children are spawned from.
+    crate::sandbox::protect_daemon();
     let config = Item::new(
         "config",
         true,
@@ -134,7 +149,7 @@ pub async fn probe_all(cfg: &Config) -> Vec<Item> {
         .clone()
         .unwrap_or_else(|| crate::workspace::task_dirs_root(cfg));
     let (hub, claude, ollama, git, state, work) = tokio::join!(
-        probe_hub(cfg),
+        hub_item(cfg, &daemon),
         probe_claude(cfg),
         probe_ollama(cfg),
         probe_version(cfg, "git", Path::new("git")),
@@ -157,8 +172,33 @@ pub async fn probe_all(cfg: &Config) -> Vec<Item> {
         Item::new("git", false, git),
         claude,
         ollama,
-        containment_item(cfg).await,
+        containment_item(cfg, &daemon).await,
     ]
+}
+
+/// The hub line: the running daemon's own link when one answers on this state directory,
+/// else `check`'s own probe (identify, then close) when no daemon is there.
+async fn hub_item(cfg: &Config, daemon: &Asked) -> anyhow::Result<String> {
+    let sock = crate::ops::socket::path(&cfg.state_dir);
+    match daemon {
+        Asked::NoDaemon => probe_hub(cfg).await,
+        Asked::Answered(snap) if snap.identified => Ok(format!(
+            "{}: the running daemon's link is {} (check did not identify: it would take the daemon's connection over)",
+            cfg.hub_url,
+            super::status::link(snap)
+        )),
+        Asked::Answered(snap) => Err(anyhow!(
+            "{}: the running daemon's link is {}: see its log (journalctl -u hub-sidecar) for why; check did not identify as {} beside it",
+            cfg.hub_url,
+            super::status::link(snap),
+            cfg.agent_id
+        )),
+        Asked::NoAnswer(e) => Err(anyhow!(
+            "a daemon seems to run on this state directory ({}) but did not answer: {e:#}; run check as the daemon's user (sudo -u hub-sidecar hub-sidecar check) or root. check does not identify as {} while a daemon may hold that agent's connection",
+            sock.display(),
+            cfg.agent_id
+        )),
+    }
 }
 
 /// What containment tasks would run under, decided by the daemon's own probe in the
@@ -167,7 +207,7 @@ pub async fn probe_all(cfg: &Config) -> Vec<Item> {
 /// (the default), where "unavailable" means the daemon takes no work. When a daemon is
 /// running with this state directory its own answer is shown too, and it is the one that
 /// counts.
-async fn containment_item(cfg: &Config) -> Item {
+async fn containment_item(cfg: &Config, daemon: &Asked) -> Item {
     use crate::sandbox::{Containment, Policy};
     let configured = cfg.containment;
     let policy = tokio::task::spawn_blocking(move || Policy::probe_blocking(configured))
@@ -194,7 +234,8 @@ async fn containment_item(cfg: &Config) -> Item {
             }
         }
     };
-    if let Some(running) = running_daemon_containment(cfg).await {
+    if let Asked::Answered(snap) = daemon {
+        let running = running_daemon_containment(snap);
         res = match res {
             Ok(s) => Ok(format!("{s}; {running}")),
             Err(e) => Err(anyhow!("{e}; {running}")),
@@ -203,27 +244,22 @@ async fn containment_item(cfg: &Config) -> Item {
     Item::new("containment", policy.level == Containment::Strict, res)
 }
 
-/// The running daemon's own containment answer, when one answers on this state
-/// directory's socket: it decides what its tasks run under, so it wins over this probe.
-async fn running_daemon_containment(cfg: &Config) -> Option<String> {
-    let target = super::status::Target::Socket(crate::ops::socket::path(&cfg.state_dir));
-    let snap = tokio::time::timeout(Duration::from_secs(2), super::status::fetch(&target))
-        .await
-        .ok()?
-        .ok()?;
+/// The running daemon's own containment answer: it decides what its tasks run under, so
+/// it wins over this probe.
+fn running_daemon_containment(snap: &StatusSnapshot) -> String {
     let level = snap.containment.as_deref().unwrap_or("unknown");
-    Some(match snap.not_accepting {
+    match &snap.not_accepting {
         Some(why) => {
             format!("the running daemon (its answer counts) is NOT accepting tasks: {why}")
         }
         None => format!("the running daemon (its answer counts) runs tasks {level}"),
-    })
+    }
 }
 
 async fn probe_hub(cfg: &Config) -> anyhow::Result<String> {
     match tokio::time::timeout(PROBE_TIMEOUT, crate::hub::link::probe(cfg)).await {
         Ok(Ok(())) => Ok(format!(
-            "{} reachable, token accepted (identified as {})",
+            "{} reachable, token accepted (identified as {}; no daemon runs on this state directory)",
             cfg.hub_url, cfg.agent_id
         )),
         Ok(Err(e)) => Err(anyhow!("{e}; check hub_url, agent_id and token")),

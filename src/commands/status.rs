@@ -103,10 +103,15 @@ pub async fn fetch(target: &Target) -> anyhow::Result<StatusSnapshot> {
              metrics_addr)? The socket is only open to the service user: try sudo -u hub-sidecar"
         )
     })?;
-    let text = String::from_utf8_lossy(&body);
+    parse(&body, target)
+}
+
+/// The snapshot in an HTTP answer `body` from `target`.
+fn parse(body: &[u8], target: &Target) -> anyhow::Result<StatusSnapshot> {
+    let text = String::from_utf8_lossy(body);
     let (head, json) = text
         .split_once("\r\n\r\n")
-        .with_context(|| format!("the answer from {target} is not HTTP"))?;
+        .with_context(|| format!("the answer from {target} is not HTTP (the daemon closed the connection unanswered: it refuses peers it cannot identify, see its log)"))?;
     anyhow::ensure!(
         head.starts_with("HTTP/1.1 200"),
         "the daemon at {target} answered {}: an older hub-sidecar without /status?",
@@ -114,6 +119,45 @@ pub async fn fetch(target: &Target) -> anyhow::Result<StatusSnapshot> {
     );
     serde_json::from_str(json)
         .with_context(|| format!("the status from {target} is not valid JSON"))
+}
+
+/// What a daemon on a state directory's socket answered, for `check`, which must tell
+/// "no daemon here" (probe the hub itself) from "a daemon that would not answer" (it must
+/// not probe: identifying as the daemon's agent would take its connection over).
+#[derive(Debug)]
+pub enum Asked {
+    /// No socket, or nothing listening on it (a stale file left by a crash).
+    NoDaemon,
+    /// The daemon's status.
+    Answered(Box<StatusSnapshot>),
+    /// Something listens but did not answer: why.
+    NoAnswer(anyhow::Error),
+}
+
+/// Ask the daemon on the unix socket `path`, if one listens there.
+pub async fn ask_socket(path: &std::path::Path) -> Asked {
+    use std::io::ErrorKind;
+    let target = Target::Socket(path.to_path_buf());
+    let stream = match tokio::net::UnixStream::connect(path).await {
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
+            return Asked::NoDaemon
+        }
+        Err(e) => {
+            return Asked::NoAnswer(anyhow::anyhow!("cannot connect to {target}: {e}"));
+        }
+        Ok(s) => s,
+    };
+    let answered = match tokio::time::timeout(ANSWER, exchange(stream)).await {
+        Err(_) => Err(anyhow::anyhow!(
+            "the daemon at {target} did not answer within {ANSWER:?}"
+        )),
+        Ok(Err(e)) => Err(anyhow::anyhow!("reading the answer from {target}: {e}")),
+        Ok(Ok(body)) => parse(&body, &target),
+    };
+    match answered {
+        Ok(snap) => Asked::Answered(Box::new(snap)),
+        Err(e) => Asked::NoAnswer(e),
+    }
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> std::io::Result<Vec<u8>> {
@@ -132,17 +176,52 @@ fn secs(ms: Option<u64>) -> String {
     }
 }
 
+/// The daemon's hub link in one line: connected since when (UTC) and for how long, the
+/// last frame and pong; or not connected.
+pub fn link(s: &StatusSnapshot) -> String {
+    if !s.identified {
+        return "not connected (reconnecting)".to_string();
+    }
+    let since = match (s.connected_since_ms, s.connected_for_ms) {
+        (Some(at), Some(for_ms)) => format!(" since {} ({})", utc(at), secs(Some(for_ms))),
+        _ => String::new(),
+    };
+    let frame = match s.last_frame_age_ms {
+        Some(ms) => format!("last frame {} ago, ", secs(Some(ms))),
+        None => String::new(),
+    };
+    format!(
+        "connected{since}, {frame}last pong {} ago",
+        secs(s.last_pong_age_ms)
+    )
+}
+
+/// `ms` since the epoch as `YYYY-MM-DD HH:MM:SS UTC` (the civil-from-days algorithm of
+/// H. Hinnant's date library; no time-zone database needed for UTC).
+fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        sod / 3600,
+        sod / 60 % 60,
+        sod % 60
+    )
+}
+
 /// The readable status.
 pub fn render(s: &StatusSnapshot) -> String {
     let mut o = String::new();
-    o.push_str(&if s.identified {
-        format!(
-            "hub:    connected (last pong {} ago)\n",
-            secs(s.last_pong_age_ms)
-        )
-    } else {
-        "hub:    not connected (reconnecting)\n".to_string()
-    });
+    o.push_str(&format!("hub:    {}\n", link(s)));
     if let Some(why) = &s.not_accepting {
         o.push_str(&format!("tasks:  NOT accepting: {why}\n"));
     }
@@ -176,4 +255,16 @@ pub fn render(s: &StatusSnapshot) -> String {
         ),
     });
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_renders_civil_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_795_852_212_345), "2026-11-28 07:50:12 UTC");
+    }
 }

@@ -32,7 +32,12 @@ pub(crate) fn gauge_value(n: u64) -> i64 {
 #[derive(Debug, Default)]
 struct Health {
     identified: bool,
+    /// When the link in use now was identified: monotonic for its age, wall clock for
+    /// `check` and `status` to print.
+    connected_since: Option<(Instant, std::time::SystemTime)>,
     last_pong: Option<Instant>,
+    /// When the last frame came in from the hub.
+    last_frame_in: Option<Instant>,
     active_task: Option<String>,
     /// When the active task started.
     task_started: Option<Instant>,
@@ -75,6 +80,17 @@ pub struct StatusSnapshot {
     pub identified: bool,
     /// Age of the last pong from the hub.
     pub last_pong_age_ms: Option<u64>,
+    /// When the link in use now was identified (ms since the epoch); absent while not
+    /// identified, and from an older daemon.
+    #[serde(default)]
+    pub connected_since_ms: Option<i64>,
+    /// How long the link in use now has been identified.
+    #[serde(default)]
+    pub connected_for_ms: Option<u64>,
+    /// Age of the last frame from the hub (any type); absent before the first, and from an
+    /// older daemon.
+    #[serde(default)]
+    pub last_frame_age_ms: Option<u64>,
     /// The task being worked on, if any.
     pub active_task: Option<String>,
     /// How long the active task has been running.
@@ -113,7 +129,15 @@ impl Ops {
 
     /// The hub link was identified (true) or lost (false).
     pub fn link_state(&self, identified: bool) {
-        self.health().identified = identified;
+        let mut h = self.health();
+        // The first `true` of a link starts its clock; a repeated `true` keeps it.
+        h.connected_since = match (identified, h.connected_since) {
+            (true, Some(since)) => Some(since),
+            (true, None) => Some((Instant::now(), std::time::SystemTime::now())),
+            (false, _) => None,
+        };
+        h.identified = identified;
+        drop(h);
         self.metrics.connected.set(i64::from(identified));
     }
 
@@ -130,6 +154,7 @@ impl Ops {
     /// A frame came in from the hub.
     pub fn frame_in(&self) {
         self.metrics.frames_in.inc();
+        self.health().last_frame_in = Some(Instant::now());
     }
 
     /// A frame of type `kind` went out to the hub.
@@ -193,6 +218,12 @@ impl Ops {
         StatusSnapshot {
             identified: h.identified,
             last_pong_age_ms: h.last_pong.map(ms),
+            connected_since_ms: h.connected_since.map(|(_, wall)| {
+                wall.duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64)
+            }),
+            connected_for_ms: h.connected_since.map(|(t, _)| ms(t)),
+            last_frame_age_ms: h.last_frame_in.map(ms),
             active_task: h.active_task.clone(),
             task_elapsed_ms: h.task_started.map(ms),
             attempt: h.attempt.map(|a| a.0),
@@ -236,5 +267,43 @@ impl Ops {
     pub fn link_healthy(&self, max_age: std::time::Duration) -> bool {
         let h = self.health();
         h.identified && h.last_pong.is_some_and(|t| t.elapsed() <= max_age)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `check` shows the daemon's link from this: its clock starts at the first
+    /// `identified` of a link, survives a repeated one, and stops when the link is lost.
+    #[tokio::test(start_paused = true)]
+    async fn the_link_clock_and_the_last_frame_reach_the_status() {
+        let ops = Ops::new();
+        let s = ops.status_snapshot();
+        assert_eq!(
+            (
+                s.connected_since_ms,
+                s.connected_for_ms,
+                s.last_frame_age_ms
+            ),
+            (None, None, None)
+        );
+        ops.link_state(true);
+        let since = ops.status_snapshot().connected_since_ms.expect("connected");
+        tokio::time::advance(std::time::Duration::from_secs(90)).await;
+        ops.link_state(true);
+        ops.frame_in();
+        tokio::time::advance(std::time::Duration::from_secs(2)).await;
+        let s = ops.status_snapshot();
+        assert_eq!(
+            s.connected_since_ms,
+            Some(since),
+            "a repeated true keeps it"
+        );
+        assert_eq!(s.connected_for_ms, Some(92_000));
+        assert_eq!(s.last_frame_age_ms, Some(2_000));
+        ops.link_state(false);
+        let s = ops.status_snapshot();
+        assert_eq!((s.connected_since_ms, s.connected_for_ms), (None, None));
     }
 }

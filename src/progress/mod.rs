@@ -1,23 +1,28 @@
 //! Progress events (PROTOCOL.md §6) and their coalescing under the hub's budget.
 //!
 //! Executors and the verification loop [`ProgressSink::emit`] as often as they like; the sink
-//! merges everything between two sends into one pending frame with bounded memory (stream
-//! text keeps its tail, structured events are merged, never dropped). A [`Pump`] per task
-//! turns the pending state into at most one `task_progress` frame per budget token, and a
-//! heartbeat frame when the task is quiet so the hub's stale-task sweep leaves it alone.
+//! queues everything between two sends with bounded memory (stream text keeps its tail,
+//! structured events are merged, never dropped). A [`Pump`] per task turns the queue into at
+//! most one `task_progress` frame per budget token, and a heartbeat frame when the task is
+//! quiet so the hub's stale-task sweep leaves it alone.
 //!
-//! What the hub does with the merged frame: it reads the §6 fields of `execution_event` and
-//! ignores fields it does not know (PROTOCOL.md, first section). So the frame takes the shape
-//! of the **most important** event it merges ([`EventKind::rank`]: a retry's start or end
-//! over an error, over a check's result, over a tool call, over a status line; the newest
-//! among equals), and its `text` — a §6 field every hub shows — starts with that event's
-//! text, then every other event's, oldest first, then the stream's tail: no event that
-//! matters is hidden behind a status line. `merged_events` and `folded_events` — every merged
-//! event with its own `timestamp` and fields — are for readers of the raw frames and records;
-//! docs/protocol.md lists them. A cancelled task is gone at the hub, so progress
-//! still pending when the task is taken away is discarded, not flushed ([`Pump::dropped`]).
+//! What the hub does with a frame: it reads the §6 fields of `execution_event` and ignores
+//! fields it does not know (PROTOCOL.md, first section). So a verification attempt's start,
+//! each check's result and each verdict ([`EventKind::own_frame`]) reach it as a frame of
+//! their own, whose `event_type` and fields are that event's: a dashboard sees attempt *k*'s
+//! verdict as an event even when the next retry starts milliseconds later. Everything else
+//! (status lines, tool calls, errors, the stream) rides along: in the next own-frame event's
+//! frame, its text after that event's, or, with no such event pending, in one frame that
+//! takes the shape of the **most important** event it merges ([`EventKind::rank`]: an error
+//! over a check's result, over a tool call, over a status line; the newest among equals),
+//! its `text` starting with that event's text, then every other event's, oldest first, then
+//! the stream's tail. `merged_events` and `folded_events` — every merged event with its own
+//! `timestamp` and fields — are for readers of the raw frames and records; docs/protocol.md
+//! lists them and counts the frames. A cancelled task is gone at the hub, so progress still
+//! pending when the task is taken away is discarded, not flushed ([`Pump::dropped`]).
 //!
-//! Layout: this file holds the events and the sink; `pump.rs` sends them under the budget.
+//! Layout: this file holds the events and the sink; `pump.rs` sends them under the budget;
+//! `tests.rs` tests the sink.
 
 use std::sync::{Arc, Mutex};
 
@@ -60,6 +65,20 @@ impl EventKind {
         matches!(
             self,
             EventKind::Token | EventKind::Stdout | EventKind::Stderr
+        )
+    }
+
+    /// Events of this kind each reach the hub as a frame of their own, with their own
+    /// `event_type` and fields: a verification attempt's start and verdict and each check's
+    /// result, which a dashboard reads from the §6 fields (PROTOCOL.md §6). At most
+    /// `2 + checks` per run, so they fit the hub's budget (docs/protocol.md counts them);
+    /// everything else rides along in the next such frame, or in one merged frame.
+    pub fn own_frame(self) -> bool {
+        matches!(
+            self,
+            EventKind::VerificationRetryStart
+                | EventKind::VerificationCheckResult
+                | EventKind::VerificationRetryComplete
         )
     }
 
@@ -347,8 +366,48 @@ impl ProgressSink {
             .emitted
     }
 
-    /// Take what is pending as one `execution_event`, or `None` when nothing is.
+    /// Take the next frame's `execution_event`, or `None` when nothing is pending.
+    ///
+    /// The oldest pending event of an [`EventKind::own_frame`] kind gets a frame of its
+    /// own shape, carrying the other events that came before it (their text after its own,
+    /// and all of them in `merged_events`); the events after it wait for the next frame.
+    /// Without such an event, everything pending is merged into one frame
+    /// ([`ProgressSink::take_merged`]). The stream's text goes with the first frame taken.
     pub fn take_event(&self) -> Option<Value> {
+        self.take(false)
+    }
+
+    /// Take everything pending as one merged `execution_event` (the frame takes the shape
+    /// of its most important event, [`EventKind::rank`]), or `None` when nothing is: the
+    /// last batch a terminal frame carries when the budget has no room for more frames.
+    pub fn take_merged(&self) -> Option<Value> {
+        self.take(true)
+    }
+
+    /// An event of an [`EventKind::own_frame`] kind is waiting: the pump sends again
+    /// without waiting for the next change.
+    pub fn own_frame_pending(&self) -> bool {
+        self.shared
+            .pending
+            .lock()
+            .expect("progress lock poisoned")
+            .events
+            .iter()
+            .any(|e| e.kind.own_frame())
+    }
+
+    /// Something is pending that [`ProgressSink::take_event`] would send now (a stream end
+    /// held back as a possible secret's start does not count).
+    pub fn pending(&self) -> bool {
+        let p = self.shared.pending.lock().expect("progress lock poisoned");
+        let hold = match self.shared.redactor.get() {
+            Some(r) => r.partial_suffix_len(&p.stream),
+            None => 0,
+        };
+        p.dirty && (!p.events.is_empty() || p.stream.len() > hold)
+    }
+
+    fn take(&self, merge_all: bool) -> Option<Value> {
         let max = self.shared.max_text;
         let mut p = self.shared.pending.lock().expect("progress lock poisoned");
         if !p.dirty {
@@ -362,24 +421,45 @@ impl ProgressSink {
         if hold > 0 && hold == p.stream.len() && p.events.is_empty() {
             return None;
         }
-        p.dirty = hold > 0;
-        let events = std::mem::take(&mut p.events);
-        let keep_from = p.stream.len() - hold;
-        let held = p.stream.split_off(keep_from);
-        let stream = std::mem::replace(&mut p.stream, held);
-        let cut = std::mem::take(&mut p.stream_cut);
-        let stream_kind = if hold > 0 {
-            p.stream_kind
+        // Up to and including the first own-frame event, unless everything goes.
+        let own = if merge_all {
+            None
         } else {
-            p.stream_kind.take()
+            p.events.iter().position(|e| e.kind.own_frame())
         };
-        // The frame takes the shape of the most important event (the newest among equals:
-        // it carries the newest state), else of the stream; its text comes first.
-        let first = events
-            .iter()
-            .enumerate()
-            .max_by_key(|(i, e)| (e.kind.rank(), *i))
-            .map(|(i, _)| i);
+        let events: Vec<ProgressEvent> = match own {
+            Some(i) => p.events.drain(..=i).collect(),
+            None => std::mem::take(&mut p.events),
+        };
+        let rest_pending = !p.events.is_empty();
+        // The stream goes with the first frame taken: what a child printed mostly came
+        // before the checks that judge it, and a verdict's frame stays its own.
+        let (stream, cut, stream_kind) = if p.stream.len() == hold {
+            (String::new(), 0, None)
+        } else {
+            let keep_from = p.stream.len() - hold;
+            let held = p.stream.split_off(keep_from);
+            let stream = std::mem::replace(&mut p.stream, held);
+            let cut = std::mem::take(&mut p.stream_cut);
+            let kind = if hold > 0 {
+                p.stream_kind
+            } else {
+                p.stream_kind.take()
+            };
+            (stream, cut, kind)
+        };
+        p.dirty = rest_pending || hold > 0;
+        // The frame takes the shape of its own-frame event, else of the most important
+        // event (the newest among equals: it carries the newest state), else of the stream;
+        // its text comes first.
+        let first = match own {
+            Some(_) => Some(events.len() - 1),
+            None => events
+                .iter()
+                .enumerate()
+                .max_by_key(|(i, e)| (e.kind.rank(), *i))
+                .map(|(i, _)| i),
+        };
         let mut texts: Vec<String> = events
             .iter()
             .enumerate()
@@ -421,209 +501,4 @@ impl ProgressSink {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stream_text_is_bounded_and_keeps_the_tail() {
-        let s = ProgressSink::new(1024);
-        for i in 0..100_000 {
-            s.stream(EventKind::Stdout, &format!("{i}\n"));
-        }
-        let ev = s.take_event().unwrap();
-        let text = ev["text"].as_str().unwrap();
-        assert!(text.len() <= 1024 + 64, "{}", text.len());
-        assert!(text.ends_with("99999\n"));
-        assert!(text.contains("elided"));
-        assert!(s.take_event().is_none());
-    }
-
-    #[test]
-    fn a_secret_split_across_chunks_or_cut_by_the_cap_never_leaves_in_pieces() {
-        let s = ProgressSink::new(256);
-        s.set_redactor(Arc::new(Redactor::new(vec!["tok-UNIQUE-1".to_string()])));
-        s.stream(EventKind::Stdout, "a tok-UN");
-        assert_eq!(s.take_event().unwrap()["text"], "a ");
-        s.stream(EventKind::Stdout, "IQUE-1 b\n");
-        assert_eq!(s.take_event().unwrap()["text"], "[REDACTED] b\n");
-        for _ in 0..200 {
-            s.stream(EventKind::Stdout, "x tok-UNIQUE-1\n");
-        }
-        let text = s.take_event().unwrap()["text"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        assert!(!text.contains("UNIQUE"), "{text}");
-    }
-
-    #[test]
-    fn the_tap_sees_events_only_after_scrubbing_and_the_observer_before() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let shown = Arc::new(Mutex::new(Vec::new()));
-        let s = {
-            let shown = shown.clone();
-            ProgressSink::with_observer(1024, move |e| shown.lock().unwrap().push(e.text.clone()))
-        };
-        s.set_redactor(Arc::new(Redactor::new(vec!["tok-UNIQUE-1".to_string()])));
-        let tapped = seen.clone();
-        s.set_tap(move |e| tapped.lock().unwrap().push(e.text.clone()));
-        s.emit(ProgressEvent::status("key tok-UNIQUE-1"));
-        assert_eq!(*seen.lock().unwrap(), ["key [REDACTED]"]);
-        assert_eq!(
-            *shown.lock().unwrap(),
-            ["key tok-UNIQUE-1"],
-            "the local display is unchanged"
-        );
-    }
-
-    #[test]
-    fn structured_events_are_merged_not_lost() {
-        let s = ProgressSink::new(8192);
-        for i in 0..40 {
-            s.emit(
-                ProgressEvent::new(EventKind::VerificationCheckResult, format!("check {i}"))
-                    .with("attempt", 1),
-            );
-        }
-        let ev = s.take_event().unwrap();
-        assert_eq!(ev["event_type"], "verification_check_result");
-        let text = ev["text"].as_str().unwrap();
-        for i in 0..40 {
-            assert!(text.contains(&format!("check {i}")), "lost check {i}");
-        }
-    }
-
-    #[test]
-    fn merged_events_keep_their_own_timestamps() {
-        let s = ProgressSink::new(8192);
-        for (i, ts) in [1_000_i64, 2_000, 3_000].into_iter().enumerate() {
-            let mut ev = ProgressEvent::new(EventKind::ToolCall, format!("call {i}"));
-            ev.timestamp = ts;
-            s.emit(ev);
-        }
-        let v = s.take_event().unwrap();
-        let stamps: Vec<i64> = v["merged_events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["timestamp"].as_i64().unwrap())
-            .collect();
-        assert_eq!(stamps, [1_000, 2_000, 3_000]);
-        assert_eq!(
-            v["timestamp"], 3_000,
-            "the frame carries its newest event's time"
-        );
-    }
-
-    /// The demo's "6 events in one frame" reached the hub as `[status] running claude`: the
-    /// retry that started was hidden. The frame now takes the retry's shape and text first,
-    /// and the status lines stay readable after it.
-    #[test]
-    fn a_merged_frame_leads_with_its_most_important_event() {
-        let s = ProgressSink::new(8192);
-        s.emit(ProgressEvent::status("retry budget: 3 corrective retries"));
-        s.emit(
-            ProgressEvent::new(
-                EventKind::VerificationRetryStart,
-                "Verification retry 1/3: fixing 1 failed check",
-            )
-            .with("attempt", 1)
-            .with("max_retries", 3),
-        );
-        s.emit(ProgressEvent::status("running claude"));
-        s.stream(EventKind::Token, "thinking");
-        let v = s.take_event().unwrap();
-        assert_eq!(v["event_type"], "verification_retry_start", "{v}");
-        assert_eq!(
-            (v["attempt"].clone(), v["max_retries"].clone()),
-            (1.into(), 3.into())
-        );
-        let text = v["text"].as_str().unwrap();
-        assert!(
-            text.starts_with("Verification retry 1/3: fixing 1 failed check\n"),
-            "{text}"
-        );
-        for other in [
-            "retry budget: 3 corrective retries",
-            "running claude",
-            "thinking",
-        ] {
-            assert!(text.contains(other), "{other} lost: {text}");
-        }
-        assert_eq!(v["merged_events"].as_array().unwrap().len(), 3);
-        // Among equals the newest leads; an error outranks a status line and a check.
-        s.emit(ProgressEvent::new(
-            EventKind::VerificationRetryComplete,
-            "Retry 1/3 complete",
-        ));
-        s.emit(ProgressEvent::new(
-            EventKind::VerificationRetryStart,
-            "Verification retry 2/3",
-        ));
-        s.emit(ProgressEvent::status("running claude"));
-        assert_eq!(
-            s.take_event().unwrap()["text"]
-                .as_str()
-                .unwrap()
-                .lines()
-                .next(),
-            Some("Verification retry 2/3")
-        );
-        s.emit(ProgressEvent::new(
-            EventKind::VerificationCheckResult,
-            "check: fail",
-        ));
-        s.emit(ProgressEvent::new(EventKind::Error, "ollama call failed"));
-        s.emit(ProgressEvent::status("still working"));
-        assert_eq!(s.take_event().unwrap()["event_type"], "error");
-    }
-
-    /// However long the merged text, the leading event's text is kept and the rest keeps
-    /// its tail, within the cap.
-    #[test]
-    fn the_leading_text_survives_the_cap() {
-        let s = ProgressSink::new(256);
-        s.emit(ProgressEvent::new(
-            EventKind::VerificationRetryStart,
-            "RETRY-STARTS",
-        ));
-        for i in 0..30 {
-            s.emit(ProgressEvent::status(format!("status line number {i:02}")));
-        }
-        let text = s.take_event().unwrap()["text"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        assert!(text.starts_with("RETRY-STARTS\n"), "{text}");
-        assert!(text.ends_with("status line number 29"), "{text}");
-        assert!(text.len() <= 256 + 64, "{}", text.len());
-    }
-
-    #[test]
-    fn folded_events_keep_their_fields() {
-        let s = ProgressSink::new(8192);
-        for i in 0..40u32 {
-            s.emit(
-                ProgressEvent::new(EventKind::VerificationCheckResult, format!("check {i}"))
-                    .with("attempt", 1)
-                    .with("check_status", if i % 2 == 0 { "pass" } else { "fail" })
-                    .with("index", i),
-            );
-        }
-        let ev = s.take_event().unwrap();
-        let mut seen: Vec<u64> = Vec::new();
-        for m in ev["merged_events"].as_array().unwrap() {
-            seen.push(m["index"].as_u64().unwrap());
-            for f in m["folded_events"].as_array().into_iter().flatten() {
-                assert!(f["check_status"].is_string(), "{f}");
-                seen.push(f["index"].as_u64().unwrap());
-            }
-        }
-        seen.sort_unstable();
-        assert_eq!(
-            seen,
-            (0..40).collect::<Vec<u64>>(),
-            "every event's fields arrive"
-        );
-    }
-}
+mod tests;

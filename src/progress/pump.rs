@@ -67,12 +67,16 @@ impl Pump {
         };
         let mut last_sent = tokio::time::Instant::now();
         'run: loop {
-            let beat = tokio::time::sleep_until(last_sent + heartbeat);
-            tokio::select! {
-                _ = cancel.cancelled() => break 'run,
-                _ = sink.changed() => {}
-                _ = beat => {
-                    sink.emit(ProgressEvent::status("still working"));
+            // An own-frame event still waiting (several arrived within one interval) is
+            // sent next without waiting for another change.
+            if !sink.own_frame_pending() {
+                let beat = tokio::time::sleep_until(last_sent + heartbeat);
+                tokio::select! {
+                    _ = cancel.cancelled() => break 'run,
+                    _ = sink.changed() => {}
+                    _ = beat => {
+                        sink.emit(ProgressEvent::status("still working"));
+                    }
                 }
             }
             // Let events accumulate: one frame per interval at most.
@@ -95,21 +99,26 @@ impl Pump {
             }
         }
         if dropped.is_cancelled() {
-            let discarded = sink.take_event().is_some();
+            let discarded = sink.take_merged().is_some();
             tracing::debug!(task_id = %task_id, discarded, "task dropped: pending progress discarded");
             return None;
         }
-        // The task ended: what is still pending (often the verdict's events) goes out once,
-        // ahead of the terminal frame, if the budget above the reserve allows. Otherwise it
-        // is handed back, for the terminal frame to carry: waiting for the budget would hold
-        // up the result, and sending past the reserve would starve the lifecycle frames.
-        let event = sink.take_event()?;
-        if budget.try_progress().is_ok() {
-            send(event);
-            return None;
+        // The task ended: what is still pending (often the verdict's events) goes out now,
+        // ahead of the terminal frame, each own-frame event in a frame of its own, while
+        // the budget above the reserve allows. The rest is handed back as one merged
+        // event, for the terminal frame to carry: waiting for the budget would hold up the
+        // result, and sending past the reserve would starve the lifecycle frames.
+        while sink.pending() {
+            if budget.try_progress().is_err() {
+                tracing::info!(task_id = %task_id, "the task's last progress batch goes with its result: no budget above the reserve");
+                return sink.take_merged();
+            }
+            match sink.take_event() {
+                Some(event) => send(event),
+                None => break,
+            }
         }
-        tracing::info!(task_id = %task_id, "the task's last progress batch goes with its result: no budget above the reserve");
-        Some(event)
+        None
     }
 }
 
@@ -201,5 +210,74 @@ mod tests {
         assert_eq!(back["event_type"], "verification_retry_complete");
         assert_eq!(back["attempt"], 1);
         assert_eq!(out.0.lock().unwrap().len(), 1);
+    }
+
+    /// Own-frame events queued together leave as frames of their own, one per interval,
+    /// without another event to wake the pump; and at the end, each while the budget has
+    /// room, the rest merged for the terminal frame.
+    #[tokio::test(start_paused = true)]
+    async fn queued_own_frame_events_each_get_a_frame() {
+        let sink = ProgressSink::new(8192);
+        let out = Arc::new(Frames(Mutex::new(Vec::new())));
+        let pump = |budget: Arc<RateBudget>| Pump {
+            sink: sink.clone(),
+            task_id: "t".into(),
+            budget,
+            out: out.clone(),
+            redactor: Arc::new(Redactor::new(Vec::new())),
+            min_interval: Duration::from_secs(1),
+            heartbeat: Duration::from_secs(3600),
+            dropped: CancellationToken::new(),
+        };
+        let verdicts = |n: u32| {
+            for k in 1..=n {
+                sink.emit(
+                    ProgressEvent::new(EventKind::VerificationRetryComplete, format!("v{k}"))
+                        .with("run_number", k),
+                );
+            }
+        };
+        let sent = || -> Vec<Value> {
+            out.0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|f| match f {
+                    Outbound::TaskProgress {
+                        execution_event: Some(e),
+                        ..
+                    } => e.clone(),
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(pump(Arc::new(RateBudget::new(60, 60, 0))).run(cancel.clone()));
+        verdicts(3);
+        // Paused time: each sleep lets the pump's interval pass.
+        for _ in 0..10 {
+            if sent().len() == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let runs: Vec<Value> = sent().iter().map(|e| e["run_number"].clone()).collect();
+        assert_eq!(runs, [1, 2, 3], "one frame each");
+        cancel.cancel();
+        assert_eq!(running.await.unwrap(), None);
+
+        // At the end: room for two frames above the reserve, the third is handed back.
+        let budget = Arc::new(RateBudget::new(3, 60, 1));
+        out.0.lock().unwrap().clear();
+        verdicts(3);
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let back = pump(budget)
+            .run(cancel)
+            .await
+            .expect("the rest handed back");
+        let runs: Vec<Value> = sent().iter().map(|e| e["run_number"].clone()).collect();
+        assert_eq!(runs, [1, 2]);
+        assert_eq!(back["run_number"], 3);
     }
 }

@@ -21,6 +21,12 @@ const TARGET_ABI: ABI = ABI::V6;
 
 /// What the running kernel supports: 0 when Landlock is absent or disabled.
 pub fn kernel_abi() -> i32 {
+    kernel_abi_or_errno().unwrap_or(0)
+}
+
+/// The ABI, or how the call failed: its errno tells a kernel without Landlock from a
+/// seccomp filter or an LSM refusing it (`super::refusal`).
+pub fn kernel_abi_or_errno() -> std::io::Result<i32> {
     // SAFETY: with a NULL attribute, size 0 and the VERSION flag, the call only reports
     // the ABI version; it touches no memory.
     let v = unsafe {
@@ -32,9 +38,9 @@ pub fn kernel_abi() -> i32 {
         )
     };
     if v < 0 {
-        0
+        Err(std::io::Error::last_os_error())
     } else {
-        v as i32
+        Ok(v as i32)
     }
 }
 

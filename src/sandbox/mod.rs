@@ -41,7 +41,8 @@
 //! # Layout
 //!
 //! - this file: levels, per-task policies and [`Sandbox`].
-//! - `support.rs`: what the kernel allows ([`Support`]), probed once.
+//! - `support.rs`: what the kernel allows ([`Support`]), probed once; [`refusal`]: who
+//!   refused what is missing (a seccomp filter, an LSM, a sysctl, the kernel).
 //! - `mounts.rs`: the children's view of the host's trees (a mount namespace's plan);
 //!   `view.rs`: that view made once per task, in namespaces each child joins.
 //! - `grants.rs`: what a sandbox grants on the file system ([`Grants`] → the policy).
@@ -75,6 +76,7 @@ pub mod landlock;
 mod mounts;
 mod network;
 pub mod proxy;
+pub mod refusal;
 mod resolve;
 mod splice;
 mod support;
@@ -93,7 +95,7 @@ use grants::{fs_policy, var_in};
 pub(crate) use handoff::Spawning;
 pub use hardening::{protect_daemon, refuse_powerless_root};
 use landlock::FsPolicy;
-pub use support::{NamespaceError, Support};
+pub use support::{NamespaceError, Refused, Support};
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
 
@@ -588,6 +590,7 @@ mod tests {
             namespaces: Err(NamespaceError::Spawn(Arc::new(
                 std::io::Error::from_raw_os_error(libc::EPERM),
             ))),
+            refused: Default::default(),
         }
     }
 
@@ -642,6 +645,7 @@ mod tests {
         let full = Support {
             landlock_abi: 6,
             namespaces: Ok(()),
+            refused: Default::default(),
         };
         let strict = Policy::decide(None, full);
         assert_eq!(strict.level, Containment::Strict);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::child::ChildPlan;
 use super::mounts::MountPlan;
 use super::view::TaskView;
-use super::{landlock, Sandbox};
+use super::{landlock, refusal, Sandbox};
 
 /// What this machine lets the daemon enforce; probed once at start-up.
 #[derive(Debug, Clone)]
@@ -16,6 +16,18 @@ pub struct Support {
     pub landlock_abi: i32,
     /// Whether a child can enter new user, PID and mount namespaces, else why not.
     pub namespaces: Result<(), NamespaceError>,
+    /// Who refused what is missing, when the probe could tell (a seccomp filter, an LSM,
+    /// a sysctl, the kernel), with what to allow.
+    pub refused: Refused,
+}
+
+/// What [`refusal`] made of a failed probe; `None` leaves the general advice.
+#[derive(Debug, Clone, Default)]
+pub struct Refused {
+    /// Why Landlock is unavailable.
+    pub landlock: Option<String>,
+    /// Why the namespaces are.
+    pub namespaces: Option<String>,
 }
 
 /// Why children cannot get their own user, PID and mount namespaces here.
@@ -39,9 +51,23 @@ impl Support {
     /// Ask the kernel. Forks one short-lived child (blocking, about a millisecond): call it
     /// off the async runtime.
     pub fn probe() -> Support {
+        let landlock = landlock::kernel_abi_or_errno();
+        let namespaces = probe_namespaces();
+        let facts = (landlock.is_err() || namespaces.is_err()).then(refusal::Facts::read);
+        let refused = match &facts {
+            None => Refused::default(),
+            Some(f) => Refused {
+                landlock: landlock.as_ref().err().map(|e| refusal::landlock(e, f)),
+                namespaces: match &namespaces {
+                    Err(NamespaceError::Spawn(e)) => refusal::namespaces(e, f),
+                    _ => None,
+                },
+            },
+        };
         Support {
-            landlock_abi: landlock::kernel_abi(),
-            namespaces: probe_namespaces(),
+            landlock_abi: landlock.unwrap_or(0),
+            namespaces,
+            refused,
         }
     }
 
@@ -50,6 +76,7 @@ impl Support {
         Support {
             landlock_abi: 0,
             namespaces: Err(NamespaceError::Off),
+            refused: Refused::default(),
         }
     }
 
@@ -57,9 +84,16 @@ impl Support {
     pub fn missing(&self) -> Vec<String> {
         let mut m = Vec::new();
         if self.landlock_abi < 1 {
-            m.push("filesystem confinement: Landlock is unavailable (needs Linux ≥ 5.13 with `landlock` in the kernel's `lsm=` list)".to_string());
+            m.push(match &self.refused.landlock {
+                Some(why) => format!("filesystem confinement: {why}"),
+                None => "filesystem confinement: Landlock is unavailable (needs Linux ≥ 5.13 with `landlock` in the kernel's `lsm=` list)".to_string(),
+            });
         }
-        if let Err(e) = &self.namespaces {
+        if let (Err(e), Some(why)) = (&self.namespaces, &self.refused.namespaces) {
+            m.push(format!(
+                "process confinement: cannot create user, PID and mount namespaces ({e}), so tasks would also reach the host's socket files: {why}"
+            ));
+        } else if let Err(e) = &self.namespaces {
             m.push(format!(
                 "process confinement: cannot create user, PID and mount namespaces ({e}), so tasks would also reach the host's socket files; allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, AppArmor's restrict_unprivileged_userns=0), and in the unit RestrictNamespaces=user pid net mnt and SystemCallFilter= with mount open_tree move_mount"
             ));

@@ -75,6 +75,15 @@ async fn greeting(
     edit: impl FnOnce(&mut Value),
     tweak: impl FnOnce(&mut hub_sidecar::config::Config),
 ) -> (Value, Vec<Value>, Vec<String>) {
+    let (done, events, prompts, _) = greeting_frames(edit, tweak).await;
+    (done, events, prompts)
+}
+
+/// [`greeting`], with the task's `execution_event`s as the hub received them, one per frame.
+async fn greeting_frames(
+    edit: impl FnOnce(&mut Value),
+    tweak: impl FnOnce(&mut hub_sidecar::config::Config),
+) -> (Value, Vec<Value>, Vec<String>, Vec<Value>) {
     let s = Harness::setup().await;
     let log = probe(s.dir()).join("prompts.log");
     let (mut c, _ws) = s.cfg_with_workspace();
@@ -89,9 +98,15 @@ async fn greeting(
     h.assign(task);
     let done = h.terminal("demo-greeting").await;
     let events = hub_events(&h, "demo-greeting");
+    let frames = h
+        .received_of("task_progress")
+        .into_iter()
+        .filter(|f| f["task_id"] == "demo-greeting")
+        .map(|f| f["execution_event"].clone())
+        .collect();
     let prompts = prompts(&log);
     h.finish().await;
-    (done, events, prompts)
+    (done, events, prompts, frames)
 }
 
 #[tokio::test]
@@ -159,6 +174,65 @@ async fn a_retry_is_announced_with_its_failing_checks_one_attempt_number_and_its
     assert_eq!(
         complete[1]["text"],
         "Retry 1/3 complete: 2 passed, 0 failed (pass)"
+    );
+}
+
+/// Issue 44: each verdict, retry start and check result reaches the hub as a frame whose
+/// `event_type` and fields are its own (a verdict and the next start, milliseconds apart,
+/// used to share one frame led by the start). Everything else rides along.
+#[tokio::test]
+async fn every_verdict_retry_start_and_check_result_reaches_the_hub_as_its_own_frame() {
+    let (done, events, _, frames) = greeting_frames(|_| {}, |_| {}).await;
+    assert_eq!(done["result"]["verification_status"], "verified", "{done}");
+    let typed = |e: &Value| {
+        e["event_type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("verification_"))
+    };
+    let heads: Vec<&str> = frames
+        .iter()
+        .filter(|f| typed(f))
+        .map(|f| f["event_type"].as_str().unwrap())
+        .collect();
+    // Two runs (wrong once, then right), two checks each: every event its own frame.
+    assert_eq!(
+        heads,
+        [
+            "verification_check_result",
+            "verification_check_result",
+            "verification_retry_complete",
+            "verification_retry_start",
+            "verification_check_result",
+            "verification_check_result",
+            "verification_retry_complete"
+        ],
+        "{frames:#?}"
+    );
+    assert_eq!(
+        heads.len(),
+        events.iter().filter(|e| typed(e)).count(),
+        "no verification event arrives merged behind another"
+    );
+    for f in frames.iter().filter(|f| typed(f)) {
+        let merged = f["merged_events"].as_array().cloned().unwrap_or_default();
+        let typed_inside = merged.iter().filter(|e| typed(e)).count();
+        assert!(
+            typed_inside <= 1,
+            "two verification events in one frame: {f:#}"
+        );
+    }
+    let verdict = frames
+        .iter()
+        .find(|f| f["event_type"] == "verification_retry_complete")
+        .unwrap();
+    assert_eq!(
+        (
+            &verdict["run_number"],
+            &verdict["status"],
+            &verdict["failed"]
+        ),
+        (&json!(1), &json!("fail"), &json!(1)),
+        "the first run's verdict, in its own fields"
     );
 }
 

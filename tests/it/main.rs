@@ -35,6 +35,7 @@ mod readiness;
 mod real_claude;
 mod recorder;
 mod recovery;
+mod seccomp;
 mod service_user;
 mod sockets;
 mod structure;

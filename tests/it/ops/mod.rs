@@ -19,6 +19,7 @@ use crate::harness::Harness;
 use crate::util::*;
 
 mod alerts;
+mod check;
 mod health;
 mod install;
 mod signals;

@@ -3,7 +3,7 @@
 use super::*;
 
 /// Run the binary with `args` to completion: exit code, stdout, stderr.
-async fn run_bin(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String, String) {
+pub(super) async fn run_bin(args: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_hub-sidecar"));
     cmd.args(args)
         .env_remove("RUST_LOG")
@@ -49,7 +49,11 @@ async fn check_passes_with_a_good_config_and_never_prints_the_token() {
     ] {
         assert!(out.contains(item), "missing {item:?}:\n{out}");
     }
-    assert!(out.contains("token accepted"), "{out}");
+    // No daemon on this state directory: check identifies itself, then closes.
+    assert!(
+        out.contains("token accepted") && out.contains("no daemon runs on this state directory"),
+        "{out}"
+    );
     assert!(
         out.contains("- ollama"),
         "ollama skipped without ollama_url:\n{out}"

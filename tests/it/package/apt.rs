@@ -21,8 +21,9 @@ use crate::util::*;
 
 const TOKEN: &str = "tok-deb-3b8e51c7a2";
 /// What the root holds beyond apt's minimal system: the package's dependencies (systemd;
-/// git, which it recommends), so `apt-get install ./….deb` needs no download.
-const ROOT_PACKAGES: &str = "systemd,git";
+/// git and ca-certificates, which it recommends), so `apt-get install ./….deb` needs no
+/// download.
+const ROOT_PACKAGES: &str = "systemd,git,ca-certificates";
 /// Slower than the suite's usual wait: apt and dpkg run in the root.
 const APT: Duration = Duration::from_secs(180);
 

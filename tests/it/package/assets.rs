@@ -117,8 +117,8 @@ fn the_package_holds_the_service_and_lintian_finds_no_error() {
         "the token's file is never readable by others"
     );
     for path in [
-        "/lib/systemd/system/hub-sidecar.service",
-        "/lib/systemd/system/hub-sidecar@.service",
+        "/usr/lib/systemd/system/hub-sidecar.service",
+        "/usr/lib/systemd/system/hub-sidecar@.service",
         "/usr/lib/sysusers.d/hub-sidecar.conf",
         "/usr/lib/tmpfiles.d/hub-sidecar.conf",
         "/usr/share/man/man1/hub-sidecar.1.gz",
@@ -178,6 +178,20 @@ fn the_package_holds_the_service_and_lintian_finds_no_error() {
         .and_then(|r| r.split(')').next())
         .unwrap_or_else(|| panic!("no libc6 dependency: {control}"))
         .to_string();
+    // Units where Debian 13's merged /usr expects them, none under the /lib alias.
+    assert!(
+        !contents.contains(" ./lib/"),
+        "nothing under /lib:\n{contents}"
+    );
+    // wss:// needs the system's roots.
+    let recommends = control
+        .lines()
+        .find_map(|l| l.strip_prefix("Recommends: "))
+        .unwrap_or_else(|| panic!("no Recommends: {control}"));
+    assert!(
+        recommends.split(", ").any(|p| p == "ca-certificates"),
+        "Recommends: {recommends}"
+    );
     let bin = tmp.path().join("hub-sidecar");
     run_ok(
         "sh",
@@ -226,7 +240,7 @@ fn the_package_holds_the_service_and_lintian_finds_no_error() {
         &[
             "-c",
             &format!(
-                "dpkg-deb --fsys-tarfile '{}' | tar -xO ./lib/systemd/system/hub-sidecar.service",
+                "dpkg-deb --fsys-tarfile '{}' | tar -xO ./usr/lib/systemd/system/hub-sidecar.service",
                 deb.display()
             ),
         ],
