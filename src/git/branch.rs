@@ -216,7 +216,9 @@ pub async fn start_branch(
     }
     let base = match managed_base {
         Some(base) => base.to_string(),
-        None => match default_branch(path, git, false).await {
+        // Asked of origin (`set-head --auto`): a task could have pointed the local
+        // `origin/HEAD` at another branch.
+        None => match default_branch(path, git, true).await {
             Ok(b) => b,
             // No origin/HEAD in an operator's clone: the branch they are on is the base.
             Err(_) => git
