@@ -238,7 +238,7 @@ mod tests {
     use crate::redact::known::Credential;
     use crate::redact::scan::Rules;
 
-    /// A `cat-file --batch` stream of a blob, a tree and a commit, cut at every size: each
+    /// A `cat-file --batch` stream of a blob, a tree, a commit and a tag, cut at every size: each
     /// object is read whole, the tree's entry names one by one.
     #[test]
     fn a_batch_stream_is_read_object_by_object_at_any_cut() {
@@ -256,6 +256,7 @@ mod tests {
             tree.extend_from_slice(&[7u8; 20]);
         }
         let commit = format!("tree {oid}\nencoding IBM037\n\n{key}\n");
+        let tag = format!("object {oid}\ntype commit\ntag v1\n\nrelease {key}\n");
         let mut stream = Vec::new();
         stream
             .extend_from_slice(format!("{oid} blob {} src/a.txt\n{blob}\n", blob.len()).as_bytes());
@@ -264,13 +265,14 @@ mod tests {
         stream
             .extend_from_slice(format!("\n{oid} commit {} \n{commit}\n", commit.len()).as_bytes());
         stream.extend_from_slice(format!("{oid} blob 0 empty\n\n").as_bytes());
+        stream.extend_from_slice(format!("{oid} tag {} \n{tag}\n", tag.len()).as_bytes());
         for cut in [1, 2, 3, 7, 64, stream.len()] {
             let mut scanner = Scanner::new(&rules);
             let mut objects = ObjectStream::new();
             for piece in stream.chunks(cut) {
                 objects.feed(&mut scanner, piece);
             }
-            assert_eq!(objects.finish(), Ok(4), "cut {cut}");
+            assert_eq!(objects.finish(), Ok(5), "cut {cut}");
             let found: Vec<_> = scanner
                 .finish()
                 .findings
@@ -283,6 +285,7 @@ mod tests {
                     ("src/a.txt".to_string(), 2),
                     ("(names in src/)".to_string(), 2),
                     ("(commit abababababab)".to_string(), 4),
+                    ("(tag abababababab)".to_string(), 5),
                 ],
                 "cut {cut}"
             );
