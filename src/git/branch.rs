@@ -216,9 +216,11 @@ pub async fn start_branch(
     }
     let base = match managed_base {
         Some(base) => base.to_string(),
-        // Asked of origin (`set-head --auto`): a task could have pointed the local
-        // `origin/HEAD` at another branch.
-        None => match default_branch(path, git, true).await {
+        // The local `origin/HEAD`, never `remote set-head --auto` here: git 2.47's
+        // `remote` does not read `core.hooksPath` and runs the work tree's own
+        // reference-transaction hook. (A task may have pointed it at another of origin's
+        // branches: the base is still fetched from origin below.)
+        None => match default_branch(path, git, false).await {
             Ok(b) => b,
             // No origin/HEAD in an operator's clone: the branch they are on is the base.
             Err(_) => git
