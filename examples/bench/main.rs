@@ -23,7 +23,7 @@
 //! - `harness.rs`: [`harness::Daemon`] (one child process with its config, temp dir and
 //!   `/proc` readers), the mock hubs, [`harness::Stats`] (order statistics), the table rows.
 //! - one module per group of figures (`startup`, `latency`, `output`, `verify`, `clone`,
-//!   `scaling`),
+//!   `scaling`, `push_scan`),
 //!   one `async fn` per figure, each returning rows for the table.
 //!
 //! This is a benchmark, not a test: it reports, it does not assert. A figure that misses its
@@ -33,6 +33,7 @@ mod clone;
 mod harness;
 mod latency;
 mod output;
+mod push_scan;
 mod scaling;
 mod startup;
 mod verify;
@@ -172,6 +173,10 @@ async fn main() {
             };
             eprintln!("bench: 13 scaling with the workspace ({sizes:?} files × 4 shapes)");
             rows.extend(scaling::scaling(&o, sizes).await);
+        }
+        if run(14) {
+            eprintln!("bench: 14 push scan (an everyday change, a 64 MiB one)");
+            rows.extend(push_scan::push_scan().await);
         }
         if run(9) {
             eprintln!("bench: 9 backlog of 1000 × 64 KB results");

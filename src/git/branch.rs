@@ -1,4 +1,10 @@
 //! The task branch: its name, the base it starts from, and creating it in the workspace.
+//!
+//! The base is what the remote has when the task starts: fetched by the daemon from the
+//! URL the push goes to ([`push_url`]), into `refs/remotes/origin/<base>`, and read back
+//! before any of the task's processes run. A ref a previous task moved in the work tree
+//! (`refs/remotes/origin/main` pointed at a commit of its own) is overwritten, never
+//! branched from: a task never chooses the next task's base.
 
 use std::path::Path;
 
@@ -47,7 +53,8 @@ pub struct TaskBranch {
     pub name: String,
     /// Branch the PR targets.
     pub base: String,
-    /// Commit the task branch started from: the diff base.
+    /// Commit the task branch started from, as the remote had it at the start: the diff
+    /// base.
     pub base_sha: String,
 }
 
@@ -112,6 +119,51 @@ pub fn commit_title(task: &Task) -> String {
     }
 }
 
+/// The URL a push to origin goes to (its first push URL): what the base is fetched from
+/// and the push scan asks for the remote's tips, so both speak of the remote pushed to.
+pub(crate) async fn push_url(path: &Path, git: &GitRunner) -> Result<String, GitError> {
+    let out = git
+        .git(path, &["remote", "get-url", "--push", "origin"], false)
+        .await?;
+    match out.lines().map(str::trim).find(|l| !l.is_empty()) {
+        Some(url) if !url.starts_with('-') => Ok(url.to_string()),
+        _ => Err(GitError {
+            step: "git remote get-url".into(),
+            detail: "origin has no usable push URL; set remote.origin.url".into(),
+            refused: false,
+        }),
+    }
+}
+
+/// Fetch `base` from the push URL into `refs/remotes/origin/<base>` (forced: whatever a
+/// task left there is replaced) and return the commit, read back before any task process
+/// runs.
+async fn fetch_base(path: &Path, git: &GitRunner, base: &str) -> Result<String, GitError> {
+    let url = push_url(path, git).await?;
+    let tracking = format!("refs/remotes/origin/{base}");
+    let refspec = format!("+refs/heads/{base}:{tracking}");
+    git.git(
+        path,
+        &["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", &url, &refspec],
+        true,
+    )
+    .await
+    .map_err(|e| GitError {
+        step: format!("fetching the base branch `{base}` from origin"),
+        detail: format!(
+            "{}; a task branch starts only from what origin has (check the network and that `{base}` exists on origin)",
+            e.detail
+        ),
+        refused: e.refused,
+    })?;
+    let commit = format!("{tracking}^{{commit}}");
+    Ok(git
+        .git(path, &["rev-parse", "--verify", "--quiet", &commit], false)
+        .await?
+        .trim()
+        .to_string())
+}
+
 /// Whether the work tree has uncommitted changes (tracked or untracked).
 pub(crate) async fn is_dirty(path: &Path, git: &GitRunner) -> Result<bool, GitError> {
     Ok(!git
@@ -164,6 +216,10 @@ pub async fn start_branch(
     }
     let base = match managed_base {
         Some(base) => base.to_string(),
+        // The local `origin/HEAD`, never `remote set-head --auto` here: git 2.47's
+        // `remote` does not read `core.hooksPath` and runs the work tree's own
+        // reference-transaction hook. (A task may have pointed it at another of origin's
+        // branches: the base is still fetched from origin below.)
         None => match default_branch(path, git, false).await {
             Ok(b) => b,
             // No origin/HEAD in an operator's clone: the branch they are on is the base.
@@ -189,30 +245,22 @@ pub async fn start_branch(
         tracing::warn!(task_id = %task.task_id, workspace = %path.display(), "dirty workspace stashed before branching");
     }
     let name = branch_name(&cfg.agent_id, task);
-    // Start from origin's base, not from HEAD: in a `repo_dir` HEAD may still be the previous
-    // task's branch, whose commit must not ride along in this task's push.
-    let remote_base = format!("refs/remotes/origin/{base}");
-    let start = if git
-        .git(
-            path,
-            &["rev-parse", "--verify", "--quiet", &remote_base],
-            false,
-        )
-        .await
-        .is_ok()
-    {
-        remote_base
-    } else {
-        "HEAD".to_string()
-    };
+    // Start from what the remote has, not from HEAD or a local ref: in a `repo_dir` HEAD
+    // may still be the previous task's branch, and any ref there may have been moved by a
+    // task; their commits must not ride along in this task's push.
+    let base_sha = fetch_base(
+        path,
+        &git.clone().with_url_credentials(task.repo.as_deref()),
+        &base,
+    )
+    .await?;
     // -B: a branch of that name left by an earlier run of the same task is recreated here.
-    git.git(path, &["checkout", "--quiet", "-B", &name, &start], false)
-        .await?;
-    let base_sha = git
-        .git(path, &["rev-parse", "HEAD"], false)
-        .await?
-        .trim()
-        .to_string();
+    git.git(
+        path,
+        &["checkout", "--quiet", "-B", &name, &base_sha],
+        false,
+    )
+    .await?;
     tracing::info!(task_id = %task.task_id, branch = %name, base = %base, "task branch created");
     Ok(Some(TaskBranch {
         name,

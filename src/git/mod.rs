@@ -10,13 +10,16 @@
 //! - `refusal.rs`: why the daemon runs no git in a work tree ([`harden::Refusal`]).
 //! - [`url`]: repository URLs, their credentials, the names derived from them.
 //! - [`branch`]: the task branch `<agent>/<slug-of-description>-<id>` from the base.
-//! - [`secrets`]: before the commit, refuse a change that carries a credential.
+//! - `objects.rs`: raw git objects (`cat-file --batch`, the tree format) fed to the scan.
+//! - [`secrets`]: before the push, refuse one that carries a credential: every object it
+//!   sends, enumerated against the remote's tips.
 //! - [`publish`]: after verification, commit, push (`--force-with-lease`), open a pull
 //!   request with `gh`, and ask the hub to classify the change's risk.
 
 pub mod branch;
 pub mod harden;
 pub mod locate;
+mod objects;
 pub mod publish;
 mod refusal;
 mod runner;

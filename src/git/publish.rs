@@ -1,6 +1,8 @@
 //! After verification: commit the task's work, push the task branch, open the pull request,
 //! and ask the hub to classify the change's risk. A change that carries a credential is
-//! neither committed nor pushed (see [`super::secrets`]).
+//! neither committed nor pushed (see [`super::secrets`]): the commit object is written
+//! first, every object the push would send is scanned, and only then does the task branch
+//! move to it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,7 +13,7 @@ use crate::config::Config;
 use crate::redact::known::Credential;
 use crate::task::Task;
 
-use super::branch::{commit_title, is_dirty, slugify, TaskBranch};
+use super::branch::{commit_title, is_dirty, push_url, slugify, TaskBranch};
 use super::{GitError, GitRunner};
 
 /// Bound on the classification request: the hub answers from memory, so a slow answer means
@@ -110,28 +112,56 @@ async fn commit_push_pr(
     } = p;
     r.insert("pushed".into(), json!(false));
     git.git(path, &["add", "-A"], false).await?;
-    // Nothing is committed, let alone pushed, that carries a credential.
-    let found = super::secrets::scan(path, git, &tb.base_sha, &cfg.publish, credentials).await?;
-    if !found.findings.is_empty() {
-        tracing::warn!(task_id = %task.task_id, findings = found.findings.len() as u64 + found.more, scanned_bytes = found.bytes, "credential in the task's change: not committed, nothing pushed");
-        r.extend(super::secrets::refusal(&found, path, &tb.name));
-        return Ok(());
-    }
-    if is_dirty(path, git).await? {
-        commit(cfg, task, path, git).await?;
-    }
     // An LLM executor may have committed by itself: its commits are the task's work too.
-    let sha = git
+    let head = git
         .git(path, &["rev-parse", "HEAD"], false)
         .await?
         .trim()
         .to_string();
+    // The commit object is written from the index as it is (an index the agent shaped
+    // decides its tree); what is scanned is that tree, and no ref moves before the scan.
+    let sha = if is_dirty(path, git).await? {
+        commit(cfg, task, path, git, &head).await?
+    } else {
+        head.clone()
+    };
     if sha == tb.base_sha {
         r.insert(
             "git_note".into(),
             json!("nothing to commit: the task left the tree unchanged; nothing pushed"),
         );
         return Ok(());
+    }
+    // Credentials are for publishing only: the task URL's `user:token` as a header (the
+    // clone's config never holds it) and `[env] publish` (`GH_TOKEN` for gh).
+    let publisher = git
+        .clone()
+        .publishing()
+        .with_url_credentials(task.repo.as_deref());
+    // Nothing is committed, let alone pushed, that carries a credential: every object the
+    // push sends, against what the remote it goes to says it has.
+    let url = push_url(path, git).await?;
+    let tips = super::secrets::remote_tips(&publisher, path, &url).await?;
+    let found = super::secrets::scan(path, git, &sha, &tips, &cfg.publish, credentials).await?;
+    if !found.findings.is_empty() {
+        tracing::warn!(task_id = %task.task_id, findings = found.findings.len() as u64 + found.more, scanned_bytes = found.bytes, "credential in what the push would send: not committed, nothing pushed");
+        r.extend(super::secrets::refusal(&found, path, &tb.name));
+        return Ok(());
+    }
+    if sha != head {
+        git.git(
+            path,
+            &[
+                "update-ref",
+                "-m",
+                "hub-sidecar: task commit",
+                "HEAD",
+                &sha,
+                &head,
+            ],
+            false,
+        )
+        .await?;
     }
     r.insert("commit".into(), json!(sha));
     let title = commit_title(task);
@@ -160,29 +190,40 @@ async fn commit_push_pr(
         classify(cfg, &task.task_id, &stats).await,
     );
 
-    // Credentials are for publishing only: the task URL's `user:token` as a header (the
-    // clone's config never holds it) and `[env] publish` (`GH_TOKEN` for gh).
-    let publisher = {
-        let g = git.clone().publishing();
-        match task.repo.as_deref().map(str::trim) {
-            Some(url) if url.starts_with("http") => match super::url::userinfo(url) {
-                Some(info) => g.with_credentials(&info),
-                None => g,
-            },
-            _ => g,
-        }
-    };
+    // To the URL whose tips were scanned against, nowhere else. The lease is origin's value
+    // of the branch as last seen here (absent: the branch must not exist yet).
     let dst = format!("refs/heads/{}", tb.name);
-    let lease = format!("--force-with-lease={dst}");
+    let tracking = format!("refs/remotes/origin/{}", tb.name);
+    let seen = git
+        .git(
+            path,
+            &["rev-parse", "--verify", "--quiet", &tracking],
+            false,
+        )
+        .await
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let lease = format!("--force-with-lease={dst}:{seen}");
     let refspec = format!("{sha}:{dst}");
     publisher
         .git(
             path,
-            &["push", "--quiet", "--no-verify", &lease, "origin", &refspec],
+            &[
+                "push",
+                "--quiet",
+                "--no-verify",
+                &lease,
+                "--",
+                &url,
+                &refspec,
+            ],
             true,
         )
         .await?;
     r.insert("pushed".into(), json!(true));
+    // A push to a URL moves no remote-tracking ref: the next run of this task leases on it.
+    git.git(path, &["update-ref", &tracking, &sha], false)
+        .await?;
 
     let Some(gh) = find_gh(cfg, git, path) else {
         r.insert(
@@ -251,33 +292,43 @@ async fn commit_push_pr(
     Ok(())
 }
 
-/// `git commit` of the staged tree: description title, `Task-Id` trailer, configured author.
-async fn commit(cfg: &Config, task: &Task, path: &Path, git: &GitRunner) -> Result<(), GitError> {
+/// The commit object of the staged tree on `parent` (description title, `Task-Id`
+/// trailer, configured author), written but not yet on any ref; its id.
+async fn commit(
+    cfg: &Config,
+    task: &Task,
+    path: &Path,
+    git: &GitRunner,
+    parent: &str,
+) -> Result<String, GitError> {
     let title = commit_title(task);
     let trailer = format!("Task-Id: {}", task.task_id);
     let name = format!("user.name={}", cfg.git.author_name);
     let email = format!("user.email={}", cfg.git.author_email);
-    git.git(
-        path,
-        &[
-            "-c",
-            &name,
-            "-c",
-            &email,
-            "-c",
-            "commit.gpgsign=false",
-            "commit",
-            "--quiet",
-            "--no-verify",
-            "-m",
-            &title,
-            "-m",
-            &trailer,
-        ],
-        false,
-    )
-    .await
-    .map(|_| ())
+    let tree = git.git(path, &["write-tree"], false).await?;
+    let out = git
+        .git(
+            path,
+            &[
+                "-c",
+                &name,
+                "-c",
+                &email,
+                "-c",
+                "commit.gpgsign=false",
+                "commit-tree",
+                tree.trim(),
+                "-p",
+                parent,
+                "-m",
+                &title,
+                "-m",
+                &trailer,
+            ],
+            false,
+        )
+        .await?;
+    Ok(out.trim().to_string())
 }
 
 /// `git.gh_path`, else `gh` on the child PATH.

@@ -102,6 +102,18 @@ impl GitRunner {
         self
     }
 
+    /// The same runner with the credentials of the task's repository URL (`user:password`
+    /// of an http(s) `repo`, see [`GitRunner::with_credentials`]); unchanged without one.
+    pub fn with_url_credentials(self, repo: Option<&str>) -> GitRunner {
+        match repo.map(str::trim) {
+            Some(url) if url.starts_with("http") => match super::url::userinfo(url) {
+                Some(info) => self.with_credentials(&info),
+                None => self,
+            },
+            _ => self,
+        }
+    }
+
     /// The same runner for the publishing step: `[env] publish` (the pull request's
     /// `GH_TOKEN`) added, for the push and `gh` only.
     pub fn publishing(mut self) -> GitRunner {
@@ -126,20 +138,28 @@ impl GitRunner {
             .await
     }
 
-    /// `git ARGS` in `cwd` as [`GitRunner::git`] runs it (local timeout), every byte of its
-    /// stdout handed to `on_chunk` as it arrives and none kept: output too large to hold
-    /// (the staged-change scan reads a whole diff this way).
+    /// `git ARGS` in `cwd` as [`GitRunner::git`] runs it, `input` on its stdin, every byte
+    /// of its stdout handed to `on_chunk` as it arrives and none kept: output too large to
+    /// hold (the push scan reads every object pushed this way). `network` picks the clone
+    /// timeout.
     pub async fn git_stream(
         &self,
         cwd: &Path,
         args: &[&str],
+        input: Option<Vec<u8>>,
+        network: bool,
         on_chunk: process::ChunkCallback<'_>,
     ) -> Result<(), GitError> {
         let step = format!("git {}", args.first().copied().unwrap_or(""));
         let full = self.argv(cwd, args, &step).await?;
-        let spec = CommandSpec::new("git", cwd, self.env.clone()).args(full);
+        let mut spec = CommandSpec::new("git", cwd, self.env.clone()).args(full);
+        spec.stdin = input;
         let limits = Limits {
-            timeout: Some(self.local_timeout),
+            timeout: Some(if network {
+                self.net_timeout
+            } else {
+                self.local_timeout
+            }),
             grace: self.grace,
             output_cap: 4 * 1024,
         };

@@ -1,11 +1,16 @@
-//! Before a task's work is committed and pushed: refuse a change that carries a credential.
+//! Before a task's work is pushed: refuse a push that carries a credential.
 //!
-//! What publishing would send is scanned with [`crate::redact::scan`]: the staged change
-//! against `HEAD`, and, when the agent committed by itself, each of its commits' patches
-//! (so a secret added and removed again is still seen) and their messages and authors. Only
-//! added lines are read, streamed from git ([`GitRunner::git_stream`]): memory is one block,
-//! time one pass over what the change adds. A hit leaves the work uncommitted in the
-//! workspace, pushes nothing, and says why in the result (`publish_refused`).
+//! What is scanned is exactly what the push sends, as git stores it: every object
+//! reachable from the commit to push and from no tip the remote has, the remote asked
+//! ([`remote_tips`], `git ls-remote` of the URL the push goes to; never a ref of the work
+//! tree, which a task can move). `git rev-list --objects` lists them, `git cat-file
+//! --batch` streams them raw ([`super::objects`]) into [`crate::redact::scan`]: each new
+//! commit's and tag's bytes (every header, the message as stored), each new tree's entry
+//! names, each new blob's bytes. The commit is made first (an index the agent shaped
+//! decides the tree; the tree is what is read) but no ref moves until the scan passes
+//! (see `publish`). Memory is one block plus the list of object names; time is one pass
+//! over the new objects. A hit leaves the work uncommitted in the workspace, pushes
+//! nothing, and says why in the result (`publish_refused`).
 
 use std::path::Path;
 
@@ -15,27 +20,39 @@ use crate::config::PublishConfig;
 use crate::redact::known::Credential;
 use crate::redact::scan::{Report, Rules, Scanner};
 
+use super::objects::{ObjectStream, BATCH};
 use super::{GitError, GitRunner};
 
-/// How the diffs are asked for: every added line whole and as stored (binary files as
-/// text, no textconv, no external diff, no renames), no context, fixed prefixes.
-const DIFF: &[&str] = &[
-    "--text",
-    "-U0",
-    "--no-color",
-    "--no-textconv",
-    "--no-ext-diff",
-    "--no-renames",
-    "--src-prefix=a/",
-    "--dst-prefix=b/",
-];
+/// Every branch and tag tip the remote at `url` has (tags peeled too): what the push will
+/// not send again. Asked of the remote itself, with the runner the push uses (its
+/// credentials); streamed, so a remote with many refs is read whole.
+pub async fn remote_tips(git: &GitRunner, path: &Path, url: &str) -> Result<Vec<String>, GitError> {
+    let mut out = Vec::new();
+    git.git_stream(
+        path,
+        &["ls-remote", "--heads", "--tags", "--", url],
+        None,
+        true,
+        &mut |b: &[u8]| out.extend_from_slice(b),
+    )
+    .await?;
+    let mut tips: Vec<String> = String::from_utf8_lossy(&out)
+        .lines()
+        .filter_map(|l| l.split('\t').next())
+        .filter(|oid| !oid.is_empty() && oid.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_string)
+        .collect();
+    tips.sort_unstable();
+    tips.dedup();
+    Ok(tips)
+}
 
-/// Scan what publishing the work at `path` would send: the staged change, and the agent's
-/// own commits since `base_sha`.
+/// Scan every object a push of `new` sends to a remote whose tips are `tips`.
 pub async fn scan(
     path: &Path,
     git: &GitRunner,
-    base_sha: &str,
+    new: &str,
+    tips: &[String],
     publish: &PublishConfig,
     credentials: &[Credential],
 ) -> Result<Report, GitError> {
@@ -44,28 +61,41 @@ pub async fn scan(
         detail: e,
         refused: false,
     })?;
-    let mut scanner = Scanner::new(&rules);
-    let mut staged = vec!["diff", "--cached"];
-    staged.extend_from_slice(DIFF);
-    staged.extend_from_slice(&["HEAD", "--"]);
-    scanner.begin_diff();
-    git.git_stream(path, &staged, &mut |b: &[u8]| scanner.feed(b))
-        .await?;
-    let head = git.git(path, &["rev-parse", "HEAD"], false).await?;
-    if head.trim() != base_sha {
-        let range = format!("{base_sha}..HEAD");
-        let mut patches = vec!["log", "-p", "--diff-merges=first-parent", "--format="];
-        patches.extend_from_slice(DIFF);
-        patches.extend_from_slice(&[&range, "--"]);
-        scanner.begin_diff();
-        git.git_stream(path, &patches, &mut |b: &[u8]| scanner.feed(b))
-            .await?;
-        scanner.begin_text("(commit message)");
-        let messages = ["log", "--format=%an <%ae>%n%cn <%ce>%n%B", &range, "--"];
-        git.git_stream(path, &messages, &mut |b: &[u8]| scanner.feed(b))
-            .await?;
+    // A tip this clone lacks cannot spare anything from the push: `--ignore-missing`
+    // drops it, and what it would have excluded is scanned.
+    let mut revs = format!("{new}\n");
+    for t in tips {
+        revs.push('^');
+        revs.push_str(t);
+        revs.push('\n');
     }
-    Ok(scanner.finish())
+    let mut listed = Vec::new();
+    git.git_stream(
+        path,
+        &["rev-list", "--objects", "--ignore-missing", "--stdin"],
+        Some(revs.into_bytes()),
+        false,
+        &mut |b: &[u8]| listed.extend_from_slice(b),
+    )
+    .await?;
+    let mut scanner = Scanner::new(&rules);
+    let mut objects = ObjectStream::new();
+    git.git_stream(
+        path,
+        &["cat-file", BATCH],
+        Some(listed),
+        false,
+        &mut |b: &[u8]| objects.feed(&mut scanner, b),
+    )
+    .await?;
+    let read = objects.finish().map_err(|detail| GitError {
+        step: "the credential scan".into(),
+        detail: format!("{detail}; nothing was pushed"),
+        refused: false,
+    })?;
+    let report = scanner.finish();
+    tracing::debug!(objects = read, bytes = report.bytes, "push scanned");
+    Ok(report)
 }
 
 /// The result keys of a refused publication: `publish_refused` (what was found, where;

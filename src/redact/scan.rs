@@ -1,13 +1,15 @@
-//! The staged-change scan: before the daemon commits and pushes a task's work, what the
-//! change adds is searched for every credential the daemon knows (in every spelling
-//! [`super::forms`] lists) and for a short list of high-confidence credential shapes
-//! ([`PATTERNS`]). A hit refuses the publication (see `git::secrets`).
+//! The push scan: before the daemon pushes a task's work, what the push would send is
+//! searched for every credential the daemon knows (in every spelling [`super::forms`]
+//! lists) and for a short list of high-confidence credential shapes ([`PATTERNS`]). A hit
+//! refuses the publication (see `git::secrets`).
 //!
-//! It reads `git diff -U0` output as it streams: only the added lines (and the paths of
-//! the files they are added to) are searched, gathered into blocks of [`BLOCK`] bytes that
-//! one multi-literal search and one pattern search go over; a line longer than a block is
-//! cut with an overlap, so a secret straddling the cut is still seen whole. Memory stays at
-//! one block, whatever the size of the change; time is one pass over the added bytes.
+//! It reads streams as they arrive: raw git objects ([`Scanner::begin_object`]: every line
+//! of a blob, a commit or a tag, every entry name of a tree), text ([`Scanner::begin_text`])
+//! or `git diff -U0` output ([`Scanner::begin_diff`]: the added lines and their paths). The
+//! bytes are gathered into blocks of [`BLOCK`] bytes that one multi-literal search and one
+//! pattern search go over; a line longer than a block is cut with an overlap, so a secret
+//! straddling the cut is still seen whole. Memory stays at one block, whatever the size of
+//! the change; time is one pass over the bytes.
 //!
 //! What it cannot see: a secret split over two lines, compressed or encrypted, or spelled
 //! in an encoding not listed (see SECURITY.md).
@@ -55,12 +57,13 @@ pub const PATTERNS: &[(&str, &str)] = &[
     ),
 ];
 
-/// One thing found: where, and what (never the value).
+/// One thing found: where, and what (never the value: a credential in the path itself is
+/// shown as `[REDACTED]`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Finding {
-    /// The file the line is added to (or `(commit message)`).
+    /// The file the line is in, or the object (`(commit …)`, `(names in dir/)`, …).
     pub path: String,
-    /// Its line in the new file; 0 for the path itself.
+    /// Its line in the file or object (a tree's entry number); 0 for a diff's path itself.
     pub line: u64,
     /// What it is: the credential's source and spelling, or the pattern's name.
     pub what: String,
@@ -170,13 +173,26 @@ enum Kind {
     Skip,
 }
 
-/// The scan of one publication's streams: feed each stream's bytes after `begin_diff` or
-/// `begin_text`, then [`Scanner::finish`].
+/// Files (or objects) kept for the segments of a block before the unreferenced ones are
+/// dropped: an object stream names one per object.
+const MAX_FILES: usize = 4096;
+
+/// A file (or object) a block's bytes come from: how it is reported, and whether a pattern
+/// hit in it may be let through by `[publish] allow_secrets_in` (a file's path, never a
+/// commit, a tag or a tree's names).
+#[derive(Debug, Clone)]
+struct Source {
+    label: String,
+    allowable: bool,
+}
+
+/// The scan of one publication's streams: feed each stream's bytes after `begin_diff`,
+/// `begin_text` or `begin_object`, then [`Scanner::finish`].
 #[derive(Debug)]
 pub struct Scanner<'r> {
     rules: &'r Rules,
     text_mode: bool,
-    files: Vec<String>,
+    files: Vec<Source>,
     file: usize,
     at_line_start: bool,
     kind: Kind,
@@ -188,7 +204,7 @@ pub struct Scanner<'r> {
     segs: Vec<Seg>,
     /// Bytes at the start of `block` already searched (the overlap of a cut line).
     carried: usize,
-    seen: HashSet<(usize, u64, String)>,
+    seen: HashSet<(String, u64, String)>,
     report: Report,
 }
 
@@ -198,7 +214,10 @@ impl<'r> Scanner<'r> {
         Scanner {
             rules,
             text_mode: false,
-            files: vec!["(unknown path)".into()],
+            files: vec![Source {
+                label: "(unknown path)".into(),
+                allowable: false,
+            }],
             file: 0,
             at_line_start: true,
             kind: Kind::Skip,
@@ -225,9 +244,44 @@ impl<'r> Scanner<'r> {
     pub fn begin_text(&mut self, label: &str) {
         self.end_stream();
         self.text_mode = true;
-        self.files.push(label.to_string());
+        self.files.push(Source {
+            label: label.to_string(),
+            allowable: false,
+        });
         self.file = self.files.len() - 1;
         self.new_line = 0;
+    }
+
+    /// The next bytes are one raw object, every line searched, reported as `label` (a pattern
+    /// hit let through when `allowable` and the operator allows `label` as a path). Unlike
+    /// [`Scanner::begin_text`] the block is not searched yet: many small objects share one
+    /// search, a line break keeping each apart.
+    pub fn begin_object(&mut self, label: String, allowable: bool) {
+        if self.block.last().is_some_and(|b| *b != b'\n') {
+            self.push(b"\n");
+        }
+        self.text_mode = true;
+        self.at_line_start = true;
+        self.hunk = None;
+        self.files.push(Source { label, allowable });
+        self.file = self.files.len() - 1;
+        self.new_line = 0;
+    }
+
+    /// One entry of a tree, numbered `n`, whose name is fed next with
+    /// [`Scanner::entry_bytes`] (a name may hold any byte but NUL, a line break too).
+    pub fn entry_start(&mut self, n: u64) {
+        self.mark(self.file, n);
+    }
+
+    /// The next bytes of the entry name begun with [`Scanner::entry_start`].
+    pub fn entry_bytes(&mut self, bytes: &[u8]) {
+        self.push(bytes);
+    }
+
+    /// The end of the entry name begun with [`Scanner::entry_start`].
+    pub fn entry_end(&mut self) {
+        self.push(b"\n");
     }
 
     /// Search `bytes`, the next piece of the current stream.
@@ -321,7 +375,10 @@ impl<'r> Scanner<'r> {
             }
             let path = unquote(p);
             let path = path.strip_prefix(b"b/").unwrap_or(&path).to_vec();
-            self.files.push(String::from_utf8_lossy(&path).into_owned());
+            self.files.push(Source {
+                label: String::from_utf8_lossy(&path).into_owned(),
+                allowable: true,
+            });
             self.file = self.files.len() - 1;
             self.mark(self.file, 0);
             self.push(&path);
@@ -369,6 +426,27 @@ impl<'r> Scanner<'r> {
         for s in &mut self.segs {
             s.at = s.at.saturating_sub(cut);
         }
+        self.compact_files();
+    }
+
+    /// Drop the files no segment of the block names any more (an object stream names one
+    /// per object): memory stays bounded by a block, not by the number of objects.
+    fn compact_files(&mut self) {
+        if self.files.len() <= MAX_FILES {
+            return;
+        }
+        let mut keep: Vec<usize> = self.segs.iter().map(|s| s.file).collect();
+        keep.push(0);
+        keep.push(self.file);
+        keep.sort_unstable();
+        keep.dedup();
+        let files = keep.iter().map(|&i| self.files[i].clone()).collect();
+        let at = |i: usize| keep.binary_search(&i).unwrap_or(0);
+        for s in &mut self.segs {
+            s.file = at(s.file);
+        }
+        self.file = at(self.file);
+        self.files = files;
     }
 
     fn end_stream(&mut self) {
@@ -416,17 +494,18 @@ impl<'r> Scanner<'r> {
     }
 
     fn found(&mut self, seg: Seg, what: String, allowable: bool) {
-        let path = &self.files[seg.file];
-        if allowable && rules_allow(self.rules, path, self.text_mode) {
+        let source = &self.files[seg.file];
+        if allowable && source.allowable && self.rules.allow.is_match(&source.label) {
             self.report.allowed += 1;
             return;
         }
-        if !self.seen.insert((seg.file, seg.line, what.clone())) {
+        let path = shown(self.rules, &source.label);
+        if !self.seen.insert((path.clone(), seg.line, what.clone())) {
             return;
         }
         if self.report.findings.len() < MAX_FINDINGS {
             self.report.findings.push(Finding {
-                path: path.clone(),
+                path,
                 line: seg.line,
                 what,
             });
@@ -442,10 +521,18 @@ impl<'r> Scanner<'r> {
     }
 }
 
-/// Whether a pattern hit in `path` is let through: a file the operator allows (never a
-/// commit message).
-fn rules_allow(rules: &Rules, path: &str, text: bool) -> bool {
-    !text && rules.allow.is_match(path)
+/// `label` as a finding shows it: whatever in it is a credential (a file or directory
+/// named after one) replaced, so the refusal never carries the value.
+fn shown(rules: &Rules, label: &str) -> String {
+    let mut out = label.as_bytes().to_vec();
+    if let Some(known) = &rules.known {
+        out = known.replace_all(&out, &b"[REDACTED]"[..]).into_owned();
+    }
+    out = rules
+        .patterns
+        .replace_all(&out, &b"[REDACTED]"[..])
+        .into_owned();
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `@@ -a[,b] +c[,d] @@` → (b, c, d); a missing count is 1.

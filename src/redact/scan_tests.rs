@@ -1,6 +1,7 @@
 //! The scan, built from the class: each source the daemon knows a credential from × each
 //! spelling, in an added line; the same in a removed or context line (not reported); every
-//! pattern; an allowed path; a secret straddling a block cut; a path; a commit message.
+//! pattern; an allowed path; a secret straddling a block cut; a path; a commit message; raw
+//! objects, tree entry names among them.
 
 use base64::Engine;
 
@@ -207,7 +208,8 @@ fn a_path_and_a_commit_message_are_searched_too() {
     );
     let rep = scan(&r, &[&quoted], 5);
     assert_eq!(rep.findings.len(), 1, "{rep:?}");
-    assert_eq!(rep.findings[0].path, format!("x\t{v}"));
+    // The path is named, the credential in it is not.
+    assert_eq!(rep.findings[0].path, "x\t[REDACTED]");
     assert_eq!(rep.findings[0].line, 0);
     let mut s = Scanner::new(&r);
     s.begin_diff();
@@ -223,4 +225,63 @@ fn a_path_and_a_commit_message_are_searched_too() {
             what: "the hub token (verbatim)".into()
         }]
     );
+}
+
+/// Raw objects: every line of each, a tree's entry names one by one (cut anywhere), a file
+/// the operator allows let through only for a pattern, a credential in a name never shown;
+/// thousands of objects in one block keep memory bounded and their findings apart.
+#[test]
+fn raw_objects_and_tree_entry_names_are_searched_and_named() {
+    let r = rules(&["fixtures/**"]);
+    let v = &creds()[1].value;
+    let key = "-----BEGIN OPENSSH PRIVATE KEY-----";
+    let mut s = Scanner::new(&r);
+    for i in 0..10_000 {
+        s.begin_object(format!("f{i}.txt"), true);
+        s.feed(b"nothing here");
+    }
+    s.begin_object("(commit 0123456789ab)".into(), false);
+    s.feed(format!("tree 1\nx-extra {v}\n\nmsg\n").as_bytes());
+    s.begin_object("fixtures/k.pem".into(), true);
+    s.feed(format!("{key}\n").as_bytes());
+    s.begin_object("(names in d/)".into(), false);
+    for (n, name) in [(1u64, "README".to_string()), (2, format!("a\n{v}.txt"))] {
+        s.entry_start(n);
+        for piece in name.as_bytes().chunks(3) {
+            s.entry_bytes(piece);
+        }
+        s.entry_end();
+    }
+    s.begin_object(format!("dir-{v}/x.pem"), true);
+    s.feed(format!("ok\n{key}\n").as_bytes());
+    let rep = s.finish();
+    let what = "a `secrets` value (verbatim)";
+    assert_eq!(
+        rep.findings,
+        [
+            Finding {
+                path: "(commit 0123456789ab)".into(),
+                line: 2,
+                what: what.into()
+            },
+            Finding {
+                path: "(names in d/)".into(),
+                line: 2,
+                what: what.into()
+            },
+            Finding {
+                path: "dir-[REDACTED]/x.pem".into(),
+                line: 2,
+                what: "a private key block".into()
+            },
+        ]
+    );
+    assert_eq!(rep.allowed, 1, "the fixture's key is let through");
+    // What is kept per object is bounded by the block, not by the number of objects.
+    let mut s = Scanner::new(&r);
+    for i in 0..100_000 {
+        s.begin_object(format!("f{i}"), true);
+        s.feed(&[b'x'; 16]);
+    }
+    assert!(s.files.len() < MAX_FILES + BLOCK / 16, "{}", s.files.len());
 }

@@ -5,7 +5,8 @@
 //! The bare remote's default branch is `trunk`, so anything that assumed `main` would fail.
 //!
 //! Layout: this file holds the shared doubles (`Remote`, `Gh`, `Classify`, stand-in `claude`)
-//! and task builders; `workspaces`, `publish` and `hostile` hold the tests by topic.
+//! and task builders; `workspaces`, `publish`, `pushed`, `secrets` and `hostile` hold the
+//! tests by topic.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,7 @@ use crate::util::*;
 
 mod hostile;
 mod publish;
+mod pushed;
 mod secrets;
 mod steering;
 mod task_tmpdir;
@@ -86,6 +88,44 @@ impl Remote {
         let mut all = vec![gd.as_str()];
         all.extend_from_slice(args);
         git(self.dir.path(), &all)
+    }
+
+    /// Every ref of the remote with what it names, one `<oid> <ref>` a line, sorted.
+    pub(crate) fn refs(&self) -> String {
+        self.git(&["for-each-ref", "--format=%(objectname) %(refname)"])
+    }
+
+    /// Which of `needles` some object in the remote's store holds: every object, loose
+    /// or packed, reachable or not, read raw (`cat-file --batch-all-objects --batch`).
+    pub(crate) fn objects_holding<'n>(&self, needles: &[&'n str]) -> Vec<&'n str> {
+        let out = std::process::Command::new("git")
+            .arg(format!("--git-dir={}", self.path().display()))
+            .args(["cat-file", "--batch-all-objects", "--batch"])
+            .output()
+            .expect("run git cat-file");
+        assert!(
+            out.status.success(),
+            "git cat-file --batch-all-objects failed"
+        );
+        assert!(!out.stdout.is_empty(), "the remote holds no objects at all");
+        needles
+            .iter()
+            .copied()
+            .filter(|n| out.stdout.windows(n.len()).any(|w| w == n.as_bytes()))
+            .collect()
+    }
+
+    /// Nothing reached the remote: every ref as it was (`refs`, from [`Remote::refs`]) and
+    /// no object anywhere in its store holding any of `needles`.
+    pub(crate) fn assert_untouched(&self, refs: &str, needles: &[&str], what: &str) {
+        assert_eq!(self.refs(), refs, "{what}: a ref of the remote moved");
+        // The search itself reads the store: the seed's README is found.
+        assert_eq!(self.objects_holding(&["original"]), ["original"]);
+        let held = self.objects_holding(needles);
+        assert!(
+            held.is_empty(),
+            "{what}: the remote's objects hold {held:?}"
+        );
     }
 
     fn branches(&self) -> Vec<String> {

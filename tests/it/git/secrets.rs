@@ -118,6 +118,9 @@ async fn no_credential_the_daemon_knows_is_committed_pushed_or_sent_in_any_spell
         )
         .await;
     let ws = dir.join("workspaces");
+    let before = remote.refs();
+    let spelled = cores();
+    let spelled: Vec<&str> = spelled.iter().map(String::as_str).collect();
     for (n, (source, value)) in SOURCES.iter().enumerate() {
         let id = format!("leak-{n}");
         let files = spellings(value);
@@ -149,8 +152,9 @@ async fn no_credential_the_daemon_knows_is_committed_pushed_or_sent_in_any_spell
             r["git_note"].as_str().unwrap().contains("not committed"),
             "{r}"
         );
-        // Nothing pushed; the work kept, staged, in the workspace.
-        assert_eq!(remote.branches(), ["trunk"], "{source}");
+        // Nothing pushed: every ref of the remote as it was, and no object in its store
+        // holding any spelling of any credential. The work kept, staged, in the workspace.
+        remote.assert_untouched(&before, &spelled, source);
         let clone = std::fs::read_dir(&ws)
             .unwrap()
             .flatten()
@@ -179,6 +183,7 @@ async fn no_credential_the_daemon_knows_is_committed_pushed_or_sent_in_any_spell
         r["publish_refused"]["findings"],
         json!([{"path": "src/id_ed25519", "line": 1, "what": "a private key block"}])
     );
+    remote.assert_untouched(&before, &[key], "a private key block");
     h.assign(shell_task(
         "shape-2",
         &format!("mkdir -p fixtures/keys; echo '{key}' > fixtures/keys/test_key"),
@@ -237,6 +242,7 @@ async fn an_agent_that_writes_its_key_and_login_into_the_work_tree_gets_nothing_
     let s = crate::harness::Harness::setup().await;
     let dir = s.dir().to_path_buf();
     let remote = Remote::new();
+    let before = remote.refs();
     let template = dir.join("operator-claude");
     std::fs::create_dir_all(&template).unwrap();
     std::fs::write(
@@ -308,7 +314,11 @@ echo "{\"type\":\"result\",\"subtype\":\"success\",\"is_error\":false,\"duration
             "{path}: {what} not in {found}"
         );
     }
-    assert_eq!(remote.branches(), ["trunk"]);
+    remote.assert_untouched(
+        &before,
+        &[AGENT_KEY, LOGIN_TOKEN, "refresh-tok-9Lx2"],
+        "the agent's key and login",
+    );
     let frames: Vec<_> = h
         .hub()
         .received()
