@@ -7,38 +7,57 @@
 //! starts and another when it runs to its end, naming the workspace it ran in, so the test
 //! counts how often each task ran to its end, and where.
 //!
-//! Layout: [`Fleet`] (hub, agents, the shared files), the kill-mid-task test, and the short
-//! soak with sidecar and hub kills at random (fixed seed).
+//! Layout: [`Fleet`] (hub, agents, the shared files, a cuttable relay per agent), the
+//! kill-mid-task test, and the short soak with sidecar and hub kills and cuts of a busy
+//! agent's link at random (fixed seed). `fencing.rs` drives the same fleet through one
+//! fault at a time.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub, MockHubOptions, MockTaskState};
 use serde_json::Value;
 use tempfile::TempDir;
 
+use crate::relay::Relay;
 use crate::util::*;
 
 /// One sidecar of the fleet.
-struct Agent {
-    id: String,
-    dir: PathBuf,
+pub(crate) struct Agent {
+    pub id: String,
+    pub dir: PathBuf,
     config: PathBuf,
     bin: Option<Bin>,
+    /// The link between this agent and the hub, when it goes through a relay.
+    pub relay: Option<Arc<Relay>>,
 }
 
 /// A mock hub with `n` agents, each with its own state directory, and one shared directory
 /// (outside every workspace) the tasks write their lines to.
-struct Fleet {
-    hub: MockHub,
-    agents: Vec<Agent>,
-    shared: PathBuf,
+pub(crate) struct Fleet {
+    pub hub: MockHub,
+    pub agents: Vec<Agent>,
+    pub shared: PathBuf,
     _root: TempDir,
 }
 
 impl Fleet {
+    /// [`Fleet::new`] with every agent's link through a [`Relay`] of its own.
+    pub(crate) async fn relayed(n: usize, opts: MockHubOptions, extra: &str) -> Fleet {
+        let mut f = Fleet::new(n, opts, extra).await;
+        let hub_url = f.hub.url();
+        for a in &mut f.agents {
+            let relay = Relay::start(f.hub.addr()).await;
+            let text = std::fs::read_to_string(&a.config).unwrap();
+            std::fs::write(&a.config, text.replace(&hub_url, &relay.url_for(&hub_url))).unwrap();
+            a.relay = Some(relay);
+        }
+        f
+    }
+
     /// The hub and the agents' configs; no sidecar runs yet.
-    async fn new(n: usize, opts: MockHubOptions, extra: &str) -> Fleet {
+    pub(crate) async fn new(n: usize, opts: MockHubOptions, extra: &str) -> Fleet {
         let ids: Vec<String> = (0..n).map(|i| format!("agent-{i}")).collect();
         let hub = MockHub::start(MockHubOptions {
             agents: ids
@@ -63,6 +82,7 @@ impl Fleet {
                     dir,
                     config,
                     bin: None,
+                    relay: None,
                 }
             })
             .collect();
@@ -75,7 +95,7 @@ impl Fleet {
     }
 
     /// Start agent `i` (again) and wait until it has identified.
-    async fn up(&mut self, i: usize) {
+    pub(crate) async fn up(&mut self, i: usize) {
         let a = &mut self.agents[i];
         a.bin = Some(Bin::start(&a.dir, &a.config, &[]));
         let hub = self.hub.clone();
@@ -88,13 +108,13 @@ impl Fleet {
     }
 
     /// SIGKILL agent `i`.
-    async fn kill(&mut self, i: usize) {
+    pub(crate) async fn kill(&mut self, i: usize) {
         if let Some(b) = self.agents[i].bin.as_mut() {
             b.kill9().await;
         }
     }
 
-    fn logs(&self, i: usize) -> String {
+    pub(crate) fn logs(&self, i: usize) -> String {
         self.agents[i]
             .bin
             .as_ref()
@@ -104,7 +124,7 @@ impl Fleet {
 
     /// A shell task that writes `id` to `starts`, sleeps, then writes `id` and the
     /// workspace it ran in to `ends`.
-    fn task(&self, id: &str, secs: f64) -> Value {
+    pub(crate) fn task(&self, id: &str, secs: f64) -> Value {
         let (starts, ends) = (self.shared.join("starts"), self.shared.join("ends"));
         sample_shell_task(
             id,
@@ -117,7 +137,7 @@ impl Fleet {
     }
 
     /// Lines of `file` in the shared directory that belong to task `id`.
-    fn lines(&self, file: &str, id: &str) -> Vec<String> {
+    pub(crate) fn lines(&self, file: &str, id: &str) -> Vec<String> {
         std::fs::read_to_string(self.shared.join(file))
             .unwrap_or_default()
             .lines()
@@ -127,7 +147,7 @@ impl Fleet {
     }
 
     /// How many lines of `file` in the shared directory each task has.
-    fn counts(&self, file: &str) -> std::collections::HashMap<String, usize> {
+    pub(crate) fn counts(&self, file: &str) -> std::collections::HashMap<String, usize> {
         let mut n = std::collections::HashMap::new();
         for l in std::fs::read_to_string(self.shared.join(file))
             .unwrap_or_default()
@@ -141,7 +161,7 @@ impl Fleet {
     }
 
     /// The agent whose workspace an `ends` line names.
-    fn ran_on(&self, line: &str) -> Option<&str> {
+    pub(crate) fn ran_on(&self, line: &str) -> Option<&str> {
         let pwd = line.split_once(' ')?.1;
         self.agents
             .iter()
@@ -150,7 +170,7 @@ impl Fleet {
     }
 
     /// The agent that connection `conn` identified as.
-    fn agent_of(&self, conn: u64) -> Option<String> {
+    pub(crate) fn agent_of(&self, conn: u64) -> Option<String> {
         self.hub
             .frames()
             .iter()
@@ -159,7 +179,7 @@ impl Fleet {
     }
 
     /// No agent holds a task on disk (nothing runs, nothing waits for an answer).
-    fn all_idle_on_disk(&self) -> bool {
+    pub(crate) fn all_idle_on_disk(&self) -> bool {
         self.agents.iter().all(|a| {
             hub_sidecar::state::read_state(&a.dir.join("queue.json"))
                 .map(|s| s.active.is_none())
@@ -168,7 +188,7 @@ impl Fleet {
     }
 
     /// SIGTERM every agent still running and check that the hub saw no schema violation.
-    async fn finish(mut self) {
+    pub(crate) async fn finish(mut self) {
         for a in &mut self.agents {
             if let Some(b) = a.bin.as_mut() {
                 if b.child.try_wait().ok().flatten().is_none() {
