@@ -495,3 +495,86 @@ async fn an_abort_for_the_generation_reported_spares_the_task_assigned_here_agai
     rig.shutdown.immediate.cancel();
     run.await.expect("daemon task");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_task_paused_by_a_dropped_link_is_killed_at_fence_timeout_and_not_before() {
+    let (mut d, mut rig) = daemon(Seed::default(), |c| c.fence_timeout_secs = 600).await;
+    let cancel = stand_in_runner(&mut d, "cut", false);
+    let fence = d.running.as_ref().expect("running").fence.clone();
+    let run = start(d);
+    rig.identified().await;
+    rig.events
+        .send(LinkEvent::Disconnected {
+            reason: "cut".into(),
+        })
+        .await
+        .expect("the daemon hears the link");
+    let t0 = Instant::now();
+    while !fence.is_paused() {
+        tokio::task::yield_now().await;
+    }
+    // The link comes back and the question goes out; the hub never answers it.
+    rig.events
+        .send(LinkEvent::Identified { epoch: 2 })
+        .await
+        .unwrap();
+    loop {
+        let f = rig.next_out().await;
+        assert!(
+            !matches!(&f.frame, Outbound::TaskAccepted { task_id } if task_id == "cut" && f.epoch == 2),
+            "a paused task accepted before the hub's answer: {f:?}"
+        );
+        if let Outbound::StateReport { status, .. } = &f.frame {
+            if status == "paused" {
+                break;
+            }
+        }
+    }
+    assert!(!cancel.is_cancelled(), "killed on the drop itself");
+    cancel.cancelled().await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(600));
+    assert_eq!(
+        rig.active_on_disk().map(|a| a.task.task_id),
+        None,
+        "the slot was not freed"
+    );
+    rig.shutdown.immediate.cancel();
+    run.await.expect("daemon task");
+}
+
+#[tokio::test(start_paused = true)]
+async fn continue_at_our_generation_resumes_a_paused_task_and_accepts_it_again() {
+    let (mut d, mut rig) = daemon(Seed::default(), |_| {}).await;
+    let cancel = stand_in_runner(&mut d, "kept", false);
+    let fence = d.running.as_ref().expect("running").fence.clone();
+    let run = start(d);
+    rig.events
+        .send(LinkEvent::Disconnected {
+            reason: "hub killed".into(),
+        })
+        .await
+        .unwrap();
+    rig.identified().await;
+    loop {
+        if let Outbound::StateReport { generation, .. } = rig.next_out().await.frame {
+            assert_eq!(generation, 3);
+            break;
+        }
+    }
+    assert!(fence.is_paused());
+    rig.hub_says(Inbound::StateReportAck {
+        task_id: "kept".into(),
+        action: ReportAction::Continue,
+    })
+    .await;
+    loop {
+        if let Outbound::TaskAccepted { task_id } = rig.next_out().await.frame {
+            assert_eq!(task_id, "kept");
+            break;
+        }
+    }
+    assert!(!fence.is_paused(), "not resumed");
+    assert!(!cancel.is_cancelled());
+    rig.shutdown.immediate.cancel();
+    run.await.expect("daemon task");
+}
