@@ -248,8 +248,8 @@ mod tests {
     }
 
     async fn until(mut cond: impl FnMut() -> bool) {
-        // Polled: the process table has no event to wait on.
-        for _ in 0..500 {
+        // Polled: the process table has no event to wait on. Generous: a loaded CI box.
+        for _ in 0..1500 {
             if cond() {
                 return;
             }
