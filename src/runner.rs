@@ -298,6 +298,13 @@ async fn report(
     redactor: &Redactor,
 ) -> Outbound {
     let mut frame = frame_for(&ctx.task, lo);
+    // Nothing is published while the hub link is down: the hub may have given the task to
+    // another agent meanwhile (and then this run is cancelled while it waits here).
+    if let Some(fence) = ctx.env.fence() {
+        if !fence.open(&ctx.cancel).await {
+            return frame;
+        }
+    }
     if let (Some(tb), Outbound::TaskComplete { result, .. }) = (branch, &mut frame) {
         let p = Publish {
             cfg: &ctx.config,
@@ -413,6 +420,11 @@ struct RecordingAttempter<'a> {
 impl Attempter for RecordingAttempter<'_> {
     async fn attempt(&mut self, ctx: &ExecContext, attempt: Attempt) -> ExecOutcome {
         let n = attempt.number;
+        // An attempt (an LLM conversation runs in this process, not in a child) starts only
+        // with the task's fence open.
+        if let Some(fence) = ctx.env.fence() {
+            fence.open(&ctx.cancel).await;
+        }
         // What the model is sent: a kept chat gets the short corrective turn.
         self.record
             .attempt_start(n, self.executor.prompt_for(&attempt));

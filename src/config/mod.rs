@@ -152,6 +152,9 @@ pub struct Config {
     pub max_frame_bytes: usize,
     /// How long a graceful stop waits for the running task.
     pub drain_timeout_secs: u64,
+    /// How long a task paused by a dropped link (see [`crate::process::Fence`]) waits for
+    /// the hub to say it is still ours before it is killed and dropped.
+    pub fence_timeout_secs: u64,
     /// Most results kept waiting for the hub's acknowledgement; past it the oldest is dropped.
     pub outbox_max_entries: usize,
     /// A result the hub has not acknowledged after this long is dropped.
@@ -224,6 +227,10 @@ impl Default for Config {
             resource_report_interval_secs: 30,
             max_frame_bytes: 16 * 1024 * 1024,
             drain_timeout_secs: 30 * 60,
+            // The hub's own bound (4718a58, `Scheduler`): a task assigned to an agent that
+            // sent no progress for 600 s is reclaimed by the first stuck sweep after the
+            // hub restarts, so a pause longer than that can no longer end in "still ours".
+            fence_timeout_secs: 600,
             outbox_max_entries: 10_000,
             // Covers a hub down over a weekend; the hub re-queued such a task long ago.
             outbox_expiry_secs: 3 * 24 * 3600,

@@ -88,6 +88,7 @@ pub(crate) struct RawConfig {
     pub resource_report_interval_secs: Option<u64>,
     pub max_frame_bytes: Option<usize>,
     pub drain_timeout_secs: Option<u64>,
+    pub fence_timeout_secs: Option<u64>,
     pub outbox_max_entries: Option<usize>,
     pub outbox_expiry_secs: Option<u64>,
     pub metrics_addr: Option<SocketAddr>,

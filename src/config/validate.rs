@@ -74,6 +74,7 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
             .unwrap_or(d.resource_report_interval_secs),
         max_frame_bytes: raw.max_frame_bytes.unwrap_or(d.max_frame_bytes),
         drain_timeout_secs: raw.drain_timeout_secs.unwrap_or(d.drain_timeout_secs),
+        fence_timeout_secs: raw.fence_timeout_secs.unwrap_or(d.fence_timeout_secs),
         outbox_max_entries: raw.outbox_max_entries.unwrap_or(d.outbox_max_entries),
         outbox_expiry_secs: raw.outbox_expiry_secs.unwrap_or(d.outbox_expiry_secs),
         metrics_addr: raw.metrics_addr.or(d.metrics_addr),

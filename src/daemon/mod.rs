@@ -18,6 +18,8 @@
 //! - `recovery.rs`: the hub's answers about a task held from before (`task_continue`,
 //!   `state_report_ack`): a generation this sidecar did not accept is never run;
 //! - `delivery.rs`: terminal frames from the outbox to the hub and their answers;
+//! - `fencing.rs`: the running task paused while the link is down, and assignments held
+//!   back while a task runs (the hub's view of this agent kept true);
 //! - `shutdown.rs`: [`Shutdown`], [`ExitReason`] and the forced stop.
 
 use std::sync::Arc;
@@ -44,6 +46,7 @@ use crate::state::{ActiveTask, OutboxMeta, Phase, StateStore};
 use crate::task::Task;
 
 mod delivery;
+mod fencing;
 mod recovery;
 mod shutdown;
 mod slot;
@@ -96,6 +99,7 @@ pub async fn run_probed(
     let (ev_tx, ev_rx) = mpsc::channel(1024);
     // What `identify` announces: published once the containment probe has answered.
     let (announce, announced) = watch::channel(None);
+    let steering = handle.steering(announced);
     let link_cancel = CancellationToken::new();
     // Boxed: the link's future is large, and built on the stack it would stay there as
     // stack pages touched once and resident for the daemon's life.
@@ -105,7 +109,7 @@ pub async fn run_probed(
         ev_tx,
         out_rx,
         ops.clone(),
-        announced,
+        steering,
         link_cancel.clone(),
     )));
     let state = match load_state(&cfg).await {
@@ -231,6 +235,12 @@ struct Daemon {
     restart_requested: bool,
     /// When an unanswered `task_recovering` gives up.
     recovery_deadline: Option<Instant>,
+    /// When the task paused by a dropped link is killed for want of an answer.
+    fence_deadline: Option<Instant>,
+    /// Assignments that arrived while a task ran, not answered (see `fencing.rs`).
+    held_back: Vec<Task>,
+    /// A reconnect asked for (to ask about `held_back`) and not identified yet.
+    resyncing: bool,
     /// `state_report`s sent on this connection and not answered yet.
     asked: Vec<Asked>,
     /// Accepted while a dropped task's runner was still winding down; starts when it ends,
@@ -348,6 +358,9 @@ impl Daemon {
             flush_deadline: None,
             restart_requested: false,
             recovery_deadline: None,
+            fence_deadline: None,
+            held_back: Vec::new(),
+            resyncing: false,
             asked: Vec::new(),
             queued: None,
             announce,
@@ -414,6 +427,9 @@ impl Daemon {
                         self.drop_task(&task_id).await;
                     }
                 }
+                _ = sleep_until_opt(self.fence_deadline) => {
+                    self.fence_expired().await;
+                }
                 _ = sleep_until_opt(self.trim_at) => {
                     self.trim_at = None;
                     if self.running.is_none() {
@@ -428,6 +444,9 @@ impl Daemon {
                     tracing::warn!(pending = self.outbox.len(), "outbox not flushed in time; results stay on disk and are re-sent on the next start");
                     return self.idle_exit_reason();
                 }
+            }
+            if !self.draining && !self.restart_requested {
+                self.resync_if_idle();
             }
             if (self.draining || self.restart_requested) && self.running.is_none() {
                 if self.outbox.is_empty() {
@@ -471,6 +490,7 @@ impl Daemon {
             }
             LinkEvent::Disconnected { reason } => {
                 tracing::debug!(reason = %reason, "link down");
+                self.fence_running(&format!("the link to the hub dropped ({reason})"));
                 self.identified = false;
                 self.inflight = None;
                 self.asked.clear();
@@ -484,10 +504,11 @@ impl Daemon {
     /// After each `identified`: `task_accepted` (see [`accepted_after_identify`]), recovery
     /// question, state report, outbox.
     async fn after_identify(&mut self) {
+        // A paused task is accepted again only once the hub says it is still ours.
         let running = self
             .running
             .as_ref()
-            .filter(|r| !r.dropped)
+            .filter(|r| !r.dropped && !r.fence.is_paused())
             .map(|r| r.task_id.as_str());
         for task_id in
             accepted_after_identify(running, self.outbox.iter().map(|m| m.task_id.as_str()))
@@ -496,12 +517,17 @@ impl Daemon {
         }
         if let Some(active) = &self.active {
             let task = active.task.clone();
+            let paused = self.paused_task().is_some();
             match active.phase {
                 Phase::Recovering if self.running.is_none() => self.ask_recovering(&task),
+                _ if paused => self.report(&task, "paused", false),
                 _ if self.running.is_some() => self.report(&task, "working", false),
                 _ => {}
             }
         }
+        // After the running task's question: the hub answers in order, and its answer
+        // decides whether a held-back assignment may take the slot.
+        self.ask_held_back();
         self.status_line();
         self.pump_outbox().await;
         self.idle_from_now();

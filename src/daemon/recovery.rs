@@ -128,6 +128,10 @@ impl Daemon {
                 }
                 (Some(_), _) => {
                     tracing::warn!(task_id = %task_id, "hub says abort the task");
+                    self.end_fenced(
+                        task_id,
+                        "the hub answered the state report with abort (it reclaimed the task on the disconnect)",
+                    );
                     self.drop_task(task_id).await;
                 }
                 (None, _) => {
@@ -135,6 +139,19 @@ impl Daemon {
                 }
             },
             ReportAction::Continue => {
+                let reported = asked.as_ref().map(|a| a.generation);
+                if let Some((paused, generation)) = self.paused_task() {
+                    if paused == task_id && reported == Some(generation) {
+                        self.resume_fenced(
+                            "the hub still holds the task for this agent at its generation",
+                        );
+                        // A restarted hub's AgentFSM waits in `assigned` for this.
+                        self.link.send(Outbound::TaskAccepted {
+                            task_id: task_id.to_string(),
+                        });
+                        return;
+                    }
+                }
                 let Some(task) = asked.and_then(|a| a.offer) else {
                     return;
                 };

@@ -7,10 +7,13 @@
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::fencing::FencedSender;
 use super::Daemon;
 use crate::hub::proto::Outbound;
+use crate::process::Fence;
 use crate::progress::{ProgressEvent, ProgressSink};
 use crate::runner::{self, Finished, TaskOutcome};
 use crate::state::{ActiveTask, OutboxEntry, Phase};
@@ -24,6 +27,12 @@ pub(super) struct Running {
     pub(super) handle: JoinHandle<Finished>,
     /// The hub took the task back (cancelled, reassigned, aborted): send nothing for it.
     pub(super) dropped: bool,
+    /// Closed while the link is down: the task's processes stopped, its clocks paused.
+    pub(super) fence: Fence,
+    /// The task's progress (and, through its tap, its flight record).
+    pub(super) sink: ProgressSink,
+    /// Since when the fence is closed.
+    pub(super) paused_at: Option<Instant>,
 }
 
 /// Wait for the running task's runner to end; pending forever when nothing runs.
@@ -51,12 +60,12 @@ pub(super) struct SlotView<'a> {
 }
 
 /// Why an assignment is refused; [`Refusal::reason`] is the `task_failed` reason the hub sees.
+/// Only ever sent while no task runs here: the hub's AgentFSM applies a `task_failed` to the
+/// task it holds, whatever its id (see `fencing.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Refusal {
     /// Draining or restarting: the hub should not expect this agent back soon.
     ShuttingDown,
-    /// Another task owns the slot.
-    Busy,
     /// The slot could not be written to disk, so the task would be lost on a crash.
     StateNotPersistable,
     /// Containment is strict and this machine cannot enforce it now: the task is handed
@@ -68,7 +77,6 @@ impl Refusal {
     pub(super) fn reason(self) -> &'static str {
         match self {
             Refusal::ShuttingDown => "sidecar_shutting_down",
-            Refusal::Busy => "sidecar_busy",
             Refusal::StateNotPersistable => {
                 "state_not_persistable: the sidecar cannot write its state file"
             }
@@ -91,10 +99,14 @@ pub(super) enum Assign {
     Readopt,
     /// Answer `task_failed` with this reason; nothing changes here.
     Refuse(Refusal),
+    /// Another task runs here: not answered now (a `task_failed` would end the running
+    /// task in the hub's state machine); asked about once idle (see `fencing.rs`).
+    Hold,
     /// Take the task.
     Take {
-        /// It is the task we were about to ask about with `task_recovering`: the hub handing
-        /// it back is its answer, so that recovering slot is given up for this run.
+        /// A task was waiting for the answer to `task_recovering`: the hub handing it back,
+        /// or handing out any other work (which it gives only to an agent it believes
+        /// idle), is the answer, so that recovering slot is given up for this run.
         replaces_recovering: bool,
         /// A dropped task's runner is still winding down: start right after it ends, so
         /// two tasks never share the workspace.
@@ -104,9 +116,11 @@ pub(super) enum Assign {
 
 /// The assignment rule. In order: an assignment of the task held here at an older
 /// generation is stale; the task already running here is re-adopted (even while stopping:
-/// the hub merely reconnected); stopping refuses everything else (it wins over busy); a
-/// daemon that cannot confine takes nothing; the recovering task handed back is taken; any
-/// other owned slot is busy.
+/// the hub merely reconnected); any other task while one runs is held back, unanswered
+/// (even while stopping: a refusal would end the running one at the hub); stopping refuses
+/// everything else; a daemon that cannot confine takes nothing; otherwise the task is
+/// taken, replacing a task that waited for the answer to `task_recovering`. (A paused task
+/// is dropped before this rule is asked: see [`Daemon::on_assign`].)
 pub(super) fn decide_assign(task_id: &str, generation: u64, slot: SlotView<'_>) -> Assign {
     if let Some((_, _, held)) = slot
         .active
@@ -122,18 +136,21 @@ pub(super) fn decide_assign(task_id: &str, generation: u64, slot: SlotView<'_>) 
     if running_live == Some(task_id) && active_id == Some(task_id) {
         return Assign::Readopt;
     }
+    if running_live.is_some() && running_live == active_id {
+        return Assign::Hold;
+    }
     if slot.stopping {
         return Assign::Refuse(Refusal::ShuttingDown);
     }
     if !slot.can_confine {
         return Assign::Refuse(Refusal::ContainmentUnavailable);
     }
-    let replaces_recovering = slot.running.is_none()
-        && slot
-            .active
-            .is_some_and(|(id, phase, _)| id == task_id && phase == Phase::Recovering);
+    let replaces_recovering = slot
+        .active
+        .is_some_and(|(_, phase, _)| phase == Phase::Recovering);
     if slot.active.is_some() && !replaces_recovering {
-        return Assign::Refuse(Refusal::Busy);
+        // Owned but not running live (its runner ending as the slot is handed on): wait.
+        return Assign::Hold;
     }
     Assign::Take {
         replaces_recovering,
@@ -160,6 +177,15 @@ impl Daemon {
     pub(super) async fn on_assign(&mut self, task: Task) {
         let task_id = task.task_id.clone();
         tracing::info!(task_id = %task_id, generation = task.generation, "task assigned");
+        // The hub assigns other work only to an agent it believes idle: the paused task is
+        // not ours any more.
+        if let Some((paused, _)) = self.paused_task().filter(|(id, _)| *id != task_id) {
+            self.end_fenced(
+                &paused,
+                &format!("the hub assigned other work ({task_id}): it no longer holds this task for this agent"),
+            );
+            self.drop_task(&paused).await;
+        }
         let after_runner = match decide_assign(&task_id, task.generation, self.slot_view()) {
             Assign::Stale { held } => {
                 tracing::warn!(task_id = %task_id, generation = task.generation, held_generation = held, "assignment older than the generation held here: stale, not run");
@@ -170,13 +196,12 @@ impl Daemon {
                     active.task.generation = task.generation;
                 }
                 self.save().await;
+                self.resume_fenced("the hub assigned the task to this agent again");
                 self.link.send(Outbound::TaskAccepted { task_id });
                 return;
             }
+            Assign::Hold => return self.hold_back(task),
             Assign::Refuse(refusal) => {
-                if refusal == Refusal::Busy {
-                    tracing::warn!(task_id = %task_id, "busy with another task: refusing");
-                }
                 if refusal == Refusal::ContainmentUnavailable {
                     tracing::warn!(task_id = %task_id, "cannot confine tasks here: handing the task back");
                 }
@@ -187,7 +212,7 @@ impl Daemon {
                 after_runner,
             } => {
                 if replaces_recovering {
-                    tracing::info!(task_id = %task_id, generation = task.generation, "recovering task assigned again: running it");
+                    tracing::info!(task_id = %task_id, generation = task.generation, "assigned while a task waited for the answer to task_recovering: the hub no longer holds that one here; running this");
                     self.active = None;
                     self.recovery_deadline = None;
                 }
@@ -239,6 +264,8 @@ impl Daemon {
 
     /// Stop and forget a task the hub no longer wants us to run.
     pub(super) async fn drop_task(&mut self, task_id: &str) {
+        // A paused task's record says how its pause ended (unless the caller said why).
+        self.end_fenced(task_id, "the hub took the task back");
         if let Some(r) = self.running.as_mut().filter(|r| r.task_id == task_id) {
             // Its processes are killed as the runner unwinds; nothing is reported for it.
             r.dropped = true;
@@ -269,7 +296,15 @@ impl Daemon {
         // The previous task's leftovers go first: a re-assigned task id gets the same
         // TMPDIR, a task on the same repository the same managed clone.
         let before = self.leftovers.take();
-        let run = runner::run_task(task.clone(), self.deps.clone(), sink, cancel.clone());
+        // Every child of the task obeys its fence, and its progress waits behind it.
+        let fence = Fence::new();
+        let mut deps = self.deps.clone();
+        deps.env = deps.env.with_fence(fence.clone());
+        deps.out = Arc::new(FencedSender {
+            inner: deps.out.clone(),
+            fence: fence.clone(),
+        });
+        let run = runner::run_task(task.clone(), deps, sink.clone(), cancel.clone());
         let handle = tokio::spawn(async move {
             if let Some(before) = before {
                 let _ = before.await;
@@ -281,7 +316,14 @@ impl Daemon {
             cancel,
             handle,
             dropped: false,
+            fence,
+            sink,
+            paused_at: None,
         });
+        // Started after a dropped task's runner ended, with the link down: paused at once.
+        if !self.identified {
+            self.fence_running("the link to the hub is down");
+        }
         self.status_line();
     }
 
@@ -386,23 +428,33 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_owned_by_another_task_is_busy_running_or_recovering() {
+    fn another_task_while_one_runs_is_held_back_unanswered_even_while_stopping() {
         let running = SlotView {
             running: Some(("t1", false)),
             active: Some(("t1", Phase::Running, 1)),
             ..idle()
         };
-        assert_eq!(
-            decide_assign("t2", 1, running),
-            Assign::Refuse(Refusal::Busy)
-        );
+        assert_eq!(decide_assign("t2", 1, running), Assign::Hold);
+        let stopping = SlotView {
+            stopping: true,
+            ..running
+        };
+        assert_eq!(decide_assign("t2", 1, stopping), Assign::Hold);
+    }
+
+    #[test]
+    fn any_assignment_while_a_task_waits_for_its_recovery_answer_replaces_it() {
+        // The hub assigns only to an agent it believes idle: it holds no task here.
         let recovering = SlotView {
             active: Some(("t1", Phase::Recovering, 1)),
             ..idle()
         };
         assert_eq!(
             decide_assign("t2", 1, recovering),
-            Assign::Refuse(Refusal::Busy)
+            Assign::Take {
+                replaces_recovering: true,
+                after_runner: false,
+            }
         );
     }
 
@@ -416,14 +468,13 @@ mod tests {
             decide_assign("t1", 1, stopping),
             Assign::Refuse(Refusal::ShuttingDown)
         );
-        let busy_and_stopping = SlotView {
-            running: Some(("t1", false)),
-            active: Some(("t1", Phase::Running, 1)),
+        let recovering_and_stopping = SlotView {
+            active: Some(("t1", Phase::Recovering, 1)),
             stopping: true,
-            can_confine: true,
+            ..idle()
         };
         assert_eq!(
-            decide_assign("t2", 1, busy_and_stopping),
+            decide_assign("t2", 1, recovering_and_stopping),
             Assign::Refuse(Refusal::ShuttingDown)
         );
     }
@@ -478,7 +529,7 @@ mod tests {
     }
 
     #[test]
-    fn the_recovering_task_handed_back_is_taken_but_only_with_no_runner_left() {
+    fn the_recovering_task_handed_back_is_taken_after_any_runner_left() {
         let recovering = SlotView {
             active: Some(("t1", Phase::Recovering, 1)),
             ..idle()
@@ -496,7 +547,10 @@ mod tests {
         };
         assert_eq!(
             decide_assign("t1", 1, still_winding_down),
-            Assign::Refuse(Refusal::Busy)
+            Assign::Take {
+                replaces_recovering: true,
+                after_runner: true,
+            }
         );
     }
 
@@ -537,15 +591,11 @@ mod tests {
         };
         assert_eq!(decide_assign("t1", 7, running), Assign::Readopt);
         // Another task's generation says nothing about this one.
-        assert_eq!(
-            decide_assign("t2", 1, running),
-            Assign::Refuse(Refusal::Busy)
-        );
+        assert_eq!(decide_assign("t2", 1, running), Assign::Hold);
     }
 
     #[test]
     fn refusal_reasons_are_the_wire_strings_the_hub_knows() {
-        assert_eq!(Refusal::Busy.reason(), "sidecar_busy");
         assert_eq!(Refusal::ShuttingDown.reason(), "sidecar_shutting_down");
         assert!(Refusal::StateNotPersistable
             .reason()

@@ -131,6 +131,9 @@ fn stand_in_runner(d: &mut Daemon, task_id: &str, deaf: bool) -> CancellationTok
         cancel: cancel.clone(),
         handle,
         dropped: false,
+        fence: crate::process::Fence::new(),
+        sink: crate::progress::ProgressSink::new(1024),
+        paused_at: None,
     });
     cancel
 }
@@ -472,20 +475,106 @@ async fn an_abort_for_the_generation_reported_spares_the_task_assigned_here_agai
         action: ReportAction::Abort,
     })
     .await;
-    // Another assignment, refused as busy: its answer shows the abort was handled.
-    rig.hub_says(Inbound::TaskAssign(Box::new(task("next"))))
-        .await;
-    let refused = rig.next_result().await;
-    assert!(
-        matches!(&refused.frame, Outbound::TaskFailed { task_id, reason, .. }
-            if task_id == "next" && reason == "sidecar_busy"),
-        "{refused:?}"
-    );
+    // The same assignment once more: its `task_accepted` shows the abort was handled.
+    let mut once_more = task("kept");
+    once_more.generation = 5;
+    rig.hub_says(Inbound::TaskAssign(Box::new(once_more))).await;
+    let mut accepted = 0;
+    while accepted < 2 {
+        let f = rig.next_out().await;
+        assert!(!matches!(f.frame, Outbound::TaskFailed { .. }), "{f:?}");
+        if matches!(f.frame, Outbound::TaskAccepted { .. }) {
+            accepted += 1;
+        }
+    }
     assert!(
         !cancel.is_cancelled(),
         "the task assigned again was stopped"
     );
     assert_eq!(rig.active_on_disk().map(|a| a.task.generation), Some(5));
+    rig.shutdown.immediate.cancel();
+    run.await.expect("daemon task");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_paused_by_a_dropped_link_is_killed_at_fence_timeout_and_not_before() {
+    let (mut d, mut rig) = daemon(Seed::default(), |c| c.fence_timeout_secs = 600).await;
+    let cancel = stand_in_runner(&mut d, "cut", false);
+    let fence = d.running.as_ref().expect("running").fence.clone();
+    let run = start(d);
+    rig.identified().await;
+    rig.events
+        .send(LinkEvent::Disconnected {
+            reason: "cut".into(),
+        })
+        .await
+        .expect("the daemon hears the link");
+    let t0 = Instant::now();
+    while !fence.is_paused() {
+        tokio::task::yield_now().await;
+    }
+    // The link comes back and the question goes out; the hub never answers it.
+    rig.events
+        .send(LinkEvent::Identified { epoch: 2 })
+        .await
+        .unwrap();
+    loop {
+        let f = rig.next_out().await;
+        assert!(
+            !matches!(&f.frame, Outbound::TaskAccepted { task_id } if task_id == "cut" && f.epoch == 2),
+            "a paused task accepted before the hub's answer: {f:?}"
+        );
+        if let Outbound::StateReport { status, .. } = &f.frame {
+            if status == "paused" {
+                break;
+            }
+        }
+    }
+    assert!(!cancel.is_cancelled(), "killed on the drop itself");
+    cancel.cancelled().await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(600));
+    assert_eq!(
+        rig.active_on_disk().map(|a| a.task.task_id),
+        None,
+        "the slot was not freed"
+    );
+    rig.shutdown.immediate.cancel();
+    run.await.expect("daemon task");
+}
+
+#[tokio::test(start_paused = true)]
+async fn continue_at_our_generation_resumes_a_paused_task_and_accepts_it_again() {
+    let (mut d, mut rig) = daemon(Seed::default(), |_| {}).await;
+    let cancel = stand_in_runner(&mut d, "kept", false);
+    let fence = d.running.as_ref().expect("running").fence.clone();
+    let run = start(d);
+    rig.events
+        .send(LinkEvent::Disconnected {
+            reason: "hub killed".into(),
+        })
+        .await
+        .unwrap();
+    rig.identified().await;
+    loop {
+        if let Outbound::StateReport { generation, .. } = rig.next_out().await.frame {
+            assert_eq!(generation, 3);
+            break;
+        }
+    }
+    assert!(fence.is_paused());
+    rig.hub_says(Inbound::StateReportAck {
+        task_id: "kept".into(),
+        action: ReportAction::Continue,
+    })
+    .await;
+    loop {
+        if let Outbound::TaskAccepted { task_id } = rig.next_out().await.frame {
+            assert_eq!(task_id, "kept");
+            break;
+        }
+    }
+    assert!(!fence.is_paused(), "not resumed");
+    assert!(!cancel.is_cancelled());
     rig.shutdown.immediate.cancel();
     run.await.expect("daemon task");
 }

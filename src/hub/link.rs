@@ -12,12 +12,15 @@
 //! lost and nothing is sent twice.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
+
+use super::link_handle::HURRIED_RECONNECT;
+pub use super::link_handle::{channel, LinkEvent, LinkHandle, OutFrame, Steering};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
@@ -34,103 +37,10 @@ use crate::ops::Ops;
 
 type Ws = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// What the link tells the daemon.
-#[derive(Debug)]
-pub enum LinkEvent {
-    /// `identified` received on a new connection.
-    Identified {
-        /// The connection's number; frames carry it to reach only this connection.
-        epoch: u64,
-    },
-    /// The connection ended; the daemon must consider every unanswered frame unanswered.
-    Disconnected {
-        /// Why, for the log.
-        reason: String,
-    },
-    /// A frame for the daemon (tasks, acks, errors, rate limits).
-    Frame(Inbound),
-    /// The pong to the ping sent right after a barrier frame arrived: the hub has answered
-    /// that frame already, or dropped it.
-    Barrier {
-        /// The task whose frame the barrier followed.
-        task_id: String,
-    },
-}
-
-/// A frame for the link to send.
-#[derive(Debug)]
-pub struct OutFrame {
-    /// The frame.
-    pub frame: Outbound,
-    /// The connection this frame was meant for.
-    pub epoch: u64,
-    /// Follow the frame with a ping and report its pong as [`LinkEvent::Barrier`].
-    pub barrier: Option<String>,
-}
-
-/// The daemon's side of the link: send frames, track the epoch.
-#[derive(Clone)]
-pub struct LinkHandle {
-    tx: mpsc::Sender<OutFrame>,
-    epoch: Arc<AtomicU64>,
-}
-
-impl LinkHandle {
-    /// Queue a frame for the current connection. Never blocks: if the link is wedged the
-    /// frame is dropped (terminal frames live in the outbox and are re-sent on reconnect).
-    pub fn send(&self, frame: Outbound) -> bool {
-        self.send_frame(frame, None)
-    }
-
-    /// Queue a terminal frame followed by a barrier ping.
-    pub fn send_with_barrier(&self, frame: Outbound, task_id: &str) -> bool {
-        self.send_frame(frame, Some(task_id.to_string()))
-    }
-
-    fn send_frame(&self, frame: Outbound, barrier: Option<String>) -> bool {
-        let kind = frame.kind();
-        let of = OutFrame {
-            frame,
-            epoch: self.epoch.load(Ordering::Acquire),
-            barrier,
-        };
-        match self.tx.try_send(of) {
-            Ok(()) => true,
-            Err(_) => {
-                tracing::warn!(
-                    frame = kind,
-                    "hub link send queue full or closed; frame dropped"
-                );
-                false
-            }
-        }
-    }
-
-    /// The daemon saw `Identified { epoch }`.
-    pub fn set_epoch(&self, epoch: u64) {
-        self.epoch.store(epoch, Ordering::Release);
-    }
-}
-
-/// Capacity of the daemon → link queue. Progress is rate-limited upstream, so a full queue
-/// means a wedged socket, not a burst.
-const OUT_QUEUE: usize = 256;
 /// A write that takes longer than this means the hub stopped reading.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long `identify` may take to be answered.
 const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Create the channel pair. The receiver goes to [`run`].
-pub fn channel() -> (LinkHandle, mpsc::Receiver<OutFrame>) {
-    let (tx, rx) = mpsc::channel(OUT_QUEUE);
-    (
-        LinkHandle {
-            tx,
-            epoch: Arc::new(AtomicU64::new(0)),
-        },
-        rx,
-    )
-}
 
 /// Why a connection ended, and what that means for the next attempt.
 #[derive(Debug)]
@@ -143,22 +53,29 @@ enum End {
     Auth(String),
     /// Anything else: reconnect with backoff.
     Lost(String),
+    /// The daemon asked for a fresh connection ([`LinkHandle::reconnect`]): at once.
+    Resync,
 }
 
 /// Run the link until `cancel`. On cancel the socket is closed with code 1000.
 ///
-/// `status` is the agent status `identify` announces: `None` until the daemon knows whether
-/// it can take work (the containment probe, run while this connects), then `idle` or "not
-/// accepting tasks: …". Each connection announces the value current at its identify.
+/// `steering.status` is the agent status `identify` announces: `None` until the daemon knows
+/// whether it can take work (the containment probe, run while this connects), then `idle`
+/// or "not accepting tasks: …". Each connection announces the value current at its identify.
 pub async fn run(
     cfg: Arc<Config>,
     budget: Arc<RateBudget>,
     events: mpsc::Sender<LinkEvent>,
     mut out: mpsc::Receiver<OutFrame>,
     ops: Ops,
-    mut status: watch::Receiver<Option<String>>,
+    steering: Steering,
     cancel: CancellationToken,
 ) {
+    let Steering {
+        mut status,
+        resync,
+        hurry,
+    } = steering;
     let mut backoff = Backoff::new(
         Duration::from_millis(cfg.reconnect_min_ms),
         Duration::from_millis(cfg.reconnect_max_ms),
@@ -206,7 +123,9 @@ pub async fn run(
                             pongs: 0,
                             assigned: None,
                         };
-                        let end = conn.serve(ws, &mut out, &mut sampler, &cancel).await;
+                        let end = conn
+                            .serve(ws, &mut out, &mut sampler, &resync, &cancel)
+                            .await;
                         ops.link_state(false);
                         let reason = format!("{end:?}");
                         let _ = events.send(LinkEvent::Disconnected { reason }).await;
@@ -226,6 +145,14 @@ pub async fn run(
                 let d = backoff.auth_delay();
                 tracing::error!(error = %err, wait_secs = d.as_secs(), agent_id = %cfg.agent_id, "the hub rejected this agent's token; fix `token`/`agent_id` in the config. Retrying at the maximum backoff");
                 d
+            }
+            End::Resync => {
+                tracing::info!("reconnecting at the daemon's request");
+                Duration::ZERO
+            }
+            End::Lost(reason) if hurry.load(Ordering::Acquire) => {
+                tracing::warn!(reason = %reason, retry_in_ms = HURRIED_RECONNECT.as_millis() as u64, "hub link lost with a task paused; reconnecting");
+                HURRIED_RECONNECT
             }
             End::Lost(reason) => {
                 let d = backoff.next_delay();
@@ -267,7 +194,7 @@ pub async fn probe(cfg: &Config) -> Result<(), ProbeError> {
         }),
         Err(End::Cooldown(_, reason)) => Err(ProbeError::Cooldown(reason)),
         Err(End::Lost(e)) => Err(ProbeError::Lost(e)),
-        Err(End::Shutdown) => Err(ProbeError::Cancelled),
+        Err(End::Shutdown | End::Resync) => Err(ProbeError::Cancelled),
     }
 }
 
@@ -484,6 +411,7 @@ impl Connection<'_> {
         ws: Ws,
         out: &mut mpsc::Receiver<OutFrame>,
         sampler: &mut ResourceSampler,
+        resync: &Notify,
         cancel: &CancellationToken,
     ) -> End {
         let (mut sink, mut stream) = ws.split();
@@ -511,6 +439,11 @@ impl Connection<'_> {
                     let close = CloseFrame { code: CloseCode::Normal, reason: "sidecar shutting down".into() };
                     let _ = tokio::time::timeout(Duration::from_secs(2), sink.send(Message::Close(Some(close)))).await;
                     return End::Shutdown;
+                }
+                _ = resync.notified() => {
+                    let close = CloseFrame { code: CloseCode::Normal, reason: "sidecar reconnecting".into() };
+                    let _ = tokio::time::timeout(Duration::from_secs(2), sink.send(Message::Close(Some(close)))).await;
+                    return End::Resync;
                 }
                 msg = stream.next() => match msg {
                     Some(Ok(Message::Text(t))) => {

@@ -4,6 +4,8 @@
 //!
 //! - [`proto`]: the wire types, one enum per direction.
 //! - [`link`]: connect, identify, heartbeat, reconnect; owns the socket.
+//! - `link_handle`: the daemon's side of the link (events, frames, steering), re-exported
+//!   from [`link`].
 //! - [`backoff`]: exponential backoff with full jitter.
 //! - [`budget`]: a mirror of the hub's "normal" token bucket shared by progress and lifecycle frames.
 //! - [`resources`]: the periodic `resource_report` (CPU, RAM, Ollama VRAM).
@@ -11,5 +13,6 @@
 pub mod backoff;
 pub mod budget;
 pub mod link;
+mod link_handle;
 pub mod proto;
 pub mod resources;

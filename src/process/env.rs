@@ -21,6 +21,9 @@ pub struct ChildEnv {
     /// [`ChildEnv::for_publish`].
     publish: Vec<(String, String)>,
     sandbox: Option<Arc<Sandbox>>,
+    /// The task's fence (see [`super::Fence`]): every child started with this environment
+    /// is stopped while it is closed, and none starts.
+    fence: Option<super::Fence>,
 }
 
 use std::sync::Arc;
@@ -121,6 +124,7 @@ impl ChildEnv {
             agent,
             publish,
             sandbox: None,
+            fence: None,
         }
     }
 
@@ -197,6 +201,7 @@ impl ChildEnv {
             agent: Vec::new(),
             publish: Vec::new(),
             sandbox: None,
+            fence: None,
         }
     }
 
@@ -222,6 +227,17 @@ impl ChildEnv {
     /// The sandbox every child started with this environment runs in, if any.
     pub fn sandbox(&self) -> Option<&Arc<Sandbox>> {
         self.sandbox.as_ref()
+    }
+
+    /// The same environment, for the children of the task `fence` belongs to.
+    pub fn with_fence(mut self, fence: super::Fence) -> ChildEnv {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// The fence every child started with this environment obeys, if any.
+    pub fn fence(&self) -> Option<&super::Fence> {
+        self.fence.as_ref()
     }
 
     /// Remove one variable, if passed.

@@ -21,10 +21,12 @@ use crate::sandbox::Spawning;
 
 mod capture;
 mod env;
+pub mod fence;
 
 use capture::LineSplitter;
 pub use capture::{head_tail, CappedBuf};
 pub use env::{confine, ChildEnv};
+pub use fence::Fence;
 
 /// A command to run: program and argv, never a shell string built from task data.
 #[derive(Debug, Clone)]
@@ -268,6 +270,19 @@ async fn run_tapped(
     progress: Option<&ProgressSink>,
     mut tap: Option<Tap<'_>>,
 ) -> std::io::Result<RunOutput> {
+    let fence = spec.env.fence();
+    // A paused task starts nothing (a check, a commit, a push) until its fence opens.
+    if let Some(f) = fence {
+        if !f.open(cancel).await {
+            return Ok(RunOutput {
+                exit: Exit::Cancelled,
+                stdout: String::new(),
+                stderr: String::new(),
+                dropped_bytes: 0,
+                duration: Duration::ZERO,
+            });
+        }
+    }
     let started = Instant::now();
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
@@ -308,14 +323,20 @@ async fn run_tapped(
     let mut eb = vec![0u8; 16 * 1024];
     let (mut out_open, mut err_open) = (true, true);
 
-    let deadline = limits.timeout.map(|t| tokio::time::Instant::now() + t);
+    // The timeout counts only time the task's fence was open.
     let sleep_deadline = async {
-        match deadline {
-            Some(d) => tokio::time::sleep_until(d).await,
+        match limits.timeout {
+            Some(t) => fence::sleep(fence, t).await,
             None => std::future::pending().await,
         }
     };
     tokio::pin!(sleep_deadline);
+    let mut fenced = fence.map(Fence::watch);
+    // Closed between the check before the spawn and now: stopped at once.
+    let mut paused = fence.is_some_and(Fence::is_paused);
+    if paused {
+        fence::signal_tree(pgid, libc::SIGSTOP).await;
+    }
 
     let mut forced: Option<Exit> = None;
     let status = loop {
@@ -342,12 +363,23 @@ async fn run_tapped(
                 }
             },
             status = child.wait() => break status?,
+            p = fence_changed(&mut fenced) => {
+                // Stop the whole tree where it stands, or let it go on.
+                paused = p;
+                fence::signal_tree(pgid, if p { libc::SIGSTOP } else { libc::SIGCONT }).await;
+            }
             _ = &mut sleep_deadline, if forced.is_none() => {
                 forced = Some(Exit::TimedOut);
                 break terminate(&mut child, pgid, limits.grace).await?;
             }
             _ = cancel.cancelled(), if forced.is_none() => {
                 forced = Some(Exit::Cancelled);
+                if paused {
+                    // A paused task is not ours any more: killed where it stands, never
+                    // continued (a SIGTERM handler would run one more step of it).
+                    fence::signal_tree(pgid, libc::SIGKILL).await;
+                    break child.wait().await?;
+                }
                 break terminate(&mut child, pgid, limits.grace).await?;
             }
         }
@@ -395,6 +427,20 @@ async fn run_tapped(
         stderr: err_buf.into_string_lossy(),
         duration: started.elapsed(),
     })
+}
+
+/// The fence's next state (`true`: closed); pending for ever without a fence, or once it
+/// is gone.
+async fn fence_changed(rx: &mut Option<tokio::sync::watch::Receiver<bool>>) -> bool {
+    let Some(r) = rx.as_mut() else {
+        return std::future::pending().await;
+    };
+    if r.changed().await.is_err() {
+        *rx = None;
+        return std::future::pending().await;
+    }
+    let paused = *r.borrow_and_update();
+    paused
 }
 
 /// Start the child in a session of its own (`setsid`), and so in a process group of its own

@@ -289,7 +289,6 @@ async fn a_second_connection_of_a_running_agent_closing_reclaims_its_task() {
 /// `task_failed` (`sidecar_busy`) for t2 ends t1 in the hub's eyes (`fsm_task_failed` names
 /// t1), the hub assigns again, is refused again, and the machine sits in `assigned`.
 #[tokio::test]
-#[ignore = "needs the sidecar fencing of issue 42 (branch h42)"]
 async fn a_double_assignment_costs_neither_task_and_leaves_the_hubs_view_true() {
     let mut p = Pair::new(MockHubOptions::default()).await;
     p.hub.race_next_assignment("agent-0");
@@ -330,7 +329,6 @@ async fn a_double_assignment_costs_neither_task_and_leaves_the_hubs_view_true() 
 /// refuses (`sidecar_busy`), the machine, `assigned`, ignores the refusal, and its timer
 /// later reclaims the task from the other agent, which is running it by then.
 #[tokio::test]
-#[ignore = "needs the sidecar fencing of issue 42 (branch h42)"]
 async fn an_agent_back_from_a_crash_while_recovering_is_not_left_stuck_by_its_refusal() {
     let opts = MockHubOptions {
         acceptance_timeout: std::time::Duration::from_secs(5),
@@ -372,7 +370,6 @@ async fn an_agent_back_from_a_crash_while_recovering_is_not_left_stuck_by_its_re
 /// a duplicate assignment of a task with a budget of one, refused, is dead-lettered and never
 /// runs. Correct outcome: it runs once. Today the refusal dead-letters it.
 #[tokio::test]
-#[ignore = "needs the sidecar fencing of issue 42 (branch h42)"]
 async fn a_refused_duplicate_is_not_dead_lettered() {
     let mut p = Pair::new(MockHubOptions::default()).await;
     p.hub.race_next_assignment("agent-0");

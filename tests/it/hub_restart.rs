@@ -1,7 +1,9 @@
 //! The real hub after its own restart (PROTOCOL.md § 8): its AgentFSM waits in `assigned`
-//! for a task it still holds for this agent, and only `task_accepted` moves it on. So right
-//! after `identified` the daemon sends `task_accepted` for a task it is still running, or
-//! whose result waits in the outbox, before anything else about that task.
+//! for a task it still holds for this agent, and only `task_accepted` moves it on. So after
+//! `identified` the daemon sends `task_accepted` for a task whose result waits in the
+//! outbox before re-sending it; a task that was running is paused by the drop (issue 42)
+//! and accepted again once the hub answers its `state_report` with `continue`, well inside
+//! the state machine's 60 s.
 
 use hub_sidecar::mock_hub::{sample_shell_task, MockHub};
 use serde_json::{json, Value};
@@ -35,7 +37,8 @@ fn position(frames: &[(String, String)], ty: &str, id: &str) -> Option<usize> {
 }
 
 #[tokio::test]
-async fn after_a_hub_restart_a_running_task_is_accepted_again_before_its_state_report() {
+async fn after_a_hub_restart_a_running_task_is_accepted_again_once_its_state_report_says_continue()
+{
     let mut h = Harness::start().await;
     let marker = probe(h.dir()).join("started");
     h.assign(sample_shell_task(
@@ -50,13 +53,22 @@ async fn after_a_hub_restart_a_running_task_is_accepted_again_before_its_state_r
     h.wait_for(|f| f["type"] == "state_report", T)
         .await
         .expect("state_report");
+    h.wait_for_nth("task_accepted", 2, T)
+        .await
+        .expect("no task_accepted after the answer");
     let frames = after_identify(h.hub(), 2);
     let accepted =
         position(&frames, "task_accepted", "long").expect("no task_accepted after re-identify");
     let report = position(&frames, "state_report", "long").unwrap();
     assert!(
-        accepted < report,
-        "task_accepted must come first: {frames:?}"
+        report < accepted,
+        "a paused task is accepted only after the hub's answer: {frames:?}"
+    );
+    assert!(
+        h.received()
+            .iter()
+            .any(|f| f["type"] == "state_report" && f["status"] == "paused"),
+        "the report does not say paused"
     );
     h.push(json!({"type": "task_cancelled", "task_id": "long", "timestamp": 1}));
     h.stop_daemon().await;
