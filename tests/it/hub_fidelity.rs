@@ -5,9 +5,9 @@
 //! restart, results fenced by generation only, and the dead letter (issues 42 and 47).
 //!
 //! Tasks write a start line and an end line to a shared file outside every workspace, so a
-//! test counts how often each task ran to its end, and where. Tests marked
-//! `needs the sidecar fencing of issue 42` assert the outcome the sidecar must reach against
-//! this hub; today's sidecar misses it (what it does instead is in each test's doc).
+//! test counts how often each task ran to its end, and where. Three tests assert the outcome
+//! the sidecar reaches against this hub since its fencing (issue 42); each one's doc says what
+//! the sidecar did before it.
 
 use std::path::{Path, PathBuf};
 
