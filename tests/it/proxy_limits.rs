@@ -72,11 +72,7 @@ fn python_task(id: &str, ws: &Path, script: &str) -> serde_json::Value {
 }
 
 fn have_python() -> bool {
-    if which::which("python3").is_err() {
-        eprintln!("skipped: python3 is not installed");
-        return false;
-    }
-    true
+    crate::util::require("python3", crate::util::missing_tool("python3"))
 }
 
 /// Through the proxy, a task reaches neither the daemon's `/metrics` nor the hub (a
