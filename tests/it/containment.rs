@@ -2,7 +2,9 @@
 //! try every way out of containment the daemon knows of; each test checks one is closed.
 //!
 //! Every test needs what CI has (Linux with Landlock and user namespaces). Where the kernel
-//! lacks them, each test says so and returns: containment can only be shown where it exists.
+//! lacks them, each test is a listed skip (`util::require("confine", …)`), or fails where
+//! `HUB_SIDECAR_REQUIRE` names `confine`, as CI does: containment can only be shown where it
+//! exists, and CI must be such a place.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +27,7 @@ pub(crate) fn cannot_confine() -> Option<String> {
 
 /// The gate of every test that needs containment (`require("confine", …)`): `false` (a
 /// listed skip) where this kernel cannot confine, a failure where CI requires it.
+#[track_caller]
 pub(crate) fn supported() -> bool {
     require("confine", cannot_confine())
 }
