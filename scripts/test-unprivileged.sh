@@ -7,11 +7,16 @@
 #
 # Builds the tests as the caller (cargo test --no-run), creates the system user
 # `hub-sidecar-test` if missing, and runs the unit and integration test binaries as that
-# user with a fresh HOME and no Rust toolchain on PATH (tests that need one say "skipped").
-# Tests that need root (booting systemd) skip with a message. Run as an unprivileged user,
-# it runs the binaries as that user directly.
+# user with a fresh HOME and no Rust toolchain on PATH. Run as an unprivileged user, it runs
+# the binaries as that user directly.
+#
+# What is required here (HUB_SIDECAR_REQUIRE, passed through): what the caller requires,
+# less `root` (never held here) and every tool the test user cannot run (the Rust
+# toolchain, anything installed under root's HOME); each dropped one is printed, and its
+# tests' skips are listed at the end (tests/it/util.rs, "Gating a test").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/requirements.sh
 
 TEST_USER="${TEST_USER:-hub-sidecar-test}"
 
@@ -52,16 +57,50 @@ if [ "$(id -u)" = 0 ]; then
   chown "$TEST_USER:" "$HOME_DIR"
   trap 'rm -rf "$HOME_DIR"' EXIT
   as_user() { runuser -u "$TEST_USER" -- env -i HOME="$HOME_DIR" PATH=/usr/local/bin:/usr/bin:/bin \
-    LANG=C.UTF-8 RUST_BACKTRACE=1 "$@"; }
-  echo "running the tests as $TEST_USER (uid $(id -u "$TEST_USER"))"
+    LANG=C.UTF-8 RUST_BACKTRACE=1 HUB_SIDECAR_REQUIRE="$HUB_SIDECAR_REQUIRE" \
+    HUB_SIDECAR_SKIPS="$HUB_SIDECAR_SKIPS" "$@"; }
+  RUN_AS="$TEST_USER (uid $(id -u "$TEST_USER"))"
 else
   as_user() { "$@"; }
-  echo "running the tests as $(id -un) (uid $(id -u))"
+  RUN_AS="$(id -un) (uid $(id -u))"
 fi
+
+# The skip list: the caller's (.ci/run keeps one across both runs), else our own.
+own_list=
+if [ -z "${HUB_SIDECAR_SKIPS:-}" ]; then
+  HUB_SIDECAR_SKIPS="$(mktemp /tmp/hub-sidecar-skips.XXXXXX)"
+  own_list=1
+fi
+export HUB_SIDECAR_SKIPS
+if [ "$(id -u)" = 0 ]; then
+  # The test user appends to it.
+  chgrp "$TEST_USER" "$HUB_SIDECAR_SKIPS"
+  chmod g+w "$HUB_SIDECAR_SKIPS"
+fi
+echo "# as $RUN_AS" >>"$HUB_SIDECAR_SKIPS"
+
+# Never root here; a tool the test user cannot run is not required of this run.
+req="$(requirements_without "${HUB_SIDECAR_REQUIRE:-}" root)"
+for tool in rustc cargo claude lintian promtool mmdebstrap python3 perl curl git tar go node \
+  npm pnpm yarn uv; do
+  case ",$req," in *",$tool,"*) ;; *) continue ;; esac
+  arg=--version
+  [ "$tool" = go ] && arg=version
+  if ! (cd /tmp && as_user "$tool" "$arg" >/dev/null 2>&1); then
+    echo "test-unprivileged: \`$tool\` does not run for $RUN_AS: not required here (its tests are listed as skips)"
+    req="$(requirements_without "$req" "$tool")"
+  fi
+done
+export HUB_SIDECAR_REQUIRE="$req"
+echo "running the tests as $RUN_AS; required: ${req:-nothing}"
 
 status=0
 for bin in "${BINARIES[@]}"; do
   echo "== $(basename "$bin") as an unprivileged user"
   (cd /tmp && as_user "$bin" --test-threads="${TEST_THREADS:-4}" "$@") || status=1
 done
+if [ -n "$own_list" ]; then
+  skips_print "$HUB_SIDECAR_SKIPS"
+  rm -f "$HUB_SIDECAR_SKIPS"
+fi
 exit $status

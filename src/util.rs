@@ -7,6 +7,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 
+/// The unit tests' gate for what this machine may lack (no silent skips).
+#[cfg(test)]
+pub(crate) mod require;
+
 /// Milliseconds since the Unix epoch (the hub's timestamp unit).
 pub fn now_ms() -> i64 {
     SystemTime::now()

@@ -2,7 +2,9 @@
 //! try every way out of containment the daemon knows of; each test checks one is closed.
 //!
 //! Every test needs what CI has (Linux with Landlock and user namespaces). Where the kernel
-//! lacks them, each test says so and returns: containment can only be shown where it exists.
+//! lacks them, each test is a listed skip (`util::require("confine", …)`), or fails where
+//! `HUB_SIDECAR_REQUIRE` names `confine`, as CI does: containment can only be shown where it
+//! exists, and CI must be such a place.
 
 use std::path::{Path, PathBuf};
 
@@ -23,15 +25,11 @@ pub(crate) fn cannot_confine() -> Option<String> {
         .then(|| format!("this machine cannot confine tasks: {}", missing.join("; ")))
 }
 
-/// `false` (and a message) where this kernel cannot confine: the test then has nothing to show.
+/// The gate of every test that needs containment (`require("confine", …)`): `false` (a
+/// listed skip) where this kernel cannot confine, a failure where CI requires it.
+#[track_caller]
 pub(crate) fn supported() -> bool {
-    match cannot_confine() {
-        Some(why) => {
-            eprintln!("skipped: {why}");
-            false
-        }
-        None => true,
-    }
+    require("confine", cannot_confine())
 }
 
 /// Run one shell task on the real binary started with `config` and `envs`; its output.
@@ -521,11 +519,11 @@ async fn cargo_python_and_sh_checks_work_under_containment() {
     if !supported() {
         return;
     }
-    for tool in ["cargo", "python3"] {
-        if which::which(tool).is_err() {
-            eprintln!("skipped: `{tool}` is not installed");
-            return;
-        }
+    if !["cargo", "python3"]
+        .iter()
+        .all(|t| require(t, missing_tool(t)))
+    {
+        return;
     }
     let s = Harness::setup().await;
     let (mut c, ws) = s.cfg_with_workspace();
@@ -587,8 +585,7 @@ async fn a_task_cannot_open_or_ptrace_the_daemon_or_its_supervisors() {
     if !supported() {
         return;
     }
-    if which::which("python3").is_err() {
-        eprintln!("skipped: python3 is not installed");
+    if !require("python3", missing_tool("python3")) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

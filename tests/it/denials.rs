@@ -69,8 +69,7 @@ fn fetch(url: &str) -> String {
 
 #[tokio::test]
 async fn with_network_none_a_task_reaches_no_host_service_but_its_own_loopback() {
-    if !supported() || which::which("python3").is_err() {
-        eprintln!("skipped: needs containment and python3");
+    if !supported() || !crate::util::require("python3", crate::util::missing_tool("python3")) {
         return;
     }
     let server = crate::loopback::Loopback::serve(|_| {

@@ -14,8 +14,7 @@ use crate::harness::Harness;
 /// another user namespace, so the task learns nothing, while `status` still works.
 #[tokio::test]
 async fn a_task_cannot_read_the_status_socket() {
-    if !supported() || which::which("curl").is_err() {
-        eprintln!("skipped: needs containment and curl");
+    if !supported() || !crate::util::require("curl", crate::util::missing_tool("curl")) {
         return;
     }
     let s = Harness::setup().await;

@@ -11,13 +11,15 @@ fn version(v: &str) -> Vec<u64> {
 fn rust_version_covers_every_locked_dependency() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     // The unprivileged run of the suite (scripts/test-unprivileged.sh) has no toolchain.
-    let info = match std::process::Command::new(&rustc).arg("-vV").output() {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!("skipped: cannot run {rustc}: {e} (no Rust toolchain for this user)");
-            return;
-        }
-    };
+    let info = std::process::Command::new(&rustc).arg("-vV").output();
+    let why = info
+        .as_ref()
+        .err()
+        .map(|e| format!("cannot run {rustc}: {e}"));
+    if !crate::util::require("rustc", why) {
+        return;
+    }
+    let info = info.unwrap();
     let info = String::from_utf8_lossy(&info.stdout).to_string();
     let host = info
         .lines()

@@ -27,8 +27,7 @@ async fn the_allowlist_lets_listed_hosts_through_the_proxy_and_nothing_else() {
     if !crate::containment::supported() {
         return;
     }
-    if which::which("python3").is_err() {
-        eprintln!("skipped: python3 is not installed");
+    if !crate::util::require("python3", crate::util::missing_tool("python3")) {
         return;
     }
     let server =
@@ -232,8 +231,7 @@ async fn the_tasks_git_reaches_its_https_remote_through_the_proxy_and_no_other_h
     if !crate::containment::supported() {
         return;
     }
-    if which::which("git").is_err() {
-        eprintln!("skipped: git is not installed");
+    if !crate::util::require("git", crate::util::missing_tool("git")) {
         return;
     }
     let s = Harness::setup().await;

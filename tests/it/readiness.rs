@@ -17,16 +17,13 @@ use crate::util::*;
 const TOKEN: &str = "tok-ready-3b7e1f0c";
 
 /// Why this machine cannot run the test, if it cannot.
-fn unsupported() -> Option<String> {
-    if let Some(why) = crate::containment::cannot_confine() {
-        return Some(why);
-    }
-    for tool in ["unshare", "nsenter"] {
-        if which::which(tool).is_err() {
-            return Some(format!("`{tool}` is not installed"));
-        }
-    }
-    None
+/// The gate: containment (the daemon must first be able to confine), `unshare` and
+/// `nsenter` (each a `require`).
+fn supported() -> bool {
+    crate::containment::supported()
+        && ["unshare", "nsenter"]
+            .iter()
+            .all(|t| crate::util::require("unshare", crate::util::missing_tool(t)))
 }
 
 /// Set `user.max_user_namespaces` in the user namespace of `pid`.
@@ -71,8 +68,7 @@ async fn status(dir: &Path, pid: u32) -> hub_sidecar::ops::StatusSnapshot {
 
 #[tokio::test]
 async fn a_strict_daemon_that_cannot_confine_takes_no_work_and_recovers_without_restart() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    if !supported() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

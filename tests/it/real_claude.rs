@@ -58,13 +58,13 @@ impl HelloRun {
 
 /// The installed CLI, or `None` (and a note on stderr) to skip.
 fn real_claude() -> Option<PathBuf> {
-    match which::which("claude") {
-        Ok(p) => Some(p),
-        Err(_) => {
-            eprintln!("SKIPPED: the real `claude` CLI is not installed (npm install -g @anthropic-ai/claude-code)");
-            None
-        }
-    }
+    let found = which::which("claude");
+    let why = found.as_ref().err().map(|e| {
+        format!(
+            "the real `claude` CLI is not on PATH ({e}): npm install -g @anthropic-ai/claude-code"
+        )
+    });
+    crate::util::require("claude", why).then(|| found.unwrap())
 }
 
 /// An execution context for the real CLI talking to `api`, with a private HOME.

@@ -29,10 +29,8 @@ fn the_tasks_own_git_works_in_a_shared_workspace_it_does_not_own() {
     if !crate::containment::supported() {
         return;
     }
-    // SAFETY: geteuid has no preconditions.
-    #[allow(unsafe_code)]
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to give the workspace another owner");
+    // Root gives the workspace another owner.
+    if !crate::util::require("root", crate::util::missing_root()) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -62,7 +62,7 @@ struct HostSockets {
 }
 
 impl HostSockets {
-    /// In `dir` (made if missing), or `None` (and why, printed) where this user cannot.
+    /// In `dir` (made if missing), or `None` (a listed skip) where this user cannot.
     fn at(dir: &Path, tag: &str) -> Option<HostSockets> {
         let made = std::fs::create_dir_all(dir);
         let stream_path = dir.join(format!("hs-{tag}-s.sock"));
@@ -82,7 +82,15 @@ impl HostSockets {
                 dgram,
             }),
             Err(e) => {
-                eprintln!("skipped location {}: {e}", dir.display());
+                // Root takes a socket in every place; another user lists the places closed
+                // to it as skips.
+                let why = crate::util::missing_root()
+                    .map(|uid| format!("{} is closed to this user ({uid}): {e}", dir.display()));
+                assert!(
+                    !crate::util::require("root", why),
+                    "root cannot bind a socket in {}: {e}",
+                    dir.display()
+                );
                 let _ = std::fs::remove_file(&stream_path);
                 None
             }
@@ -129,11 +137,9 @@ async fn run(s: Setup, cfg: hub_sidecar::config::Config, ws: &Path, cmd: &str) -
 }
 
 fn has_perl() -> bool {
-    let ok = Path::new("/usr/bin/perl").exists();
-    if !ok {
-        eprintln!("skipped: /usr/bin/perl is not installed (the task's socket client)");
-    }
-    ok
+    let missing = (!Path::new("/usr/bin/perl").exists())
+        .then(|| "/usr/bin/perl is not installed (the task's socket client)".to_string());
+    crate::util::require("perl", missing)
 }
 
 #[tokio::test]

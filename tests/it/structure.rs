@@ -6,8 +6,10 @@
 //! resolved to the longest prefix that is a module file), and a module's face (`mod.rs`, or
 //! `x.rs` beside `x/`) on the children whose items it uses. A child using what its parent
 //! module declares is not an arrow: the parent is the module's face, and its children are its
-//! parts. Test modules (`tests.rs`, `*_tests.rs`, `tests/`, and everything after a file's
-//! `#[cfg(test)]`) are left out: tests may reach anywhere.
+//! parts. Test code is left out, tests may reach anywhere: test files (`tests.rs`,
+//! `*_tests.rs`, `tests/`, a file whose first attribute is `#![cfg(test)]`) and, in every
+//! other file, exactly the item each `#[cfg(test)]` applies to (a `mod tests;` line, a
+//! `mod tests { … }` block, a helper function, a field); every line after it is read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -108,11 +110,7 @@ fn read_tree(src: &Path) -> Tree {
             if is_test_file(&rel) {
                 continue;
             }
-            let body = match text.find("#[cfg(test)]") {
-                Some(i) => text[..i].to_string(),
-                None => text,
-            };
-            let body: String = body
+            let body: String = without_test_items(&text)
                 .lines()
                 .map(|l| l.split("//").next().unwrap_or(""))
                 .collect::<Vec<_>>()
@@ -121,6 +119,151 @@ fn read_tree(src: &Path) -> Tree {
         }
     }
     tree
+}
+
+/// `text` without the items `#[cfg(test)]` applies to (the attribute, any attributes after
+/// it, and the item: up to its `;`, its `{ … }` block, or — for a field, an argument or a
+/// match arm — its `,`). A file marked `#![cfg(test)]` is all test. Strings, characters and
+/// comments are skipped while matching brackets, so a `"}"` in a test does not end it early.
+fn without_test_items(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < c.len() {
+        if starts(&c, i, "#![cfg(test)]") {
+            return String::new();
+        }
+        if starts(&c, i, "#[cfg(test)]") {
+            i = test_item_end(&c, i);
+            continue;
+        }
+        let next = token_end(&c, i);
+        out.extend(&c[i..next]);
+        i = next;
+    }
+    out
+}
+
+fn starts(c: &[char], i: usize, pat: &str) -> bool {
+    pat.chars()
+        .enumerate()
+        .all(|(k, p)| c.get(i + k) == Some(&p))
+}
+
+/// The end of the token at `i`: a whole comment, string or character literal, else one char.
+fn token_end(c: &[char], i: usize) -> usize {
+    let at = |k: usize| c.get(k).copied().unwrap_or('\0');
+    match (at(i), at(i + 1)) {
+        ('/', '/') => (i..c.len()).find(|&k| c[k] == '\n').unwrap_or(c.len()),
+        ('/', '*') => {
+            let (mut k, mut depth) = (i + 2, 1);
+            while k < c.len() && depth > 0 {
+                if starts(c, k, "/*") {
+                    depth += 1;
+                    k += 2;
+                } else if starts(c, k, "*/") {
+                    depth -= 1;
+                    k += 2;
+                } else {
+                    k += 1;
+                }
+            }
+            k
+        }
+        ('"', _) => {
+            let mut k = i + 1;
+            while k < c.len() && c[k] != '"' {
+                k += if c[k] == '\\' { 2 } else { 1 };
+            }
+            k + 1
+        }
+        // Raw strings: r"…", r#"…"#, br#"…"# (not an identifier ending in r).
+        ('r' | 'b', _) if i == 0 || !(c[i - 1].is_alphanumeric() || c[i - 1] == '_') => {
+            let mut k = i + if at(i) == 'b' && at(i + 1) == 'r' {
+                2
+            } else {
+                1
+            };
+            if at(i) == 'b' && at(i + 1) != 'r' {
+                return i + 1;
+            }
+            let hashes = (k..c.len()).take_while(|&j| c[j] == '#').count();
+            k += hashes;
+            if at(k) != '"' {
+                return i + 1;
+            }
+            let close: String = std::iter::once('"')
+                .chain("#".repeat(hashes).chars())
+                .collect();
+            (k + 1..c.len())
+                .find(|&j| starts(c, j, &close))
+                .map_or(c.len(), |j| j + close.len())
+        }
+        // A character literal ('x', '\n', '\''), not a lifetime ('a).
+        ('\'', '\\') => (i + 3..c.len())
+            .find(|&k| c[k] == '\'')
+            .map_or(c.len(), |k| k + 1),
+        ('\'', _) if at(i + 2) == '\'' => i + 3,
+        _ => i + 1,
+    }
+}
+
+/// Where the item the `#[cfg(test)]` at `i` applies to ends.
+fn test_item_end(c: &[char], i: usize) -> usize {
+    let mut k = i + "#[cfg(test)]".len();
+    // Whitespace, comments and further attributes.
+    loop {
+        while k < c.len() && c[k].is_whitespace() {
+            k += 1;
+        }
+        if starts(c, k, "//") || starts(c, k, "/*") {
+            k = token_end(c, k);
+        } else if starts(c, k, "#[") {
+            k = bracket_end(c, k + 1);
+        } else {
+            break;
+        }
+    }
+    let mut depth = 0usize;
+    let mut angle = 0usize;
+    while k < c.len() {
+        match c[k] {
+            '(' | '[' => depth += 1,
+            '{' if depth == 0 => return bracket_end(c, k),
+            '{' => depth += 1,
+            ')' | ']' | '}' if depth == 0 => return k,
+            ')' | ']' | '}' => depth -= 1,
+            ';' if depth == 0 => return k + 1,
+            // `->` and `=>` are arrows, not brackets.
+            '<' => angle += 1,
+            '>' if k > 0 && matches!(c[k - 1], '-' | '=') => {}
+            '>' => angle = angle.saturating_sub(1),
+            ',' if depth == 0 && angle == 0 => return k + 1,
+            _ => {}
+        }
+        k = token_end(c, k);
+    }
+    k
+}
+
+/// The end (one past) of the bracket group opening at `i`.
+fn bracket_end(c: &[char], i: usize) -> usize {
+    let mut depth = 0usize;
+    let mut k = i;
+    while k < c.len() {
+        match c[k] {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return k + 1;
+                }
+            }
+            _ => {}
+        }
+        k = token_end(c, k);
+    }
+    k
 }
 
 /// Every path a file names, as module-path segments: `crate::a::b::{c, d::e}` gives
@@ -301,9 +444,8 @@ fn no_import_circles_between_files() {
     );
 }
 
-#[test]
-fn every_arrow_between_modules_points_down_the_layers() {
-    let tree = read_tree(&src());
+/// The arrows of `tree` that point up the layers, as `from -> to`.
+fn upward_arrows(tree: &Tree) -> Vec<String> {
     let layer = |segs: &[String]| -> u32 {
         let top = segs.first().map(String::as_str).unwrap_or("lib");
         LAYERS
@@ -313,7 +455,7 @@ fn every_arrow_between_modules_points_down_the_layers() {
             .unwrap_or_else(|| panic!("top-level module `{top}` has no layer in LAYERS: place it"))
     };
     let mut upward = Vec::new();
-    for (from, to) in edges(&tree) {
+    for (from, to) in edges(tree) {
         let from_mod = &tree.files[&from].0;
         for t in to {
             let to_mod = &tree.files[&t].0;
@@ -322,10 +464,114 @@ fn every_arrow_between_modules_points_down_the_layers() {
             }
         }
     }
+    upward
+}
+
+#[test]
+fn every_arrow_between_modules_points_down_the_layers() {
+    let upward = upward_arrows(&read_tree(&src()));
     assert!(
         upward.is_empty(),
         "imports pointing up the layers (move the shared type down, or pass it in):\n  {}",
         upward.join("\n  ")
+    );
+}
+
+/// A source tree of `files` (path under src/, text) in a temp dir, as the checks read it.
+fn fixture(files: &[(&str, &str)]) -> (tempfile::TempDir, Tree) {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, text) in files {
+        let p = dir.path().join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    let tree = read_tree(dir.path());
+    (dir, tree)
+}
+
+/// The reader drops only the item a `#[cfg(test)]` applies to: an upward import after an
+/// early `#[cfg(test)] mod tests;` (and after a test block holding `"}"` and `'{'`, which
+/// must not end or extend it) is an arrow, and it closes a circle.
+#[test]
+fn an_upward_import_below_an_early_test_module_is_rejected() {
+    let (_dir, tree) = fixture(&[
+        ("lib.rs", "pub mod config;\npub mod daemon;\n"),
+        (
+            "config/mod.rs",
+            "//! Config.\npub struct C;\n\n#[cfg(test)]\nmod tests;\n\nuse crate::daemon::Daemon;\n",
+        ),
+        ("config/tests.rs", "use crate::daemon::Daemon;\n"),
+        ("daemon/mod.rs", "use crate::config::C;\npub struct Daemon;\n"),
+    ]);
+    assert_eq!(
+        upward_arrows(&tree),
+        ["config/mod.rs -> daemon/mod.rs"],
+        "{:?}",
+        tree.files
+    );
+    assert_eq!(circles(&edges(&tree)).len(), 1);
+
+    let (_dir, tree) = fixture(&[
+        ("lib.rs", "pub mod config;\npub mod daemon;\n"),
+        (
+            "config/mod.rs",
+            r#"pub struct C;
+#[cfg(test)]
+#[allow(dead_code)]
+mod tests {
+    const OPEN: char = '{';
+    const CLOSE: &str = "}}";
+    use crate::daemon::Daemon;
+}
+#[cfg(test)]
+fn helper<A, B>(a: A, b: B) -> (A, B) { let _ = crate::daemon::Daemon; (a, b) }
+#[cfg(test)] use crate::daemon::Daemon as D;
+pub fn config() -> C { C }
+use crate::daemon::Daemon;
+"#,
+        ),
+        ("daemon/mod.rs", "pub struct Daemon;\n"),
+    ]);
+    assert_eq!(upward_arrows(&tree), ["config/mod.rs -> daemon/mod.rs"]);
+    let body = &tree.files[Path::new("config/mod.rs")].1;
+    assert!(body.contains("pub fn config() -> C { C }"), "{body}");
+    assert!(
+        !body.contains("OPEN") && !body.contains("helper") && !body.contains(" as D"),
+        "{body}"
+    );
+}
+
+/// What `#[cfg(test)]` applies to is dropped, and nothing else: the test parts of a file
+/// may import anything.
+#[test]
+fn imports_in_test_items_alone_are_not_arrows() {
+    let (_dir, tree) = fixture(&[
+        ("lib.rs", "pub mod config;\npub mod daemon;\n"),
+        (
+            "config/mod.rs",
+            r#"pub struct C {
+    pub a: u8,
+    #[cfg(test)]
+    pub seen: std::collections::HashMap<String, crate::daemon::Daemon>,
+    pub b: u8,
+}
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+pub(crate) mod test_support {
+    pub(crate) fn d() -> crate::daemon::Daemon { crate::daemon::Daemon }
+}
+pub fn after() {}
+"#,
+        ),
+        ("config/tests.rs", "use crate::daemon::Daemon;\n"),
+        ("daemon/mod.rs", "pub struct Daemon;\n"),
+    ]);
+    assert!(upward_arrows(&tree).is_empty(), "{:?}", tree.files);
+    let body = &tree.files[Path::new("config/mod.rs")].1;
+    assert!(
+        body.contains("pub b: u8") && body.contains("pub fn after()"),
+        "{body}"
     );
 }
 
@@ -366,4 +612,15 @@ fn the_reader_finds_the_arrows_it_checks() {
         "{runner:?}"
     );
     assert!(runner.iter().any(|t| t.starts_with("verify")), "{runner:?}");
+    // And it reads past a file's early `#[cfg(test)] mod tests;`: the daemon's and the
+    // config's main items come after theirs.
+    for (file, item) in [
+        ("daemon/mod.rs", "pub async fn run("),
+        ("config/mod.rs", "pub struct Config"),
+    ] {
+        assert!(
+            tree.files[Path::new(file)].1.contains(item),
+            "{file}: {item} not read"
+        );
+    }
 }

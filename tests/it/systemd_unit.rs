@@ -36,26 +36,17 @@ print("PTRACE-OK" if libc.ptrace(16, d, 0, 0) == 0 else "denied-ptrace %d" % cty
 "#;
 
 /// Why this machine cannot run the test, if it cannot.
-fn unsupported() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    #[allow(unsafe_code)]
-    if unsafe { libc::geteuid() } != 0 {
-        return Some(
-            "needs root to boot systemd in a private namespace (CI runs it as root)".into(),
-        );
-    }
-    if !Path::new(SYSTEMD).exists() {
-        return Some(format!("no systemd at {SYSTEMD}"));
-    }
-    for tool in ["unshare", "nsenter"] {
-        if which::which(tool).is_err() {
-            return Some(format!("`{tool}` is not installed"));
-        }
-    }
-    if let Some(why) = crate::containment::cannot_confine() {
-        return Some(why);
-    }
-    None
+/// The gate of the booted-unit tests: root (to boot systemd in a private namespace),
+/// systemd, `unshare`/`nsenter`, containment (each a `require`: a listed skip, or a failure
+/// where CI requires it).
+fn supported() -> bool {
+    let systemd = (!Path::new(SYSTEMD).exists()).then(|| format!("no systemd at {SYSTEMD}"));
+    crate::util::require("root", crate::util::missing_root())
+        && crate::util::require("systemd", systemd)
+        && ["unshare", "nsenter"]
+            .iter()
+            .all(|t| crate::util::require("unshare", crate::util::missing_tool(t)))
+        && crate::containment::supported()
 }
 
 /// The booted systemd; killing it (on drop) ends everything in its namespace. Also used by
@@ -253,8 +244,7 @@ struct Rig {
 /// `User=`) and a config for `hub`, in `dir`; the unit is not started. `None` (and a
 /// message) where this machine cannot.
 fn boot_unit(dir: &Path, hub: &MockHub, dropin: &str) -> Option<Booted> {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    if !supported() {
         return None;
     }
     use std::os::unix::fs::PermissionsExt;

@@ -1,5 +1,36 @@
 //! Test helpers: configs pointing at a mock hub, the daemon in-process or as the real
-//! binary, waiting on conditions. The process table is [`crate::procfs`]'s.
+//! binary, waiting on conditions, and the one gate for tests that need something this
+//! machine may not have. The process table is [`crate::procfs`]'s.
+//!
+//! # Gating a test: [`require`] (no silent skips)
+//!
+//! A test that needs a kernel feature, a tool or root gates on **one call**, its first line:
+//!
+//! ```ignore
+//! if !require("python3", missing_tool("python3")) { return; }
+//! if !require("confine", crate::containment::cannot_confine()) { return; }
+//! if !require("root", missing_root()) { return; }
+//! ```
+//!
+//! `require(requirement, missing)`: `missing` is `None` when the requirement holds here,
+//! else why not (it goes into the message). When it is missing:
+//!
+//! - if `requirement` is listed in `HUB_SIDECAR_REQUIRE` (comma-separated; `.ci/run` sets
+//!   it to everything it installs), the test **fails**, naming the requirement and why;
+//! - else the skip is printed and appended as one line `test<TAB>requirement<TAB>reason` to
+//!   the file `HUB_SIDECAR_SKIPS` names (`scripts/test.sh`, `scripts/test-unprivileged.sh`
+//!   and `.ci/run` set it and print the list at the end), and `require` returns `false`.
+//!
+//! The requirement is one of [`REQUIREMENTS`] (a name outside it panics: a typo must not
+//! turn a gate into a skip CI never asks for). Tool requirements are named after the
+//! program; the probes are [`missing_tool`] (on `PATH` and runs `--version`),
+//! [`missing_root`] and [`missing_unprivileged`]. Helpers that gate several tests
+//! (`containment::supported()`, `caches::can_run`, `real_claude()`) call `require`
+//! themselves, so their call sites stay `if !supported() { return; }`.
+//!
+//! Converting an old gate (`eprintln!("skipped: …"); return;`) is one line: keep the
+//! condition, name the requirement, pass the reason as `missing`. The unit tests under
+//! `src/` have the same gate in `hub_sidecar::util::require` (`#[cfg(test)]`).
 
 #![allow(dead_code)]
 
@@ -244,4 +275,205 @@ pub(crate) fn kinds(events: &Events, kind: EventKind) -> Vec<ProgressEvent> {
         .filter(|e| e.kind == kind)
         .cloned()
         .collect()
+}
+
+/// Every requirement a test may gate on, and what it means. `HUB_SIDECAR_REQUIRE` names
+/// some of these; the unprivileged run drops what a non-root user without a toolchain cannot
+/// have (`scripts/test-unprivileged.sh`).
+pub(crate) const REQUIREMENTS: &[(&str, &str)] = &[
+    (
+        "confine",
+        "the kernel confines tasks: Landlock and user namespaces (Support::probe)",
+    ),
+    (
+        "root",
+        "the tests run as root (boot systemd, chown to another user)",
+    ),
+    ("unprivileged", "the tests run as a user other than root"),
+    ("claude", "the real Claude Code CLI on PATH"),
+    (
+        "deb",
+        "a package built by `cargo deb` in target/debian, and dpkg-deb",
+    ),
+    ("lintian", "lintian on PATH"),
+    ("promtool", "promtool (Debian's prometheus package) on PATH"),
+    (
+        "mmdebstrap",
+        "mmdebstrap on PATH, or a cached Debian root under target/debian-root",
+    ),
+    (
+        "systemd",
+        "systemd (/lib/systemd/systemd) and systemd-analyze",
+    ),
+    (
+        "unshare",
+        "util-linux's unshare and nsenter, coreutils' chroot",
+    ),
+    ("rustc", "a Rust toolchain (rustc, cargo) this user can run"),
+    ("cargo", "cargo on PATH"),
+    ("python3", "python3 on PATH"),
+    ("venv", "python3 with venv and ensurepip"),
+    ("perl", "/usr/bin/perl"),
+    ("curl", "curl on PATH"),
+    ("git", "git on PATH"),
+    ("tar", "tar on PATH"),
+    ("go", "go on PATH"),
+    ("node", "node on PATH"),
+    ("npm", "npm on PATH"),
+    ("pnpm", "pnpm on PATH"),
+    ("yarn", "yarn 1 on PATH"),
+    ("uv", "uv on PATH"),
+    (
+        "route",
+        "a route off this host (a non-loopback address of its own)",
+    ),
+];
+
+/// The gate of every test that needs something this machine may lack (module doc):
+/// `true` when `missing` is `None`; a failure when `requirement` is in
+/// `HUB_SIDECAR_REQUIRE`; else a recorded skip and `false`.
+#[track_caller]
+pub(crate) fn require(requirement: &str, missing: Option<String>) -> bool {
+    assert!(
+        REQUIREMENTS.iter().any(|(r, _)| *r == requirement),
+        "`{requirement}` is not a known requirement: add it to util::REQUIREMENTS"
+    );
+    let Some(why) = missing else {
+        return true;
+    };
+    let test = current_test();
+    if required().iter().any(|r| r == requirement) {
+        panic!(
+            "{test} needs `{requirement}`, which HUB_SIDECAR_REQUIRE says this machine has, but: {why}"
+        );
+    }
+    record_skip(&test, requirement, &why);
+    false
+}
+
+/// The requirements `HUB_SIDECAR_REQUIRE` names.
+pub(crate) fn required() -> Vec<String> {
+    std::env::var("HUB_SIDECAR_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty())
+        .collect()
+}
+
+/// The running test's name: libtest runs each test on a thread named after it.
+fn current_test() -> String {
+    match std::thread::current().name() {
+        Some(n) if n != "main" => n.to_string(),
+        _ => "(a test on the main thread)".to_string(),
+    }
+}
+
+/// Print the skip and append it to the `HUB_SIDECAR_SKIPS` list: one line, one `write`
+/// (O_APPEND), so lines from parallel tests and both runs never interleave.
+fn record_skip(test: &str, requirement: &str, why: &str) {
+    let why = why.replace(['\n', '\t'], " ");
+    eprintln!("SKIPPED {test}: needs `{requirement}`: {why}");
+    let Some(list) = std::env::var_os("HUB_SIDECAR_SKIPS") else {
+        return;
+    };
+    use std::io::Write;
+    let line = format!("{test}\t{requirement}\t{why}\n");
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&list)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    // A skip that cannot be listed must not pass quietly.
+    if let Err(e) = written {
+        panic!(
+            "{test} skipped (needs `{requirement}`: {why}) and cannot list it in {}: {e}",
+            Path::new(&list).display()
+        );
+    }
+}
+
+/// Why `program` cannot be run here (not on `PATH`, or `--version` fails), if it cannot.
+pub(crate) fn missing_tool(program: &str) -> Option<String> {
+    // Go alone has no `--version`.
+    let arg = if program == "go" {
+        "version"
+    } else {
+        "--version"
+    };
+    match std::process::Command::new(program).arg(arg).output() {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "`{program} {arg}` failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!(
+            "cannot run `{program}`: {e} (not installed, or not on PATH for this user)"
+        )),
+    }
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::geteuid()
+    }
+}
+
+/// Why this is not root, if it is not.
+pub(crate) fn missing_root() -> Option<String> {
+    (euid() != 0).then(|| format!("runs as uid {}, not root", euid()))
+}
+
+/// Why this is root, if it is.
+pub(crate) fn missing_unprivileged() -> Option<String> {
+    (euid() == 0).then(|| "runs as root".to_string())
+}
+
+/// The unprivileged run (`scripts/test-unprivileged.sh`, which requires `unprivileged`) is
+/// what it says: without root's power to read every process's files. Run as root by
+/// mistake, it would hide what the service user meets.
+#[test]
+fn the_unprivileged_run_cannot_read_what_only_root_can() {
+    if !require("unprivileged", missing_unprivileged()) {
+        return;
+    }
+    let read = std::fs::read("/proc/1/environ");
+    assert!(
+        read.as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied),
+        "/proc/1/environ is readable ({read:?}): this run has root's powers"
+    );
+}
+
+#[test]
+fn the_required_list_names_only_known_requirements() {
+    for r in required() {
+        assert!(
+            REQUIREMENTS.iter().any(|(k, _)| *k == r),
+            "HUB_SIDECAR_REQUIRE names `{r}`, which no test gates on; known: {:?}",
+            REQUIREMENTS.iter().map(|(k, _)| k).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// The requirements `.ci/run` declares are the ones REQUIREMENTS lists, minus none: a
+/// requirement CI does not declare is one whose tests may skip in CI unseen.
+#[test]
+fn ci_requires_every_requirement() {
+    let ci =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/run")).unwrap();
+    let line = ci
+        .lines()
+        .find_map(|l| l.strip_prefix("export HUB_SIDECAR_REQUIRE="))
+        .expect(".ci/run exports HUB_SIDECAR_REQUIRE");
+    let declared: Vec<&str> = line.trim_matches('"').split(',').collect();
+    for (r, what) in REQUIREMENTS {
+        assert!(
+            declared.contains(r),
+            ".ci/run does not require `{r}` ({what}): its tests would skip in CI"
+        );
+    }
 }

@@ -91,14 +91,12 @@ fn repo_with_a_commit(ws: &Path) {
 
 #[tokio::test]
 async fn a_repository_owned_by_another_user_is_observed_through_git() {
-    use std::os::unix::fs::MetadataExt;
-    let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path();
-    // Who we are, without unsafe: the owner of the directory we just made.
-    if std::fs::metadata(ws).unwrap().uid() != 0 {
-        eprintln!("skipped: needs root to chown the repository to another uid");
+    use crate::util::require::{missing_root, require};
+    if !require("root", missing_root()) {
         return;
     }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
     repo_with_a_commit(ws);
     let ok = std::process::Command::new("chown")
         .args(["-R", "65534:65534"])

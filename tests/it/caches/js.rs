@@ -197,11 +197,28 @@ async fn js_installs_then_reuses_the_cache(js: &Js, registry_from: Registry) {
         // (only the workspace is bound back into the hidden tree), so yarn is not refused it
         // (Landlock alone would refuse it, and yarn would fail on that).
         let above = dir.join(".yarnrc");
-        private(&above, "registry \"http://127.0.0.1:9/\"\n");
+        private(
+            &above,
+            "registry \"http://127.0.0.1:9/above-the-project/\"\n",
+        );
         let third = run(h.hub(), &format!("{}-3", tools[0]), install).await;
         assert!(
             completed(&third),
             "the operator's .yarnrc above the project reached the task: {third}"
+        );
+        // Hidden, not refused: in the task's view the file is not there at all.
+        let look = format!(
+            "f='{}'; if [ -e \"$f\" ] || [ -L \"$f\" ]; then echo yarnrc-visible; else echo yarnrc-absent; fi; cat \"$f\" 2>&1; true",
+            above.display()
+        );
+        let seen = run(h.hub(), "yarnrc-look", &look).await;
+        let out = seen["result"]["output"].as_str().unwrap_or_default();
+        assert!(completed(&seen), "{seen}");
+        assert!(
+            out.contains("yarnrc-absent")
+                && out.contains("No such file or directory")
+                && !out.contains("above-the-project"),
+            "the operator's .yarnrc is visible to the task: {out}"
         );
     }
     h.finish().await;

@@ -33,27 +33,13 @@ use crate::harness::Setup;
 /// Builds and downloads take longer than the usual frame wait on a loaded machine.
 const BUILD: Duration = Duration::from_secs(300);
 
-/// `false` (and a message) where containment or a tool is missing here.
+/// The caches tests' gate: containment and each tool (`require`: a listed skip, or a failure
+/// where CI requires it).
 fn can_run(tools: &[&str]) -> bool {
-    if !crate::containment::supported() {
-        return false;
-    }
-    for tool in tools {
-        // Go alone has no `--version`.
-        let works = std::process::Command::new(tool)
-            .arg(if *tool == "go" {
-                "version"
-            } else {
-                "--version"
-            })
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !works {
-            eprintln!("skipped: `{tool}` is not installed (or not usable by this user)");
-            return false;
-        }
-    }
-    true
+    crate::containment::supported()
+        && tools
+            .iter()
+            .all(|t| crate::util::require(t, crate::util::missing_tool(t)))
 }
 
 /// The test config with its workspace, and the host's network for the tasks: the registry

@@ -71,8 +71,9 @@ async fn pip_installs_from_an_index_with_its_cache_in_the_repositorys() {
         .args(["-c", "import venv, ensurepip"])
         .status()
         .is_ok_and(|s| s.success());
-    if !venv_works {
-        eprintln!("skipped: python3 has no venv/ensurepip");
+    let why = (!venv_works)
+        .then(|| "python3 has no venv/ensurepip (apt-get install python3-venv)".into());
+    if !crate::util::require("venv", why) {
         return;
     }
     let s = Harness::setup().await;

@@ -7,7 +7,8 @@
 //! The root is made with `mmdebstrap` from Debian's package registry once and kept as a
 //! tarball under `target/debian-root/` (about 25 MB; a later run unpacks it in seconds).
 //! Needs root, `unshare`, `nsenter`, the package (`cargo deb`), mmdebstrap or the cached
-//! tarball, and a kernel that can confine tasks; elsewhere the test says why and returns.
+//! tarball, and a kernel that can confine tasks; elsewhere it is a listed skip (or a failure
+//! where CI requires them: `util::require`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,24 +34,23 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| super::repo().join("target"))
 }
 
-/// Why this machine cannot run the test, if it cannot.
-fn unsupported() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    #[allow(unsafe_code)]
-    if unsafe { libc::geteuid() } != 0 {
-        return Some(
-            "needs root to unpack a Debian root and boot its systemd (CI runs it as root)".into(),
-        );
-    }
-    for tool in ["unshare", "nsenter", "chroot", "dpkg-deb", "tar"] {
-        if which::which(tool).is_err() {
-            return Some(format!("`{tool}` is not installed"));
-        }
-    }
-    if built_deb().is_none() {
-        return Some(no_deb());
-    }
-    crate::containment::cannot_confine()
+/// The gate (each a `require`: a listed skip, or a failure where CI requires it): root (to
+/// unpack a Debian root and boot its systemd), its tools, the package, containment.
+fn supported() -> bool {
+    let tool = |req: &str, t: &str| {
+        let why = which::which(t)
+            .err()
+            .map(|e| format!("`{t}` is not installed: {e}"));
+        require(req, why)
+    };
+    require("root", missing_root())
+        && tool("unshare", "unshare")
+        && tool("unshare", "nsenter")
+        && tool("unshare", "chroot")
+        && tool("deb", "dpkg-deb")
+        && tool("tar", "tar")
+        && require("deb", built_deb().is_none().then(no_deb))
+        && crate::containment::supported()
 }
 
 /// The clean Debian 12 root as a tarball: cached under target/, else made with mmdebstrap.
@@ -142,17 +142,14 @@ fn upgrade_of(deb: &Path, dir: &Path) -> PathBuf {
 
 #[tokio::test]
 async fn the_package_installs_runs_a_confined_task_upgrades_over_an_edited_config_and_removes() {
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+    if !supported() {
         return;
     }
-    let tarball = match root_tarball() {
-        Ok(t) => t,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
+    let tarball = root_tarball();
+    if !require("mmdebstrap", tarball.as_ref().err().cloned()) {
+        return;
+    }
+    let tarball = tarball.unwrap();
     let deb = built_deb().unwrap();
     let started = std::time::Instant::now();
     let tmp = tempfile::tempdir_in(target_dir()).unwrap();
