@@ -20,6 +20,7 @@ mod fleet;
 mod git;
 mod harness;
 mod hub_restart;
+mod kernel_channels;
 mod leaks;
 mod loop_spec;
 mod loopback;
