@@ -87,6 +87,7 @@ mod splice;
 mod support;
 mod tally;
 pub mod task_home;
+pub mod teardown;
 mod view;
 
 use std::path::{Path, PathBuf};

@@ -10,6 +10,7 @@ mod agent_config;
 mod caches;
 mod containment;
 mod daemon;
+mod deep_trees;
 mod denials;
 mod e2e;
 mod executors;
