@@ -344,11 +344,18 @@ fn empty(root: OwnedFd, budget: &mut Budget, held: usize) -> Result<(), RemoveEr
 /// Move the directory `name` of `from` to a fresh name in `root` (the directory being
 /// emptied: the same file system, and still inside the tree), never over anything.
 fn rehome(root: BorrowedFd<'_>, from: BorrowedFd<'_>, name: &OsStr) -> Result<(), RemoveError> {
+    let mut made_writable = false;
     for _ in 0..8 {
         let fresh = format!(".hub-sidecar-deep-{:016x}", fastrand::u64(..));
         match rustix::fs::renameat_with(from, name, root, fresh.as_str(), RenameFlags::NOREPLACE) {
             Ok(()) | Err(Errno::NOENT) => return Ok(()),
             Err(Errno::EXIST) => continue,
+            // A directory moves to another parent only if it is writable itself (its `..`
+            // changes): a task may have taken that away.
+            Err(Errno::ACCESS | Errno::PERM) if !made_writable => {
+                made_writable = true;
+                drop(open_dir(from, name)?);
+            }
             Err(e) => return Err(e.into()),
         }
     }

@@ -52,7 +52,8 @@ fn a_30000_deep_nest_is_removed_on_a_small_stack() {
     mode(&top.join("d/d/d"), 0o500).unwrap();
     mode(&top.join("d/d/d/d/d"), 0o000).unwrap();
     let t = top.clone();
-    on_small_stack(move || remove_path(&t, &mut Budget::unlimited())).unwrap();
+    // Through the daemon's one entry point for task-written trees.
+    on_small_stack(move || crate::sandbox::beneath::remove_tree(&t)).unwrap();
     assert!(!top.exists());
     assert!(
         d.path().read_dir().unwrap().next().is_none(),
@@ -160,4 +161,17 @@ proptest! {
             outside_mode
         );
     }
+}
+
+/// Found by the property as the service user: a read-only directory deeper than the stack
+/// cannot move up until it is writable itself (its `..` changes).
+#[test]
+fn a_read_only_directory_below_the_stack_moves_up_and_goes() {
+    let d = tempfile::tempdir().unwrap();
+    let top = d.path().join("tree");
+    std::fs::create_dir_all(top.join("a/ro/deeper")).unwrap();
+    std::fs::set_permissions(top.join("a/ro"), std::fs::Permissions::from_mode(0o500)).unwrap();
+    let root = rustix::fs::open(&top, DIR_FLAGS, Mode::empty()).unwrap();
+    empty(root, &mut Budget::unlimited(), 2).unwrap();
+    assert!(top.read_dir().unwrap().next().is_none());
 }
