@@ -51,7 +51,8 @@ pub fn dir_for(task_dir: &Path, name: &str) -> PathBuf {
 /// directory (the CLI then runs unconfigured, e.g. with `ANTHROPIC_API_KEY`).
 pub fn seed(template: &Path, dir: &Path) -> io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    match std::fs::remove_dir_all(dir) {
+    // At any depth, never through a link: `dir` is in the task's TMPDIR.
+    match super::beneath::remove_tree(dir) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }

@@ -17,7 +17,7 @@
 //!   replaced, never written through;
 //! - an entry is removed with `unlinkat` relative to its directory's descriptor, a directory
 //!   emptied through descriptors opened `O_NOFOLLOW`, made writable with `fchmod` on those
-//!   descriptors (never `chmod` by path).
+//!   descriptors (never `chmod` by path), iteratively at any depth ([`super::teardown`]).
 //!
 //! The root of a tree is a path the daemon made and a task cannot change (its parent is not
 //! granted): `state_dir/caches/<key>/tree`, `state_dir/tmp/<task>`. The system calls are
@@ -30,6 +30,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+
+use super::teardown;
 use rustix::io::Errno;
 
 /// How a directory of a tree is opened: readable (to list it), never through a link.
@@ -179,92 +181,22 @@ impl Tree {
 
 /// Remove the tree at `path` (the daemon's own path: a task's TMPDIR, a per-task workspace, a
 /// repository's cache), everything in it, also where a tool made directories read-only (Go's
-/// module cache), never following a link. Blocking.
+/// module cache), never following a link, at any depth (see [`super::teardown`]), within
+/// [`teardown::Budget::for_task_tree`]. Blocking.
 pub fn remove_tree(path: &Path) -> io::Result<()> {
-    // std's removal already works by descriptor without following links; what it cannot do is
-    // empty a directory without write permission.
-    match std::fs::remove_dir_all(path) {
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {}
-        r => return r,
-    }
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(io::ErrorKind::InvalidInput.into());
-    };
-    let parent = rustix::fs::open(
-        parent,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    remove_entry(&parent, name)
+    Ok(teardown::remove_path(
+        path,
+        &mut teardown::Budget::for_task_tree(),
+    )?)
 }
 
-/// Remove `name` from the directory `dir`: unlinked if it is not a directory (a link is
-/// removed, never followed), else emptied through descriptors and removed.
+/// Remove `name` from the directory `dir`, whatever it is (see [`super::teardown`]).
 fn remove_entry(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
-    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
-        Ok(()) | Err(Errno::NOENT) => return Ok(()),
-        Err(Errno::ISDIR) => {}
-        // The directory holding it is read-only (Go's module cache): made writable through
-        // its descriptor, then again.
-        Err(Errno::ACCESS | Errno::PERM) => {
-            writable(dir)?;
-            match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
-                Ok(()) | Err(Errno::NOENT) => return Ok(()),
-                Err(Errno::ISDIR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(e) => return Err(e.into()),
-    }
-    let sub = match rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
-        Ok(fd) => fd,
-        // Unreadable (mode 0, or write-only): opened as a path, made the owner's again.
-        Err(Errno::ACCESS) => {
-            let p = rustix::fs::openat(
-                dir,
-                name,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
-            chmod_path_fd(&p)?;
-            rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())?
-        }
-        Err(Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    let _ = writable(&sub);
-    let names: Vec<std::ffi::OsString> = rustix::fs::Dir::read_from(&sub)?
-        .filter_map(Result::ok)
-        .map(|e| OsStr::from_bytes(e.file_name().to_bytes()).to_os_string())
-        .filter(|n| n != "." && n != "..")
-        .collect();
-    for n in names {
-        remove_entry(&sub, &n)?;
-    }
-    drop(sub);
-    match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
-        Ok(()) | Err(Errno::NOENT) => Ok(()),
-        Err(Errno::ACCESS | Errno::PERM) => {
-            writable(dir)?;
-            Ok(rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)?)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// The directory behind `fd` writable (and searchable) by its owner.
-fn writable(fd: &OwnedFd) -> io::Result<()> {
-    let mode = rustix::fs::fstat(fd)?.st_mode & 0o7777;
-    Ok(rustix::fs::fchmod(fd, Mode::from_raw_mode(mode | 0o700))?)
-}
-
-/// `chmod u+rwx` on the directory an `O_PATH` descriptor holds: `fchmod` refuses such a
-/// descriptor, its `/proc/self/fd` entry names exactly that directory (no path is walked).
-fn chmod_path_fd(fd: &OwnedFd) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::PermissionsExt;
-    let proc = format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd());
-    std::fs::set_permissions(proc, std::fs::Permissions::from_mode(0o700))
+    Ok(teardown::remove_entry(
+        dir.as_fd(),
+        name,
+        &mut teardown::Budget::for_task_tree(),
+    )?)
 }
 
 /// `rel` as plain names: no `..`, no root, no `.`.

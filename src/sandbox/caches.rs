@@ -353,20 +353,33 @@ pub fn describe(cfg: &Config) -> String {
     s
 }
 
-/// Bytes `path` takes on disk (allocated blocks), not following symlinks.
+/// Bytes `path` takes on disk (allocated blocks), not following symlinks. Iterative (a task
+/// writes the caches: any depth); a directory whose path the kernel refuses as too long counts
+/// for itself only.
 fn disk_usage(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let Ok(m) = std::fs::symlink_metadata(path) else {
         return 0;
     };
-    let own = m.blocks().saturating_mul(512);
-    if !m.is_dir() {
-        return own;
+    let mut total = m.blocks().saturating_mul(512);
+    // One listing per level (streamed, not collected): memory grows with depth only, which
+    // the kernel bounds (a path past PATH_MAX is refused).
+    let mut open: Vec<std::fs::ReadDir> = std::fs::read_dir(path).into_iter().collect();
+    while let Some(rd) = open.last_mut() {
+        let Some(e) = rd.next() else {
+            open.pop();
+            continue;
+        };
+        let Ok(e) = e else { continue };
+        let Ok(m) = e.metadata() else { continue };
+        total = total.saturating_add(m.blocks().saturating_mul(512));
+        if m.is_dir() {
+            if let Ok(sub) = std::fs::read_dir(e.path()) {
+                open.push(sub);
+            }
+        }
     }
-    let children: u64 = std::fs::read_dir(path)
-        .map(|rd| rd.flatten().map(|e| disk_usage(&e.path())).sum())
-        .unwrap_or(0);
-    own + children
+    total
 }
 
 #[cfg(test)]

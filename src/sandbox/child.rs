@@ -1,7 +1,8 @@
 //! The code that runs in a forked child between `fork` and `exec`: limits, namespaces
-//! (the task's user and mount namespaces joined, see `view.rs`; a PID namespace of its own
-//! and, for `[network] mode = "none"` or `"allowlist"`, a network namespace), the proxy's
-//! listener inside the network namespace, `no_new_privs` and the Landlock domain.
+//! (the task's user, IPC and mount namespaces joined, see `view.rs` and `ipc.rs`; a PID
+//! namespace of its own and, for `[network] mode = "none"` or `"allowlist"`, a network
+//! namespace), the proxy's listener inside the network namespace, a fresh session keyring,
+//! `no_new_privs`, the Landlock domain and the refusal of the key calls (`keyring.rs`).
 //!
 //! It runs in a copy of a multi-threaded process, so it only makes raw system calls on data
 //! prepared by the parent (no allocation, no locks): async-signal-safe by construction.
@@ -40,12 +41,13 @@ pub(crate) struct ChildPlan {
     pub landlock_fd: Option<i32>,
 }
 
-/// What a child joins: the descriptors of the task's user and mount namespaces, which its
-/// view (`view.rs`) keeps open.
+/// What a child joins: the descriptors of the task's user, mount and IPC namespaces, which
+/// its view (`view.rs`) keeps open.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Join {
     pub user: libc::c_int,
     pub mnt: libc::c_int,
+    pub ipc: libc::c_int,
 }
 
 /// The port the proxy listens on inside a task's network namespace (each child has its
@@ -104,6 +106,7 @@ impl ChildPlan {
             let handoff = if self.proxied { Some(handoff) } else { None };
             enter_namespaces(join, self.own_network, handoff)?;
         }
+        super::keyring::join_fresh_session()?;
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -112,11 +115,11 @@ impl ChildPlan {
                 return Err(io::Error::last_os_error());
             }
         }
-        Ok(())
+        super::keyring::refuse_key_calls()
     }
 }
 
-/// The task's user and mount namespaces joined, then a new PID namespace (and a network
+/// The task's user, IPC and mount namespaces joined, then a new PID namespace (and a network
 /// namespace when `own_network`, its proxy listener sent over `handoff`); returns in the
 /// namespace's PID 1 (see the module docs).
 unsafe fn enter_namespaces(
@@ -133,7 +136,10 @@ unsafe fn enter_namespaces(
     }
     // Single-threaded (a fresh fork) and of the namespace owner's uid: all capabilities in
     // the task's user namespace, which the mount namespace and the ones made below need.
+    // The IPC namespace after the user namespace: it belongs to one nested in the task's,
+    // whose owner a child is (see `ipc.rs`).
     if libc::setns(join.user, libc::CLONE_NEWUSER) != 0
+        || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
         || libc::setns(join.mnt, libc::CLONE_NEWNS) != 0
         || libc::chdir(cwd.as_ptr()) != 0
     {

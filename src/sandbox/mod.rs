@@ -17,6 +17,10 @@
 //! - **Processes (user + PID namespace)**: the command is PID 1 of a fresh namespace, so
 //!   nothing it starts (`setsid`, double fork) outlives it, and the daemon is not even
 //!   addressable by pid from inside. See `child.rs`.
+//! - **Kernel channels (IPC namespace, keyring)**: SysV shared memory, message queues,
+//!   semaphores and POSIX message queues in an IPC namespace of the task's own, bounded and
+//!   gone with it (see `ipc.rs`); a fresh, empty session keyring for each child and the key
+//!   calls refused (see `keyring.rs`).
 //! - **The host's socket files (mount namespace)**: every tree but the system's is hidden
 //!   under an empty tmpfs, what is granted in it bound back, so no path socket outside the
 //!   grants and `[sandbox] sockets` can be named (see `mounts.rs`). Made once per task,
@@ -58,7 +62,8 @@
 //!   [`descriptors`]: the daemon's open-files limit and the proxy's share of it.
 //! - `handoff.rs`: how each child's proxy listener reaches the daemon's proxy, and is served
 //!   while the child runs.
-//! - `child.rs`: what runs between `fork` and `exec`.
+//! - `child.rs`: what runs between `fork` and `exec`; `ipc.rs`: the task's IPC namespace and
+//!   its bounds; `keyring.rs`: the key calls closed to the children.
 //! - `resolve.rs`: the grants' canonical paths.
 //! - `hardening.rs`: the daemon's own ([`protect_daemon`], [`refuse_powerless_root`]).
 
@@ -72,6 +77,8 @@ pub mod descriptors;
 mod grants;
 mod handoff;
 mod hardening;
+mod ipc;
+mod keyring;
 pub mod landlock;
 mod mounts;
 mod network;
@@ -82,6 +89,7 @@ mod splice;
 mod support;
 mod tally;
 pub mod task_home;
+pub mod teardown;
 mod view;
 
 use std::path::{Path, PathBuf};
@@ -492,10 +500,12 @@ pub fn plan(
     let mounts = mounts
         .map(|fs| mounts::for_sandbox(cfg, fs, vars, tmp, &grants))
         .transpose()?;
-    // Made once for the task, joined by each child (see `view.rs`).
+    // Made once for the task, joined by each child (see `view.rs`), with the task's own
+    // IPC namespace (see `ipc.rs`).
+    let ipc = ipc::IpcPlan::new(cfg.sandbox.max_memory_mb);
     let task_view = mounts
         .as_ref()
-        .map(view::TaskView::create)
+        .map(|m| view::TaskView::create(m, &ipc))
         .transpose()
         .map_err(ContainmentError::View)?;
     let fs = fs.filter(|_| landlock_on);

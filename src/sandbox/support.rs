@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::child::ChildPlan;
+use super::ipc::IpcPlan;
 use super::mounts::MountPlan;
 use super::view::TaskView;
 use super::{landlock, refusal, Sandbox};
@@ -95,7 +96,7 @@ impl Support {
             ));
         } else if let Err(e) = &self.namespaces {
             m.push(format!(
-                "process confinement: cannot create user, PID and mount namespaces ({e}), so tasks would also reach the host's socket files; allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, AppArmor's restrict_unprivileged_userns=0), and in the unit RestrictNamespaces=user pid net mnt and SystemCallFilter= with mount open_tree move_mount"
+                "process confinement: cannot create user, PID and mount namespaces ({e}), so tasks would also reach the host's socket files; allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, AppArmor's restrict_unprivileged_userns=0), and in the unit RestrictNamespaces=user pid net mnt ipc, SystemCallFilter= with mount open_tree move_mount and, under ProtectKernelTunables=, ReadWritePaths=/proc/sys/kernel (a task's IPC namespace gets its bounds there)"
             ));
         }
         m
@@ -109,7 +110,7 @@ impl Support {
             "no Landlock".into()
         };
         let ns = if self.namespaces.is_ok() {
-            "user + PID + mount namespaces (host sockets hidden)"
+            "user + PID + mount + IPC namespaces (host sockets hidden)"
         } else {
             "no namespaces"
         };
@@ -122,8 +123,8 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
     // The task's way: user and mount namespaces made once by a holder, with an empty plan
     // (the namespaces are made, as the daemon's tasks need and the shipped unit must allow,
     // nothing is mounted), then joined by the child, which makes its PID namespace.
-    let view =
-        TaskView::create(&MountPlan::default()).map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
+    let view = TaskView::create(&MountPlan::default(), &IpcPlan::new(0))
+        .map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
     let plan = ChildPlan {
         rlimits: Vec::new(),
         namespaces: Some(view.join()),

@@ -1,13 +1,14 @@
 //! A task's view of the host's file system, made once per task: a user namespace and, owned
 //! by it, a mount namespace in which the [`MountPlan`] is applied (every tree but the
-//! system's hidden under an empty tmpfs, what is granted bound back). Every child of the
-//! task joins both (`setns`, see `child.rs`) before it makes its own PID (and network)
+//! system's hidden under an empty tmpfs, what is granted bound back), and the task's own IPC
+//! namespace (see `ipc.rs`). Every child of the task joins all three (`setns`, see `child.rs`) before it makes its own PID (and network)
 //! namespace, so the view is built once per task and not once per child: a fresh mount
 //! namespace, its tmpfs and binds, and tearing them down again cost about 0.4 ms a child.
 //!
 //! A short-lived holder process makes them: forked from the daemon by [`TaskView::create`]
 //! (on the blocking pool, when the task's sandbox is planned), it unshares, writes its id
-//! maps, hides, sends descriptors of its two namespaces back over a socket pair and exits.
+//! maps, hides, makes the IPC namespace, sends descriptors of its three namespaces back over
+//! a socket pair and exits.
 //! The descriptors keep the namespaces alive (no process needs to stay in them); they close
 //! with the task's [`super::Sandbox`], and the view goes with its last child.
 //!
@@ -24,21 +25,24 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 
 use super::child::{send_fds, IdMaps, Join};
+use super::ipc::{write_proc, IpcPlan};
 use super::mounts::{Hidden, MountPlan, MAX_KEEP};
 
-/// The task's user and mount namespaces, held open.
+/// The task's user, mount and IPC namespaces, held open.
 #[derive(Debug)]
 pub(crate) struct TaskView {
     user: OwnedFd,
     mnt: OwnedFd,
+    ipc: OwnedFd,
 }
 
 impl TaskView {
-    /// Make the namespaces and apply `plan` in them. Blocking (forks a process that lives
-    /// about a millisecond): off the async runtime.
-    pub(crate) fn create(plan: &MountPlan) -> io::Result<TaskView> {
+    /// Make the namespaces and apply `plan` in them, the IPC namespace bounded by `ipc`.
+    /// Blocking (forks a process that lives about a millisecond): off the async runtime.
+    pub(crate) fn create(plan: &MountPlan, ipc: &IpcPlan) -> io::Result<TaskView> {
         let maps = IdMaps::current();
         let plan = plan.clone();
+        let ipc = ipc.clone();
         let (ours, theirs) = UnixStream::pair()?;
         let to = theirs.as_raw_fd();
         // Never exec'd: the holder leaves from `hold` (an error in it is the spawn's error).
@@ -50,7 +54,7 @@ impl TaskView {
         // SAFETY: `hold` only makes async-signal-safe system calls on data prepared before
         // the fork; `to` stays open until the holder has exited.
         unsafe {
-            cmd.pre_exec(move || hold(&maps, &plan, to));
+            cmd.pre_exec(move || hold(&maps, &plan, &ipc, to));
         }
         let status = cmd.spawn()?.wait()?;
         drop(theirs);
@@ -60,10 +64,10 @@ impl TaskView {
             )));
         }
         let mut fds = super::handoff::recv_fds(&OwnedFd::from(ours))?.into_iter();
-        match (fds.next(), fds.next(), fds.next()) {
-            (Some(user), Some(mnt), None) => Ok(TaskView { user, mnt }),
+        match (fds.next(), fds.next(), fds.next(), fds.next()) {
+            (Some(user), Some(mnt), Some(ipc), None) => Ok(TaskView { user, mnt, ipc }),
             _ => Err(io::Error::other(
-                "the namespace holder did not send its two namespaces",
+                "the namespace holder did not send its three namespaces",
             )),
         }
     }
@@ -73,13 +77,14 @@ impl TaskView {
         Join {
             user: self.user.as_raw_fd(),
             mnt: self.mnt.as_raw_fd(),
+            ipc: self.ipc.as_raw_fd(),
         }
     }
 }
 
 /// The holder, in the forked process: new user and mount namespaces, the ids mapped, the
-/// plan applied, both namespaces sent over `to`, then gone.
-unsafe fn hold(maps: &IdMaps, plan: &MountPlan, to: RawFd) -> io::Result<()> {
+/// plan applied, the IPC namespace made, the three sent over `to`, then gone.
+unsafe fn hold(maps: &IdMaps, plan: &MountPlan, ipc: &IpcPlan, to: RawFd) -> io::Result<()> {
     if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -106,7 +111,9 @@ unsafe fn hold(maps: &IdMaps, plan: &MountPlan, to: RawFd) -> io::Result<()> {
     // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
     // user namespace), so nothing done here reaches the host.
     hide(plan)?;
-    send_fds(to, &ns)?;
+    // Last: it leaves the task's user namespace for one nested in it (see `ipc.rs`).
+    let ipc = super::ipc::make(ipc)?;
+    send_fds(to, &[ns[0], ns[1], ipc])?;
     libc::_exit(0)
 }
 
@@ -282,18 +289,4 @@ unsafe fn write_maps(maps: &IdMaps) -> io::Result<()> {
     write_proc(c"/proc/self/setgroups", b"deny")?;
     write_proc(c"/proc/self/gid_map", &maps.gid_map)?;
     write_proc(c"/proc/self/uid_map", &maps.uid_map)
-}
-
-unsafe fn write_proc(path: &CStr, data: &[u8]) -> io::Result<()> {
-    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let n = libc::write(fd, data.as_ptr().cast(), data.len());
-    let err = io::Error::last_os_error();
-    libc::close(fd);
-    if n != data.len() as isize {
-        return Err(err);
-    }
-    Ok(())
 }

@@ -26,6 +26,7 @@ use crate::config::Config;
 use crate::git::branch::default_branch;
 use crate::git::url::{slug_of_url, strip_userinfo, userinfo};
 use crate::git::{GitError, GitRunner};
+use crate::sandbox::teardown;
 use crate::task::Task;
 
 pub use lock::WorkspaceLock;
@@ -107,14 +108,11 @@ impl Workspace {
         }
     }
 
-    /// Give the workspace up: a temp directory is removed, a lock released.
+    /// Give the workspace up: a temp directory is removed (or set aside, see
+    /// [`remove_task_tree`]), a lock released.
     pub async fn release(self) {
         if self.kind == WorkspaceKind::Temp {
-            if let Err(e) = tokio::fs::remove_dir_all(&self.path).await {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the task's temp workspace; delete it by hand");
-                }
-            }
+            remove_task_tree(&self.path, "temp workspace").await;
         }
     }
 }
@@ -275,8 +273,8 @@ async fn prepare_managed(
         let partial = root.join(format!("{slug}.partial"));
         let partial_git = git_root.join(format!("{slug}.git.partial"));
         for stale in [&path, &partial, &git_dir, &partial_git] {
-            if tokio::fs::metadata(stale).await.is_ok() {
-                tokio::fs::remove_dir_all(stale)
+            if tokio::fs::symlink_metadata(stale).await.is_ok() {
+                blocking_remove(stale)
                     .await
                     .map_err(WorkspaceError::io("remove stale workspace", stale))?;
             }
@@ -291,8 +289,8 @@ async fn prepare_managed(
             )
             .await
         {
-            let _ = tokio::fs::remove_dir_all(&partial).await;
-            let _ = tokio::fs::remove_dir_all(&partial_git).await;
+            let _ = blocking_remove(&partial).await;
+            let _ = blocking_remove(&partial_git).await;
             return Err(WorkspaceError::Git(format!(
                 "preparing workspace for {shown}: {e}"
             )));
@@ -349,7 +347,7 @@ async fn prepare_managed(
     let dot_git = path.join(".git");
     if let Ok(m) = tokio::fs::symlink_metadata(&dot_git).await {
         let _ = if m.is_dir() {
-            tokio::fs::remove_dir_all(&dot_git).await
+            blocking_remove(&dot_git).await
         } else {
             tokio::fs::remove_file(&dot_git).await
         };
@@ -441,15 +439,21 @@ pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> usize {
                 if keep.as_deref().is_some_and(|k| e.file_name() == k) {
                     continue;
                 }
-                let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
-                let res = if is_dir {
-                    crate::sandbox::beneath::remove_tree(&e.path())
-                } else {
-                    std::fs::remove_file(e.path())
-                };
-                match res {
-                    Ok(()) => removed += 1,
-                    Err(err) => {
+                // What an earlier removal set aside is never walked again on its own: a
+                // tree that stopped one removal would stop every start.
+                if e.file_name() == teardown::SET_ASIDE {
+                    let names = teardown::set_aside_in(&root);
+                    if !names.is_empty() {
+                        tracing::warn!(dir = %e.path().display(), trees = names.len(), "trees tasks left that could not be removed are set aside here; delete them by hand (rm -rf as the service user) when the disk allows");
+                    }
+                    continue;
+                }
+                match teardown::remove_or_set_aside(&e.path()) {
+                    teardown::Removal::Removed => removed += 1,
+                    teardown::Removal::SetAside { to, why } => {
+                        tracing::warn!(path = %e.path().display(), set_aside = %to.display(), why, "cannot remove what an earlier task left; set it aside (delete it by hand)")
+                    }
+                    teardown::Removal::Failed(err) => {
                         tracing::warn!(path = %e.path().display(), error = %err, "cannot remove what an earlier task left; delete it by hand")
                     }
                 }
@@ -471,15 +475,34 @@ pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> usize {
 /// Remove a task's TMPDIR (whatever the task left there, read-only directories included:
 /// Go makes its module cache so, and with caches off it is in the task's HOME here).
 pub async fn remove_task_tmp_dir(path: &Path) {
+    remove_task_tree(path, "TMPDIR").await;
+}
+
+/// Remove a tree a task wrote (its TMPDIR, a temp workspace) at any depth, off the runtime;
+/// one that cannot be removed within its budget is set aside beside it and reported, never
+/// walked again by the start-up sweep (see [`teardown`]).
+pub async fn remove_task_tree(path: &Path, what: &'static str) {
     let p = path.to_path_buf();
-    let removed = tokio::task::spawn_blocking(move || crate::sandbox::beneath::remove_tree(&p))
+    let done = tokio::task::spawn_blocking(move || teardown::remove_or_set_aside(&p))
         .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-    if let Err(e) = removed {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove the task's TMPDIR; delete it by hand");
+        .unwrap_or_else(|e| teardown::Removal::Failed(std::io::Error::other(e.to_string())));
+    match done {
+        teardown::Removal::Removed => {}
+        teardown::Removal::SetAside { to, why } => {
+            tracing::warn!(path = %path.display(), set_aside = %to.display(), why, what, "cannot remove what the task left; set it aside (delete it by hand)")
+        }
+        teardown::Removal::Failed(e) => {
+            tracing::warn!(path = %path.display(), error = %e, what, "cannot remove what the task left; delete it by hand")
         }
     }
+}
+
+/// Remove the tree (or file, or link) at `path`, off the runtime, at any depth.
+async fn blocking_remove(path: &Path) -> std::io::Result<()> {
+    let p = path.to_path_buf();
+    tokio::task::spawn_blocking(move || crate::sandbox::beneath::remove_tree(&p))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
 }
 
 #[cfg(test)]

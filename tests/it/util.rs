@@ -140,6 +140,9 @@ pub(crate) fn unique_sleep() -> String {
 }
 
 /// The real `hub-sidecar` binary with a config file in a temp dir.
+/// What runs in the daemon's process between `fork` and `exec` ([`Bin::start_with_hook`]).
+pub(crate) type PreExec = Box<dyn FnMut() -> std::io::Result<()> + Send + Sync>;
+
 pub(crate) struct Bin {
     pub child: tokio::process::Child,
     pub dir: PathBuf,
@@ -193,6 +196,31 @@ impl Bin {
         envs: &[(&str, &str)],
         open_files: Option<u64>,
     ) -> Bin {
+        let hook = open_files.map(|n| -> PreExec {
+            Box::new(move || {
+                let l = libc::rlimit {
+                    rlim_cur: n,
+                    rlim_max: n,
+                };
+                // SAFETY: setrlimit is async-signal-safe and reads one struct we own.
+                #[allow(unsafe_code)]
+                if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+        });
+        Bin::start_with_hook(dir, config, envs, hook)
+    }
+
+    /// [`Bin::start`] with `hook` run in the daemon's process before it execs (only
+    /// async-signal-safe calls): a host state the daemon starts in.
+    pub(crate) fn start_with_hook(
+        dir: &Path,
+        config: &Path,
+        envs: &[(&str, &str)],
+        hook: Option<PreExec>,
+    ) -> Bin {
         let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
         let log = dir.join(format!("daemon-{n}.log"));
         let file = std::fs::File::create(&log).unwrap();
@@ -208,20 +236,11 @@ impl Bin {
         for (k, v) in envs {
             cmd.env(k, v);
         }
-        if let Some(n) = open_files {
-            // SAFETY: setrlimit is async-signal-safe and reads one struct we own.
+        if let Some(hook) = hook {
+            // SAFETY: the hook's contract: async-signal-safe calls only.
             #[allow(unsafe_code)]
             unsafe {
-                cmd.pre_exec(move || {
-                    let l = libc::rlimit {
-                        rlim_cur: n,
-                        rlim_max: n,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
+                cmd.pre_exec(hook);
             }
         }
         Bin {

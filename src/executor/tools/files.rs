@@ -124,14 +124,24 @@ fn write_file(sb: &Sandbox, args: &Value) -> Result<ToolOutcome, ToolError> {
 }
 
 /// Depth-first walk without following symlinks, skipping `.git`; calls `f(abs, is_dir)`
-/// until it returns false.
+/// until it returns false. Iterative (the workspace is the task's: any depth), one sorted
+/// listing held per level; a directory whose path the kernel refuses as too long is not
+/// entered.
 fn walk(dir: &Path, recursive: bool, f: &mut dyn FnMut(&Path, bool) -> bool) -> bool {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return true;
+    let sorted = |dir: &Path| {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .map(|rd| rd.filter_map(Result::ok).collect())
+            .unwrap_or_default();
+        // Reversed, so `pop` yields them in name order.
+        entries.sort_by_key(|e| std::cmp::Reverse(e.file_name()));
+        entries
     };
-    let mut entries: Vec<_> = rd.filter_map(Result::ok).collect();
-    entries.sort_by_key(|e| e.file_name());
-    for e in entries {
+    let mut levels = vec![sorted(dir)];
+    while let Some(level) = levels.last_mut() {
+        let Some(e) = level.pop() else {
+            levels.pop();
+            continue;
+        };
         let p = e.path();
         let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
         if is_dir && e.file_name() == ".git" {
@@ -140,8 +150,8 @@ fn walk(dir: &Path, recursive: bool, f: &mut dyn FnMut(&Path, bool) -> bool) -> 
         if !f(&p, is_dir) {
             return false;
         }
-        if is_dir && recursive && !walk(&p, recursive, f) {
-            return false;
+        if is_dir && recursive {
+            levels.push(sorted(&p));
         }
     }
     true

@@ -351,8 +351,13 @@ fn now_ns() -> i128 {
         .unwrap_or(0)
 }
 
+/// Deepest directory the walk enters below the root; deeper ones join the coarse view (a
+/// task can nest directories far past anything a real tree has).
+const MAX_DEPTH: usize = 64;
+
 /// Every file under `root` up to `cap` files, handed to `visit` as (relative path bytes, path,
-/// metadata); skipped directories become the coarse view. `true` when the cap stopped it.
+/// metadata); skipped directories become the coarse view. `true` when the cap stopped it
+/// (`cap` bounds the directories listed too).
 fn walk(
     root: &Path,
     cap: usize,
@@ -360,9 +365,15 @@ fn walk(
 ) -> (bool, Coarse) {
     let mut skipped: Vec<Vec<u8>> = Vec::new();
     let mut files = 0usize;
+    let mut dirs = 0usize;
     let mut capped = false;
-    let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
-    'walk: while let Some(dir) = stack.pop() {
+    let mut stack: Vec<(PathBuf, usize)> = vec![(root.to_path_buf(), 0)];
+    'walk: while let Some((dir, depth)) = stack.pop() {
+        if dirs >= cap {
+            capped = true;
+            break;
+        }
+        dirs += 1;
         let Ok(rd) = std::fs::read_dir(&dir) else {
             continue;
         };
@@ -372,10 +383,20 @@ fn walk(
             let rel = p.strip_prefix(root).unwrap_or(&p).as_os_str().as_bytes();
             if ft.is_dir() {
                 let name = e.file_name();
-                if !IGNORED_DIRS.iter().any(|d| name == *d) {
-                    stack.push(p);
-                } else if name != ".git" {
+                // Pending and skipped directories are bounded by the cap as well: one
+                // directory can hold a million others.
+                if stack.len() + skipped.len() >= cap {
+                    capped = true;
+                    break 'walk;
+                }
+                if IGNORED_DIRS.iter().any(|d| name == *d) {
+                    if name != ".git" {
+                        skipped.push(rel.to_vec());
+                    }
+                } else if depth + 1 > MAX_DEPTH {
                     skipped.push(rel.to_vec());
+                } else {
+                    stack.push((p, depth + 1));
                 }
                 continue;
             }

@@ -113,3 +113,26 @@ fn the_listing_is_kept_as_one_byte_a_row_and_the_first_new_paths() {
     );
     assert_eq!(listed.ignored, [b"dist/".to_vec()]);
 }
+
+/// A nest deeper than the walk enters (a task can make one 30,000 deep): the walk stops at
+/// its depth, the rest is one coarse root, and a change below that depth still shows as a
+/// change of it.
+#[tokio::test]
+async fn a_nest_deeper_than_the_walk_is_seen_coarsely() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let deep = (0..200).fold(ws.join("nest"), |p, _| p.join("d"));
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::write(ws.join("top.txt"), "t\n").unwrap();
+    let mut files = Vec::new();
+    let (capped, coarse) = walk(ws, 1000, |rel, _, _| files.push(rel.to_vec()));
+    assert!(!capped);
+    assert_eq!(files, vec![b"top.txt".to_vec()]);
+    assert_eq!(coarse.roots.len(), 1, "one directory past the depth");
+    let env = ChildEnv::inherit();
+    let c = CancellationToken::new();
+    let before = snapshot(ws, &env, &c).await;
+    std::fs::write(deep.join("planted"), "p\n").unwrap();
+    let obs = observe(&before, ws, &env, &c).await;
+    assert!(!is_unchanged(&obs), "{obs:?}");
+}
