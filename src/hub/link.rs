@@ -41,6 +41,9 @@ pub enum LinkEvent {
     Identified {
         /// The connection's number; frames carry it to reach only this connection.
         epoch: u64,
+        /// The status its `identify` announced (the daemon corrects it with a `status`
+        /// frame when it has learnt otherwise since).
+        announced: String,
     },
     /// The connection ended; the daemon must consider every unanswered frame unanswered.
     Disconnected {
@@ -150,6 +153,12 @@ enum End {
 /// `status` is the agent status `identify` announces: `None` until the daemon knows whether
 /// it can take work (the containment probe, run while this connects), then `idle` or "not
 /// accepting tasks: …". Each connection announces the value current at its identify.
+///
+/// `first_attempt` fires once the first connection has identified, or failed to: what the
+/// daemon waits for before it starts its containment probe, so that nothing but the
+/// connection runs on the way to the first `identify` (spawn → identified, BENCHMARKS.md
+/// figure 1).
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     cfg: Arc<Config>,
     budget: Arc<RateBudget>,
@@ -157,8 +166,10 @@ pub async fn run(
     mut out: mpsc::Receiver<OutFrame>,
     ops: Ops,
     mut status: watch::Receiver<Option<String>>,
+    first_attempt: tokio::sync::oneshot::Sender<()>,
     cancel: CancellationToken,
 ) {
+    let mut first_attempt = Some(first_attempt);
     let mut backoff = Backoff::new(
         Duration::from_millis(cfg.reconnect_min_ms),
         Duration::from_millis(cfg.reconnect_max_ms),
@@ -180,10 +191,17 @@ pub async fn run(
             return;
         }
         ops.link_state(false);
-        let end = match connect(&cfg, connector.clone()).await {
-            Err(e) => End::Lost(e.to_string()),
+        let connected = connect(&cfg, connector.clone()).await;
+        let end = match connected {
+            Err(e) => {
+                first_attempt.take().map(|tx| tx.send(()));
+                End::Lost(e.to_string())
+            }
             Ok(ws) => {
-                match identify(&cfg, ws, &announced(&mut status, &cancel).await, &cancel).await {
+                let announcing = announced(&mut status, &cancel).await;
+                let identified = identify(&cfg, ws, &announcing, &cancel).await;
+                first_attempt.take().map(|tx| tx.send(()));
+                match identified {
                     Err(end) => end,
                     Ok(ws) => {
                         epoch += 1;
@@ -191,7 +209,11 @@ pub async fn run(
                         tracing::info!(epoch, hub = %cfg.hub_url, "identified with the hub");
                         ops.link_state(true);
                         ops.pong();
-                        if events.send(LinkEvent::Identified { epoch }).await.is_err() {
+                        let identified = LinkEvent::Identified {
+                            epoch,
+                            announced: announcing,
+                        };
+                        if events.send(identified).await.is_err() {
                             return;
                         }
                         let mut conn = Connection {

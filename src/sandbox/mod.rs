@@ -117,13 +117,35 @@ impl Probing {
 
     /// The probe's answer, logged once. A probe that panicked proved nothing: strict then
     /// refuses work, as on a machine without the layers.
-    pub async fn answer(self) -> Policy {
-        let policy = self
-            .handle
+    pub async fn answer(mut self) -> Policy {
+        self.wait().await
+    }
+
+    /// [`Probing::answer`] without giving the probe up: cancel-safe (for a `select!`); once
+    /// it has returned, the probe is spent and must not be waited on again.
+    pub async fn wait(&mut self) -> Policy {
+        let policy = (&mut self.handle)
             .await
             .unwrap_or_else(|_| Policy::decide(self.configured, Support::none()));
         policy.log();
         policy
+    }
+
+    /// A probe whose answer is the policy sent on `answer` (tests: a probe that answers
+    /// when the test says so).
+    #[doc(hidden)]
+    pub fn answered_by(
+        configured: Option<Containment>,
+        answer: tokio::sync::oneshot::Receiver<Policy>,
+    ) -> Probing {
+        Probing {
+            configured,
+            handle: tokio::spawn(async move {
+                answer
+                    .await
+                    .unwrap_or_else(|_| Policy::decide(configured, Support::none()))
+            }),
+        }
     }
 }
 
