@@ -62,6 +62,23 @@ impl Daemon {
     pub(super) fn probe_answered(&mut self, policy: Policy) {
         self.deps.containment = Arc::new(policy);
         self.containment_decided();
+        self.prepare_views();
+    }
+
+    /// Make the next tasks' views while idle (see `sandbox::premade`), in the background: a
+    /// task assigned meanwhile makes its own.
+    pub(super) fn prepare_views(&self) {
+        if self.running.is_some() {
+            return;
+        }
+        let (policy, cfg, env) = (
+            self.deps.containment.clone(),
+            self.cfg.clone(),
+            self.deps.env.clone(),
+        );
+        drop(tokio::task::spawn_blocking(move || {
+            policy.prepare_views(&cfg, env.vars())
+        }));
     }
 
     /// Tell everyone what the containment decision means for taking work: the status and
@@ -116,6 +133,7 @@ impl Daemon {
         let was = self.deps.containment.refusal();
         self.deps.containment = Arc::new(policy);
         self.containment_decided();
+        self.prepare_views();
         if self.identified {
             self.status_line();
             if was != self.deps.containment.refusal() {

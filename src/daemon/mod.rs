@@ -524,10 +524,14 @@ impl Daemon {
         self.idle_from_now();
     }
 
-    /// The daemon may be idle from now on: free heap pages go back once it has stayed so.
+    /// The daemon may be idle from now on: free heap pages go back once it has stayed so,
+    /// and the next task's views are made now (the last task took them).
     fn idle_from_now(&mut self) {
         if self.running.is_none() {
             self.trim_at = Some(Instant::now() + TRIM_AFTER_IDLE);
+            if self.probe.answered() {
+                self.prepare_views();
+            }
         }
     }
 

@@ -1,5 +1,5 @@
 //! The code that runs in a forked child between `fork` and `exec`: limits, namespaces
-//! (the task's user and mount namespaces joined, see `view.rs`; a PID namespace of its own
+//! (the task's user, mount and IPC namespaces joined, see `view.rs`; a PID namespace of its own
 //! and, for `[network] mode = "none"` or `"allowlist"`, a network namespace), the proxy's
 //! listener inside the network namespace, `no_new_privs` and the Landlock domain.
 //!
@@ -40,12 +40,13 @@ pub(crate) struct ChildPlan {
     pub landlock_fd: Option<i32>,
 }
 
-/// What a child joins: the descriptors of the task's user and mount namespaces, which its
-/// view (`view.rs`) keeps open.
+/// What a child joins: the descriptors of the task's user, mount and IPC namespaces, which
+/// its view (`view.rs`) keeps open.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Join {
     pub user: libc::c_int,
     pub mnt: libc::c_int,
+    pub ipc: libc::c_int,
 }
 
 /// The port the proxy listens on inside a task's network namespace (each child has its
@@ -116,7 +117,7 @@ impl ChildPlan {
     }
 }
 
-/// The task's user and mount namespaces joined, then a new PID namespace (and a network
+/// The task's user, mount and IPC namespaces joined, then a new PID namespace (and a network
 /// namespace when `own_network`, its proxy listener sent over `handoff`); returns in the
 /// namespace's PID 1 (see the module docs).
 unsafe fn enter_namespaces(
@@ -135,6 +136,7 @@ unsafe fn enter_namespaces(
     // the task's user namespace, which the mount namespace and the ones made below need.
     if libc::setns(join.user, libc::CLONE_NEWUSER) != 0
         || libc::setns(join.mnt, libc::CLONE_NEWNS) != 0
+        || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
         || libc::chdir(cwd.as_ptr()) != 0
     {
         return Err(io::Error::last_os_error());

@@ -74,6 +74,7 @@ mod hardening;
 pub mod landlock;
 mod mounts;
 mod network;
+mod premade;
 pub mod proxy;
 mod resolve;
 mod splice;
@@ -160,6 +161,9 @@ pub struct Policy {
     pub level: Containment,
     /// What the kernel can enforce.
     pub support: Support,
+    /// Task views made while the daemon is idle (see `premade.rs`), shared by the clones of
+    /// this policy; each view in it serves one task.
+    views: Arc<premade::ViewPool>,
 }
 
 impl Policy {
@@ -168,7 +172,40 @@ impl Policy {
         Policy {
             level: configured.unwrap_or(Containment::Strict),
             support,
+            views: Arc::default(),
         }
+    }
+
+    /// Make the views of the next tasks now, while the daemon is idle (see `premade.rs`),
+    /// for children that inherit `vars`: blocking (forks), so off the runtime. Nothing when
+    /// tasks get no view here (containment off, no namespaces, strict and refusing).
+    pub fn prepare_views(&self, cfg: &Config, vars: &[(String, String)]) {
+        if self.level == Containment::Off
+            || self.support.namespaces.is_err()
+            || self.refusal().is_some()
+        {
+            return;
+        }
+        self.views.refill(&mounts::private(cfg, vars));
+    }
+
+    /// Views made ahead and not yet taken by a task.
+    pub fn views_ready(&self) -> usize {
+        self.views.ready()
+    }
+
+    /// The view for one task's children: one made ahead when there is one that fits, else
+    /// one made now. Blocking.
+    fn view_for(&self, plan: &mounts::MountPlan) -> std::io::Result<view::TaskView> {
+        if let Some(premade) = self.views.take() {
+            match premade.finish(plan) {
+                Ok(view) => return Ok(view),
+                Err(e) => {
+                    tracing::debug!(error = %e, "the view made ahead does not fit this task; making one")
+                }
+            }
+        }
+        view::TaskView::create(plan)
     }
 
     /// Protect the daemon, then probe the kernel and decide the level for `cfg`: blocking
@@ -512,10 +549,11 @@ pub fn plan(
     let mounts = mounts
         .map(|fs| mounts::for_sandbox(cfg, fs, vars, tmp, &grants))
         .transpose()?;
-    // Made once for the task, joined by each child (see `view.rs`).
+    // Made once for the task (usually ahead of it: `premade.rs`), joined by each child (see
+    // `view.rs`).
     let task_view = mounts
         .as_ref()
-        .map(view::TaskView::create)
+        .map(|m| policy.view_for(m))
         .transpose()
         .map_err(ContainmentError::View)?;
     let fs = fs.filter(|_| landlock_on);

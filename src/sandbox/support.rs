@@ -61,7 +61,7 @@ impl Support {
         }
         if let Err(e) = &self.namespaces {
             m.push(format!(
-                "process confinement: cannot create user, PID and mount namespaces ({e}), so tasks would also reach the host's socket files; allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, AppArmor's restrict_unprivileged_userns=0), and in the unit RestrictNamespaces=user pid net mnt and SystemCallFilter= with mount open_tree move_mount"
+                "process confinement: cannot create user, PID, mount and IPC namespaces ({e}), so tasks would also reach the host's socket files; allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0, AppArmor's restrict_unprivileged_userns=0), and in the unit RestrictNamespaces=user pid net mnt ipc and SystemCallFilter= with mount open_tree move_mount"
             ));
         }
         m
@@ -75,7 +75,7 @@ impl Support {
             "no Landlock".into()
         };
         let ns = if self.namespaces.is_ok() {
-            "user + PID + mount namespaces (host sockets hidden)"
+            "user + PID + mount + IPC namespaces (host sockets hidden)"
         } else {
             "no namespaces"
         };

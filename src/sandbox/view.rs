@@ -1,5 +1,7 @@
 //! A task's view of the host's file system, made once per task: a user namespace and, owned
-//! by it, a mount namespace in which the [`MountPlan`] is applied (every tree but the
+//! by it, a mount namespace in which the [`MountPlan`] is applied, and an IPC namespace of
+//! the task's own (System V objects and POSIX message queues of the host and of other tasks
+//! out of reach) (every tree but the
 //! system's hidden under an empty tmpfs, what is granted bound back). Every child of the
 //! task joins both (`setns`, see `child.rs`) before it makes its own PID (and network)
 //! namespace, so the view is built once per task and not once per child: a fresh mount
@@ -7,7 +9,9 @@
 //!
 //! A short-lived holder process makes them: forked from the daemon by [`TaskView::create`]
 //! (on the blocking pool, when the task's sandbox is planned), it unshares, writes its id
-//! maps, hides, sends descriptors of its two namespaces back over a socket pair and exits.
+//! maps, hides, sends descriptors of its three namespaces back over a socket pair and exits.
+//! Usually the namespaces were made before the task was assigned, by a holder that waited
+//! for the task's paths (see `premade.rs`); this is the fallback when none was ready.
 //! The descriptors keep the namespaces alive (no process needs to stay in them); they close
 //! with the task's [`super::Sandbox`], and the view goes with its last child.
 //!
@@ -26,12 +30,17 @@ use std::os::unix::process::CommandExt;
 use super::child::{send_fds, IdMaps, Join};
 use super::mounts::{Hidden, MountPlan, MAX_KEEP};
 
-/// The task's user and mount namespaces, held open.
+/// The task's user, mount and IPC namespaces, held open.
 #[derive(Debug)]
 pub(crate) struct TaskView {
-    user: OwnedFd,
-    mnt: OwnedFd,
+    pub(super) user: OwnedFd,
+    pub(super) mnt: OwnedFd,
+    pub(super) ipc: OwnedFd,
 }
+
+/// The namespaces a holder makes: user, and owned by it mount and IPC.
+pub(super) const HOLDER_NAMESPACES: libc::c_int =
+    libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
 
 impl TaskView {
     /// Make the namespaces and apply `plan` in them. Blocking (forks a process that lives
@@ -59,11 +68,16 @@ impl TaskView {
                 "the namespace holder exited with {status}"
             )));
         }
-        let mut fds = super::handoff::recv_fds(&OwnedFd::from(ours))?.into_iter();
-        match (fds.next(), fds.next(), fds.next()) {
-            (Some(user), Some(mnt), None) => Ok(TaskView { user, mnt }),
+        TaskView::received(super::handoff::recv_fds(&OwnedFd::from(ours))?)
+    }
+
+    /// The view from the descriptors a holder sent (user, mount, IPC, in that order).
+    pub(super) fn received(fds: Vec<OwnedFd>) -> io::Result<TaskView> {
+        let mut fds = fds.into_iter();
+        match (fds.next(), fds.next(), fds.next(), fds.next()) {
+            (Some(user), Some(mnt), Some(ipc), None) => Ok(TaskView { user, mnt, ipc }),
             _ => Err(io::Error::other(
-                "the namespace holder did not send its two namespaces",
+                "the namespace holder did not send its three namespaces",
             )),
         }
     }
@@ -73,14 +87,27 @@ impl TaskView {
         Join {
             user: self.user.as_raw_fd(),
             mnt: self.mnt.as_raw_fd(),
+            ipc: self.ipc.as_raw_fd(),
         }
     }
 }
 
-/// The holder, in the forked process: new user and mount namespaces, the ids mapped, the
-/// plan applied, both namespaces sent over `to`, then gone.
+/// The holder, in the forked process: new namespaces, the ids mapped, the plan applied, the
+/// namespaces sent over `to`, then gone.
 unsafe fn hold(maps: &IdMaps, plan: &MountPlan, to: RawFd) -> io::Result<()> {
-    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+    let ns = enter(maps)?;
+    // Mapped now: what the tmpfs holds belongs to an id of this namespace. The copied
+    // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
+    // user namespace), so nothing done here reaches the host.
+    hide(plan)?;
+    send_fds(to, &ns)?;
+    libc::_exit(0)
+}
+
+/// In a forked holder: unshare [`HOLDER_NAMESPACES`], map the ids, and open the three
+/// namespaces (user, mount, IPC) for sending.
+pub(super) unsafe fn enter(maps: &IdMaps) -> io::Result<[libc::c_int; 3]> {
+    if libc::unshare(HOLDER_NAMESPACES) != 0 {
         return Err(io::Error::last_os_error());
     }
     // The daemon is non-dumpable (`protect_daemon`), and so is this fork of it: the kernel
@@ -92,22 +119,18 @@ unsafe fn hold(maps: &IdMaps, plan: &MountPlan, to: RawFd) -> io::Result<()> {
     if libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut ns = [-1 as libc::c_int; 2];
+    let mut ns = [-1 as libc::c_int; 3];
     let done = write_maps(maps).and_then(|()| {
         ns[0] = open_ns(c"/proc/self/ns/user")?;
         ns[1] = open_ns(c"/proc/self/ns/mnt")?;
+        ns[2] = open_ns(c"/proc/self/ns/ipc")?;
         Ok(())
     });
     if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
         return Err(io::Error::last_os_error());
     }
     done?;
-    // Mapped now: what the tmpfs holds belongs to an id of this namespace. The copied
-    // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
-    // user namespace), so nothing done here reaches the host.
-    hide(plan)?;
-    send_fds(to, &ns)?;
-    libc::_exit(0)
+    Ok(ns)
 }
 
 unsafe fn open_ns(path: &CStr) -> io::Result<libc::c_int> {
@@ -177,7 +200,11 @@ unsafe fn clone_keeps(tree: &Hidden, fds: &mut [libc::c_int; MAX_KEEP]) -> io::R
 /// The one tmpfs, mounted on the first tree (whose keeps are cloned already), with an empty
 /// directory for each tree; `base` becomes a descriptor of its root, which stays reachable
 /// once the first tree's own directory covers it.
-unsafe fn stage(plan: &MountPlan, first: &Hidden, base: &mut libc::c_int) -> io::Result<()> {
+pub(super) unsafe fn stage(
+    plan: &MountPlan,
+    first: &Hidden,
+    base: &mut libc::c_int,
+) -> io::Result<()> {
     if libc::mount(
         c"tmpfs".as_ptr(),
         first.path.as_ptr(),
@@ -204,7 +231,7 @@ unsafe fn stage(plan: &MountPlan, first: &Hidden, base: &mut libc::c_int) -> io:
 }
 
 /// Cover `tree` with its own directory of the tmpfs under `base`.
-unsafe fn cover(base: libc::c_int, tree: &Hidden) -> io::Result<()> {
+pub(super) unsafe fn cover(base: libc::c_int, tree: &Hidden) -> io::Result<()> {
     let fd = open_tree(base, &tree.stage, 0);
     if fd < 0 {
         return Err(io::Error::last_os_error());
@@ -243,7 +270,11 @@ unsafe fn show_keeps(tree: &Hidden, fds: &[libc::c_int; MAX_KEEP]) -> io::Result
 }
 
 /// A detached recursive copy of the mount tree at `path` (relative to `dirfd`).
-unsafe fn open_tree(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> libc::c_int {
+pub(super) unsafe fn open_tree(
+    dirfd: libc::c_int,
+    path: &CStr,
+    flags: libc::c_uint,
+) -> libc::c_int {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     let flags = flags
         | OPEN_TREE_CLONE
@@ -253,7 +284,7 @@ unsafe fn open_tree(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> lib
 }
 
 /// Attach the detached tree `fd` at `path`.
-unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
+pub(super) unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
     if libc::syscall(
         libc::SYS_move_mount,
@@ -270,7 +301,7 @@ unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
 }
 
 /// A `mkdir` result where an existing directory (a parent shared by two kept paths) is fine.
-unsafe fn make(r: libc::c_int) -> io::Result<()> {
+pub(super) unsafe fn make(r: libc::c_int) -> io::Result<()> {
     if r != 0 && *libc::__errno_location() != libc::EEXIST {
         return Err(io::Error::last_os_error());
     }
