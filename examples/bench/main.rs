@@ -22,7 +22,7 @@
 //! - `main.rs`: arguments, which figures run, the table written out.
 //! - `harness.rs`: [`harness::Daemon`] (one child process with its config, temp dir and
 //!   `/proc` readers), the mock hubs, [`harness::Stats`] (order statistics), the table rows.
-//! - one module per group of figures (`startup`, `latency`, `output`, `verify`, `clone`,
+//! - one module per group of figures (`startup`, `latency`, `output`, `verify`, `clone`, `node`,
 //!   `scaling`),
 //!   one `async fn` per figure, each returning rows for the table.
 //!
@@ -32,6 +32,7 @@
 mod clone;
 mod harness;
 mod latency;
+mod node;
 mod output;
 mod scaling;
 mod startup;
@@ -172,6 +173,17 @@ async fn main() {
             };
             eprintln!("bench: 13 scaling with the workspace ({sizes:?} files × 4 shapes)");
             rows.extend(scaling::scaling(&o, sizes).await);
+        }
+        if run(14) {
+            match node::node_sidecar() {
+                Some(src) => {
+                    eprintln!("bench: 14 the Node sidecar in {} side by side", src.display());
+                    rows.extend(node::compare(&o, &src, 50).await);
+                }
+                None => eprintln!(
+                    "bench: 14 skipped: set NODE_SIDECAR to a Node sidecar with its dependencies (BENCHMARKS.md)"
+                ),
+            }
         }
         if run(9) {
             eprintln!("bench: 9 backlog of 1000 × 64 KB results");
