@@ -101,7 +101,8 @@ impl ViewPool {
 /// One view made ahead: its holder waits for the task's paths.
 #[derive(Debug)]
 pub(crate) struct Premade {
-    holder: std::process::Child,
+    /// Until handed over with the view (reaped with it: see [`Reap`]).
+    holder: Option<std::process::Child>,
     /// The daemon's end of the holder's socket (seqpacket).
     sock: OwnedFd,
     /// Until handed over.
@@ -143,7 +144,7 @@ impl Premade {
             .and_then(TaskView::received);
         match view {
             Ok(view) => Ok(Premade {
-                holder,
+                holder: Some(holder),
                 sock: ours,
                 view: Some(view),
                 hidden,
@@ -195,15 +196,21 @@ impl Premade {
                 libc::MSG_DONTWAIT,
             )
         };
-        let _ = self.holder.wait();
         if n != 4 {
             return Err(io::Error::other("the view's holder left without answering"));
         }
         match i32::from_ne_bytes(answer) {
-            0 => self
-                .view
-                .take()
-                .ok_or_else(|| io::Error::other("the view was handed over already")),
+            0 => {
+                let mut view = self
+                    .view
+                    .take()
+                    .ok_or_else(|| io::Error::other("the view was handed over already"))?;
+                // The holder exits right after its answer; it is reaped with the view, after
+                // the task, not waited for on the task's way (its exit unmaps a copy of the
+                // daemon's address space).
+                view.holder = self.holder.take().map(view::Reap);
+                Ok(view)
+            }
             errno => Err(io::Error::from_raw_os_error(errno)),
         }
     }
@@ -211,10 +218,8 @@ impl Premade {
 
 impl Drop for Premade {
     fn drop(&mut self) {
-        // Unused (or already answered): the holder leaves on its socket's hang-up, or is
-        // killed; either is immediate, so the wait is for a process already gone.
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
+        // Unused, or refused the plan: the holder is killed and reaped.
+        drop(self.holder.take().map(view::Reap));
     }
 }
 

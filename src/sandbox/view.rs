@@ -36,6 +36,20 @@ pub(crate) struct TaskView {
     pub(super) user: OwnedFd,
     pub(super) mnt: OwnedFd,
     pub(super) ipc: OwnedFd,
+    /// A holder made ahead (`premade.rs`) that answered and exited: reaped with the view.
+    pub(super) holder: Option<Reap>,
+}
+
+/// A holder process killed (if still there) and reaped when dropped. By then it has exited
+/// (it leaves once it has answered, or when its socket closes), so the wait does not block.
+#[derive(Debug)]
+pub(crate) struct Reap(pub(super) std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The namespaces a holder makes: user, and owned by it mount and IPC.
@@ -75,7 +89,12 @@ impl TaskView {
     pub(super) fn received(fds: Vec<OwnedFd>) -> io::Result<TaskView> {
         let mut fds = fds.into_iter();
         match (fds.next(), fds.next(), fds.next(), fds.next()) {
-            (Some(user), Some(mnt), Some(ipc), None) => Ok(TaskView { user, mnt, ipc }),
+            (Some(user), Some(mnt), Some(ipc), None) => Ok(TaskView {
+                user,
+                mnt,
+                ipc,
+                holder: None,
+            }),
             _ => Err(io::Error::other(
                 "the namespace holder did not send its three namespaces",
             )),
