@@ -42,6 +42,9 @@ impl Node {
             "token": "test-token",
             "hub_url": hub.url(),
             "capabilities": [],
+            // It refuses every task without one, even those it runs itself (routed to
+            // `sidecar`, as these are): never run here.
+            "wake_command": "true",
             "results_dir": dir.path().join("results"),
             "log_file": dir.path().join("node.log"),
         });
