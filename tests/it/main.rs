@@ -21,6 +21,7 @@ mod git;
 mod harness;
 mod hub_restart;
 mod leaks;
+mod link_order;
 mod loop_spec;
 mod loopback;
 mod manifest;
