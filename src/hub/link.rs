@@ -150,9 +150,10 @@ enum End {
 
 /// Run the link until `cancel`. On cancel the socket is closed with code 1000.
 ///
-/// `status` is the agent status `identify` announces: `None` until the daemon knows whether
-/// it can take work (the containment probe, run while this connects), then `idle` or "not
-/// accepting tasks: …". Each connection announces the value current at its identify.
+/// `status` is the agent status `identify` announces: `idle` from the start (the containment
+/// probe answers after the first `identify`; the daemon corrects the hub with a `status`
+/// frame when it must), then `idle` or "not accepting tasks: …" as the daemon decides; `None`
+/// waits for a value. Each connection announces the value current at its identify.
 ///
 /// `first_attempt` fires once the first connection has identified, or failed to: what the
 /// daemon waits for before it starts its containment probe, so that nothing but the

@@ -100,8 +100,8 @@ pub use crate::config::{Containment, NetworkMode, SandboxConfig};
 
 /// The containment probe ([`Policy::probe_blocking`]) for the `configured` level (the
 /// config's `containment`), running on the blocking pool from [`Probing::start`]: it forks a
-/// test child, the longest step on the daemon's way to `identify`, so the daemon starts it
-/// as soon as the config is read and collects it when it needs the answer.
+/// namespace holder and a test child, so the daemon starts it only once its first attempt to
+/// `identify` is over (`daemon/containment.rs`), and collects it when it needs the answer.
 pub struct Probing {
     configured: Option<Containment>,
     handle: tokio::task::JoinHandle<Policy>,
