@@ -2,7 +2,8 @@
 //! (`process::run`), unconfined and inside a task sandbox (Landlock ruleset, user + PID
 //! namespace with its supervisor, rlimits), and with `[network] mode = "none"` (a network
 //! namespace of its own with `lo` up), plus the one-off cost of building a task's sandbox
-//! (with the per-repository dependency caches for a task's own children). Prints min /
+//! (with the per-repository dependency caches for a task's own children; with the view
+//! made on the spot and made ahead, as the daemon does while idle). Prints min /
 //! median / p99 / max in microseconds.
 //!
 //! `cargo run --release --example bench_spawn -- [--runs N]` (or `bash scripts/bench-containment.sh`).
@@ -76,12 +77,22 @@ async fn main() {
     // Warm the page cache and the binary.
     let _ = spawn_times(&base, &ws, 20).await;
     let mut builds = Vec::new();
+    let mut ahead_builds = Vec::new();
+    // The same policy with views made ahead (what the daemon does while idle, issue 45),
+    // alternating with the view made on the spot so a busy moment weighs on both.
+    let ahead = Policy::decide(None, Support::probe());
     let mut confined = None;
     for _ in 0..50 {
         let t = Instant::now();
         let env = process::confine(&cfg, &policy, &base, &tmp, &grants).expect("confine");
         builds.push(t.elapsed());
         confined = Some(env);
+        ahead.prepare_views(&cfg, base.vars());
+        assert!(ahead.views_ready() > 0, "no view made ahead");
+        let t = Instant::now();
+        let env = process::confine(&cfg, &ahead, &base, &tmp, &grants).expect("confine");
+        ahead_builds.push(t.elapsed());
+        drop(env);
     }
     let confined = confined.expect("built");
     // A task's own children: its repository's caches and, here, no network.
@@ -120,6 +131,10 @@ async fn main() {
         netns.clone(),
     );
     stats("build a task's sandbox (once per task)", builds);
+    stats(
+        "build a task's sandbox with its view made ahead (once per task)",
+        ahead_builds,
+    );
     stats(
         "build a task's sandbox with its repository's caches (once per task)",
         task_builds,

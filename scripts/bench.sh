@@ -9,7 +9,24 @@
 #
 # Figure 13 (issue 30) scales the workspace: 1k / 10k / 100k files for each of four shapes,
 # peak RSS and CPU per attempt (`--only 13`; `--quick` leaves out the 100k rows).
+#
+# Figure 14 measures the Node sidecar in the same run, against the same mock hub, when
+# NODE_SIDECAR names a copy of it with its dependencies installed, kept OUTSIDE this
+# repository (never committed):
+#   mkdir -p /work/node-sidecar
+#   git -C <AgentCom checkout> archive HEAD sidecar | tar -x -C /work/node-sidecar
+#   (cd /work/node-sidecar/sidecar && npm ci)
+#   NODE_SIDECAR=/work/node-sidecar/sidecar bash scripts/bench.sh --only 14
+# Without it, figure 14 is skipped and says so.
 set -euo pipefail
+if [ -n "${NODE_SIDECAR:-}" ]; then
+  [ -f "$NODE_SIDECAR/index.js" ] && [ -d "$NODE_SIDECAR/node_modules" ] || {
+    echo "bench: NODE_SIDECAR=$NODE_SIDECAR is not a Node sidecar with its dependencies (index.js, node_modules: run npm ci there)" >&2; exit 1; }
+  case "$(realpath "$NODE_SIDECAR")" in
+    "$(realpath "$(dirname "$0")/..")"/*) echo "bench: keep the Node sidecar outside this repository" >&2; exit 1 ;;
+  esac
+  export NODE_SIDECAR
+fi
 cd "$(dirname "$0")/.."
 
 cargo build --release --locked --bins

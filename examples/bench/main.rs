@@ -32,6 +32,7 @@
 mod clone;
 mod harness;
 mod latency;
+mod node;
 mod output;
 mod push_scan;
 mod scaling;
@@ -174,9 +175,20 @@ async fn main() {
             eprintln!("bench: 13 scaling with the workspace ({sizes:?} files × 4 shapes)");
             rows.extend(scaling::scaling(&o, sizes).await);
         }
-        if run(14) {
-            eprintln!("bench: 14 push scan (an everyday change, a 64 MiB one)");
+        if run(15) {
+            eprintln!("bench: 15 push scan (an everyday change, a 64 MiB one)");
             rows.extend(push_scan::push_scan().await);
+        }
+        if run(14) {
+            match node::node_sidecar() {
+                Some(src) => {
+                    eprintln!("bench: 14 the Node sidecar in {} side by side", src.display());
+                    rows.extend(node::compare(&o, &src, 50).await);
+                }
+                None => eprintln!(
+                    "bench: 14 skipped: set NODE_SIDECAR to a Node sidecar with its dependencies (BENCHMARKS.md)"
+                ),
+            }
         }
         if run(9) {
             eprintln!("bench: 9 backlog of 1000 × 64 KB results");

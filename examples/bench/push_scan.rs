@@ -158,7 +158,7 @@ pub(crate) async fn push_scan() -> Vec<Row> {
         );
         let mib = bytes as f64 / (1 << 20) as f64;
         rows.push(Row::new(
-            &format!("14. push scan: {name}"),
+            &format!("15. push scan: {name}"),
             "~200 MiB/s",
             "—",
             format!(
@@ -196,7 +196,7 @@ pub(crate) async fn push_scan() -> Vec<Row> {
     }
     let stats = Stats::new(times);
     rows.push(Row::new(
-        "14. push scan: the search alone (64 MiB in memory, 16 KiB chunks)",
+        "15. push scan: the search alone (64 MiB in memory, 16 KiB chunks)",
         "~200 MiB/s",
         "—",
         format!(

@@ -89,7 +89,8 @@ pub(crate) async fn idle(o: &Opts, envs: &[(&str, &str)], label: &str, idle_secs
 
 /// Figure 11: 10 idle daemons side by side (one hub each), 5 s after all identified: the
 /// sum of their PSS (`/proc/<pid>/smaps_rollup`, shared pages split between sharers) over 10
-/// is what one more agent costs the host; private memory is what only that agent holds.
+/// is what one more agent costs the host; private memory is what only that agent holds. The
+/// daemon's children (the holders of the views made ahead) are counted with it.
 pub(crate) async fn side_by_side(o: &Opts, n: usize) -> Vec<Row> {
     let mut hubs = Vec::new();
     let mut daemons = Vec::new();
@@ -110,11 +111,21 @@ pub(crate) async fn side_by_side(o: &Opts, n: usize) -> Vec<Row> {
             .unwrap_or(0)
     };
     let (mut pss, mut private, mut rss) = (0u64, 0u64, 0u64);
+    let (mut holders, mut holders_pss) = (0usize, 0u64);
     for d in &daemons {
         pss += field(d.pid(), "Pss");
         private += field(d.pid(), "Private_Clean") + field(d.pid(), "Private_Dirty");
         rss += field(d.pid(), "Rss");
+        // The views made ahead for the next task (issue 45) wait in processes of their own,
+        // forked from the daemon: pages they share with it are split with them, so their
+        // PSS belongs to the agent's cost too.
+        for h in children_of(d.pid()) {
+            holders += 1;
+            holders_pss += field(h, "Pss");
+            private += field(h, "Private_Clean") + field(h, "Private_Dirty");
+        }
     }
+    pss += holders_pss;
     for d in daemons {
         d.stop().await;
     }
@@ -124,11 +135,29 @@ pub(crate) async fn side_by_side(o: &Opts, n: usize) -> Vec<Row> {
         "—",
         "—",
         format!(
-            "PSS {:.2} MB each (private {:.2} MB; RSS {:.1} MB each, mostly shared code)",
+            "PSS {:.2} MB each (private {:.2} MB; RSS {:.1} MB each, mostly shared code; with {:.1} waiting view holders each, PSS {:.2} MB of it)",
             per(pss),
             per(private),
-            per(rss)
+            per(rss),
+            holders as f64 / n as f64,
+            per(holders_pss)
         ),
         None,
     )]
+}
+
+/// The processes whose parent is `pid` (every thread's children).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }

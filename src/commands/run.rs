@@ -21,8 +21,6 @@ pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCod
     // link, /healthz and the status socket keep theirs (see `sandbox::descriptors`).
     let (was, open_files) = crate::sandbox::descriptors::raise_limit();
     let cfg = args.config.load()?;
-    // The probe first: it forks a test child and is the longest step before `identify`.
-    let probe = crate::sandbox::Probing::start(cfg.containment);
     // One redactor for the logs and the daemon: the agent's login files are read once.
     let redactor = std::sync::Arc::new(ChildEnv::from_config(&cfg).redactor(&cfg).await);
     logs.set(redactor.clone());
@@ -58,7 +56,7 @@ pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCod
         cfg.ping_interval() * 2,
         services.clone(),
     ));
-    let result = daemon::run_probed(cfg, shutdown, ops, probe, redactor).await;
+    let result = daemon::run_with(cfg, shutdown, ops, redactor).await;
     services.cancel();
     tracker.close();
     tracker.wait().await;

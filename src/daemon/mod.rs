@@ -41,10 +41,11 @@ use crate::process::ChildEnv;
 use crate::recorder::Recorder;
 use crate::redact::Redactor;
 use crate::runner::RunnerDeps;
-use crate::sandbox::Probing;
+use crate::sandbox::Policy;
 use crate::state::{ActiveTask, OutboxMeta, Phase, StateStore};
 use crate::task::Task;
 
+mod containment;
 mod delivery;
 mod fencing;
 mod recovery;
@@ -53,6 +54,7 @@ mod slot;
 #[cfg(test)]
 mod tests;
 
+use containment::ProbeStage;
 use delivery::accepted_after_identify;
 use recovery::Asked;
 use shutdown::{wait_unless_immediate, OUTBOX_FLUSH};
@@ -72,34 +74,32 @@ const REPROBE_MAX: Duration = Duration::from_secs(300);
 
 /// Run the daemon until shutdown. `ops` receives metrics and health.
 pub async fn run(cfg: Config, shutdown: Shutdown, ops: Ops) -> anyhow::Result<ExitReason> {
-    let probe = Probing::start(cfg.containment);
     let redactor = Arc::new(ChildEnv::from_config(&cfg).redactor(&cfg).await);
-    run_probed(cfg, shutdown, ops, probe, redactor).await
+    run_with(cfg, shutdown, ops, redactor).await
 }
 
-/// [`run`] with the containment probe already started (by the caller, as early as it could)
-/// and the redactor of every credential the daemon holds already built (the caller's logs
-/// scrub with the same one: the agent's login files are read once).
-pub async fn run_probed(
+/// [`run`] with the redactor of every credential the daemon holds already built (the
+/// caller's logs scrub with the same one: the agent's login files are read once).
+pub async fn run_with(
     cfg: Config,
     shutdown: Shutdown,
     ops: Ops,
-    probe: Probing,
     redactor: Arc<Redactor>,
 ) -> anyhow::Result<ExitReason> {
     let cfg = Arc::new(cfg);
-    // Start-up waits on three things, each a few hundred microseconds to milliseconds, and
-    // none needs another: the containment probe (a forked test child), the hub connection
-    // and the state file (read, and written back with an fsync). They run at once. The
-    // link may be connected first, but it identifies, and so can be given work, only once
-    // the probe has answered (`announce` below); the state is written back before the
-    // daemon handles any frame (an assignment waits in the link's channel meanwhile).
+    // On the way to `identify` only the connection runs (BENCHMARKS.md, figure 1); the
+    // state file is read meanwhile (file I/O on the blocking pool, no CPU to speak of). The
+    // containment probe (it forks a namespace holder and a test child) starts once the
+    // first attempt to identify is over, and the daemon handles no frame until it has
+    // answered (see `containment.rs`); the state is written back before that too.
     let budget = Arc::new(RateBudget::from_config(&cfg.progress));
     let (handle, out_rx) = link::channel();
     let (ev_tx, ev_rx) = mpsc::channel(1024);
-    // What `identify` announces: published once the containment probe has answered.
-    let (announce, announced) = watch::channel(None);
+    // What `identify` announces: `idle` until the probe says otherwise (a status frame then
+    // corrects what the first identify said, see `containment.rs`).
+    let (announce, announced) = watch::channel(Some(containment::announcement(None)));
     let steering = handle.steering(announced);
+    let (first_attempt, after_first) = tokio::sync::oneshot::channel();
     let link_cancel = CancellationToken::new();
     // Boxed: the link's future is large, and built on the stack it would stay there as
     // stack pages touched once and resident for the daemon's life.
@@ -110,6 +110,7 @@ pub async fn run_probed(
         out_rx,
         ops.clone(),
         steering,
+        first_attempt,
         link_cancel.clone(),
     )));
     let state = match load_state(&cfg).await {
@@ -126,6 +127,7 @@ pub async fn run_probed(
         announce,
         budget,
     };
+    let probe = ProbeStage::Waiting(after_first);
     let (mut d, recorder_writer) =
         Daemon::new(cfg, shutdown.clone(), ops, link, state, probe, redactor).await;
     d.write_back().await;
@@ -248,6 +250,8 @@ struct Daemon {
     queued: Option<Task>,
     /// The agent status `identify` announces (`idle`, or why no task is taken).
     announce: watch::Sender<Option<String>>,
+    /// The containment probe until it has answered (no frame is handled before).
+    probe: ProbeStage,
     /// When to probe containment again (only while strict containment is unavailable).
     reprobe_at: Option<Instant>,
     /// When to give free heap pages back (see [`trim_heap`]): set when the daemon goes
@@ -286,7 +290,8 @@ async fn sleep_until_opt(t: Option<Instant>) {
 
 impl Daemon {
     /// The daemon around a link (`link` to send, `events` to hear), holding what
-    /// [`load_state`] found, taking work as the containment `probe` decides, scrubbing what
+    /// [`load_state`] found, taking work as the containment `probe` decides once it has
+    /// answered (see `containment.rs`), scrubbing what
     /// leaves with `redactor`. Also returns the recorder's writer, which ends once the daemon
     /// (and every runner's handle on the recorder) is dropped.
     async fn new(
@@ -295,7 +300,7 @@ impl Daemon {
         ops: Ops,
         link: Link,
         state: LoadedState,
-        probe: Probing,
+        probe: ProbeStage,
         redactor: Arc<Redactor>,
     ) -> (Daemon, JoinHandle<()>) {
         let Link {
@@ -316,7 +321,12 @@ impl Daemon {
         );
         let ledger =
             Arc::new(crate::spend::SpendLedger::open(cfg.state_dir.join("spend.json")).await);
-        let containment = Arc::new(probe.answer().await);
+        // Until the probe answers (no task starts before: see `containment.rs`): what a
+        // machine that cannot confine would be, never more.
+        let containment = Arc::new(Policy::decide(
+            cfg.containment,
+            crate::sandbox::Support::none(),
+        ));
         ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
         let deps = RunnerDeps {
             config: cfg.clone(),
@@ -364,11 +374,11 @@ impl Daemon {
             asked: Vec::new(),
             queued: None,
             announce,
+            probe,
             reprobe_at: None,
             trim_at: None,
             reprobe_delay: REPROBE_FIRST,
         };
-        d.containment_decided();
         for meta in state.outbox {
             d.add_to_outbox(meta).await;
         }
@@ -408,7 +418,13 @@ impl Daemon {
                     let r = self.running.take().expect("joined a running task");
                     self.task_finished(r, res).await;
                 }
-                ev = self.events.recv() => match ev {
+                policy = self.probe.step(self.cfg.containment) => {
+                    if let Some(policy) = policy {
+                        self.probe_answered(policy);
+                    }
+                }
+                // No frame before the probe's answer: an assignment waits for it here.
+                ev = self.events.recv(), if self.probe.answered() => match ev {
                     Some(ev) => self.on_link_event(ev).await,
                     None => {
                         tracing::error!("hub link task ended unexpectedly");
@@ -480,8 +496,9 @@ impl Daemon {
 
     async fn on_link_event(&mut self, ev: LinkEvent) {
         match ev {
-            LinkEvent::Identified { epoch } => {
+            LinkEvent::Identified { epoch, announced } => {
                 self.link.set_epoch(epoch);
+                self.correct_announcement(&announced);
                 self.identified = true;
                 self.inflight = None;
                 self.asked.clear();
@@ -533,10 +550,14 @@ impl Daemon {
         self.idle_from_now();
     }
 
-    /// The daemon may be idle from now on: free heap pages go back once it has stayed so.
+    /// The daemon may be idle from now on: free heap pages go back once it has stayed so,
+    /// and the next task's views are made now (the last task took them).
     fn idle_from_now(&mut self) {
         if self.running.is_none() {
             self.trim_at = Some(Instant::now() + TRIM_AFTER_IDLE);
+            if self.probe.answered() {
+                self.prepare_views();
+            }
         }
     }
 
@@ -549,55 +570,6 @@ impl Daemon {
                 .ops
                 .status(&format!("connected, NOT accepting tasks: {why}")),
             (None, None) => self.ops.status("connected, idle"),
-        }
-    }
-
-    /// Tell everyone what the containment decision means for taking work: the status and
-    /// metrics, the next `identify`, and when to look again while tasks cannot be confined.
-    fn containment_decided(&mut self) {
-        let policy = &self.deps.containment;
-        let refusal = policy.refusal();
-        let support = &policy.support;
-        let missing: Vec<&str> = [
-            (support.landlock_abi < 1).then_some("landlock"),
-            support.namespaces.is_err().then_some("namespaces"),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        self.ops
-            .set_containment(policy.level_name(), refusal.clone(), &missing.join(","));
-        let announce = match &refusal {
-            Some(why) => format!("not accepting tasks: {why}"),
-            None => "idle".to_string(),
-        };
-        self.announce.send_replace(Some(announce));
-        self.reprobe_at = refusal
-            .is_some()
-            .then(|| Instant::now() + self.reprobe_delay);
-    }
-
-    /// Probe containment again (strict and unavailable until now); on success, take work.
-    async fn reprobe(&mut self) {
-        let configured = self.cfg.containment;
-        let Ok(policy) =
-            tokio::task::spawn_blocking(move || crate::sandbox::Policy::probe_blocking(configured))
-                .await
-        else {
-            self.reprobe_at = Some(Instant::now() + self.reprobe_delay);
-            return;
-        };
-        if policy.refusal().is_none() {
-            tracing::info!(layers = %policy.support.describe(), "containment is available now: accepting tasks");
-            self.reprobe_delay = REPROBE_FIRST;
-        } else {
-            tracing::debug!(next_in = ?self.reprobe_delay, "containment still unavailable");
-            self.reprobe_delay = (self.reprobe_delay * 2).min(REPROBE_MAX);
-        }
-        self.deps.containment = Arc::new(policy);
-        self.containment_decided();
-        if self.identified {
-            self.status_line();
         }
     }
 

@@ -90,7 +90,7 @@ impl Daemon {
             let grace =
                 Duration::from_millis(self.cfg.executor.kill_grace_ms) + Duration::from_secs(2);
             match wait_unless_immediate(&immediate, grace, &mut r.handle).await {
-                // Removed before the daemon exits (see `run_probed`).
+                // Removed before the daemon exits (see `run_with`).
                 Some(Ok(finished)) => {
                     self.leftovers = Some(tokio::spawn(finished.leftovers.remove()));
                 }

@@ -62,6 +62,18 @@ fn failed_entry(task_id: &str) -> OutboxEntry {
 
 /// A daemon over `seed`, not yet running, and the rig to drive it.
 async fn daemon(seed: Seed, tweak: impl FnOnce(&mut Config)) -> (Daemon, Rig) {
+    daemon_probed(seed, tweak, |cfg| {
+        ProbeStage::Running(crate::sandbox::Probing::start(cfg.containment))
+    })
+    .await
+}
+
+/// [`daemon`] with the containment probe `probe` makes.
+async fn daemon_probed(
+    seed: Seed,
+    tweak: impl FnOnce(&mut Config),
+    probe: impl FnOnce(&Config) -> ProbeStage,
+) -> (Daemon, Rig) {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cfg = Config::for_hub("ws://127.0.0.1:9", dir.path());
     // No namespace probe: nothing here spawns a process.
@@ -89,7 +101,7 @@ async fn daemon(seed: Seed, tweak: impl FnOnce(&mut Config)) -> (Daemon, Rig) {
         announce: tokio::sync::watch::channel(None).0,
         budget,
     };
-    let probe = crate::sandbox::Probing::start(cfg.containment);
+    let probe = probe(&cfg);
     let redactor = Arc::new(ChildEnv::from_config(&cfg).redactor(&cfg).await);
     let (d, _writer) = Daemon::new(
         cfg,
@@ -154,7 +166,10 @@ async fn done_within(limit: Duration, fut: &mut (impl Future + Unpin)) -> bool {
 impl Rig {
     async fn identified(&self) {
         self.events
-            .send(LinkEvent::Identified { epoch: 1 })
+            .send(LinkEvent::Identified {
+                epoch: 1,
+                announced: "idle".into(),
+            })
             .await
             .expect("the daemon hears the link");
     }
@@ -515,7 +530,10 @@ async fn a_task_paused_by_a_dropped_link_is_killed_at_fence_timeout_and_not_befo
     }
     // The link comes back and the question goes out; the hub never answers it.
     rig.events
-        .send(LinkEvent::Identified { epoch: 2 })
+        .send(LinkEvent::Identified {
+            epoch: 2,
+            announced: "idle".into(),
+        })
         .await
         .unwrap();
     loop {
@@ -577,4 +595,52 @@ async fn continue_at_our_generation_resumes_a_paused_task_and_accepts_it_again()
     assert!(!cancel.is_cancelled());
     rig.shutdown.immediate.cancel();
     run.await.expect("daemon task");
+}
+
+/// The probe answers after the first `identify` (figure 1): an assignment that arrives
+/// before its answer waits for it and is then taken, never refused for want of an answer
+/// (a `task_failed` would cost the hub a retry of the task).
+#[tokio::test(start_paused = true)]
+async fn an_assignment_before_the_probe_answers_waits_for_the_answer() {
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    let (d, mut rig) = daemon_probed(
+        Seed::default(),
+        // Strict, the default: until the probe answers, a machine that cannot confine.
+        |c| c.containment = None,
+        |cfg| {
+            ProbeStage::Running(crate::sandbox::Probing::answered_by(
+                cfg.containment,
+                answered,
+            ))
+        },
+    )
+    .await;
+    let run = start(d);
+    rig.identified().await;
+    rig.hub_says(Inbound::TaskAssign(Box::new(task("early"))))
+        .await;
+    assert!(
+        tokio::time::timeout(Duration::from_secs(60), rig.out.recv())
+            .await
+            .is_err(),
+        "the assignment was answered before the probe was"
+    );
+    // The probe finds a machine that confines (a stand-in: nothing runs the task for real
+    // before the test stops the daemon).
+    let full = crate::sandbox::Support {
+        landlock_abi: 6,
+        namespaces: Ok(()),
+        refused: Default::default(),
+    };
+    let _ = answer.send(crate::sandbox::Policy::decide(None, full));
+    let first = rig.next_out().await;
+    assert_eq!(
+        first.frame,
+        Outbound::TaskAccepted {
+            task_id: "early".into()
+        },
+        "{first:?}"
+    );
+    rig.shutdown.immediate.cancel();
+    let _ = run.await;
 }

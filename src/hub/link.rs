@@ -59,9 +59,16 @@ enum End {
 
 /// Run the link until `cancel`. On cancel the socket is closed with code 1000.
 ///
-/// `steering.status` is the agent status `identify` announces: `None` until the daemon knows
-/// whether it can take work (the containment probe, run while this connects), then `idle`
-/// or "not accepting tasks: …". Each connection announces the value current at its identify.
+/// `steering.status` is the agent status `identify` announces: `idle` from the start (the containment
+/// probe answers after the first `identify`; the daemon corrects the hub with a `status`
+/// frame when it must), then `idle` or "not accepting tasks: …" as the daemon decides; `None`
+/// waits for a value. Each connection announces the value current at its identify.
+///
+/// `first_attempt` fires once the first connection has identified, or failed to: what the
+/// daemon waits for before it starts its containment probe, so that nothing but the
+/// connection runs on the way to the first `identify` (spawn → identified, BENCHMARKS.md
+/// figure 1).
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     cfg: Arc<Config>,
     budget: Arc<RateBudget>,
@@ -69,8 +76,10 @@ pub async fn run(
     mut out: mpsc::Receiver<OutFrame>,
     ops: Ops,
     steering: Steering,
+    first_attempt: tokio::sync::oneshot::Sender<()>,
     cancel: CancellationToken,
 ) {
+    let mut first_attempt = Some(first_attempt);
     let Steering {
         mut status,
         resync,
@@ -97,10 +106,17 @@ pub async fn run(
             return;
         }
         ops.link_state(false);
-        let end = match connect(&cfg, connector.clone()).await {
-            Err(e) => End::Lost(e.to_string()),
+        let connected = connect(&cfg, connector.clone()).await;
+        let end = match connected {
+            Err(e) => {
+                first_attempt.take().map(|tx| tx.send(()));
+                End::Lost(e.to_string())
+            }
             Ok(ws) => {
-                match identify(&cfg, ws, &announced(&mut status, &cancel).await, &cancel).await {
+                let announcing = announced(&mut status, &cancel).await;
+                let identified = identify(&cfg, ws, &announcing, &cancel).await;
+                first_attempt.take().map(|tx| tx.send(()));
+                match identified {
                     Err(end) => end,
                     Ok(ws) => {
                         epoch += 1;
@@ -108,7 +124,11 @@ pub async fn run(
                         tracing::info!(epoch, hub = %cfg.hub_url, "identified with the hub");
                         ops.link_state(true);
                         ops.pong();
-                        if events.send(LinkEvent::Identified { epoch }).await.is_err() {
+                        let identified = LinkEvent::Identified {
+                            epoch,
+                            announced: announcing,
+                        };
+                        if events.send(identified).await.is_err() {
                             return;
                         }
                         let mut conn = Connection {
@@ -606,20 +626,4 @@ impl Connection<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn policy_close_becomes_cooldown() {
-        let end = close_end(Some(CloseFrame {
-            code: CloseCode::Policy,
-            reason: "cooldown active: retry in 60s".into(),
-        }));
-        assert!(matches!(end, End::Cooldown(d, _) if d == Duration::from_secs(60)));
-        let end = close_end(Some(CloseFrame {
-            code: CloseCode::Policy,
-            reason: "too many validation errors".into(),
-        }));
-        assert!(matches!(end, End::Cooldown(d, _) if d == Duration::from_secs(30)));
-    }
-}
+mod tests;

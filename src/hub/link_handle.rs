@@ -17,6 +17,9 @@ pub enum LinkEvent {
     Identified {
         /// The connection's number; frames carry it to reach only this connection.
         epoch: u64,
+        /// The status its `identify` announced (the daemon corrects it with a `status`
+        /// frame when it has learnt otherwise since).
+        announced: String,
     },
     /// The connection ended; the daemon must consider every unanswered frame unanswered.
     Disconnected {

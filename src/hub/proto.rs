@@ -178,6 +178,13 @@ pub enum Outbound {
     },
     /// Heartbeat; keeps the socket under the hub's 60 s idle limit.
     Ping,
+    /// Our status as the hub shows it changed since `identify` announced it (the hub
+    /// answers `status_updated`; light tier). Sent when the containment probe, which
+    /// answers only after `identify`, finds that this agent cannot take work.
+    Status {
+        /// The new status (≤ 256 chars), e.g. `not accepting tasks: …`.
+        status: String,
+    },
     /// We took the task (due within 60 s of `task_assign`).
     TaskAccepted {
         /// The task taken.
@@ -381,6 +388,7 @@ impl Outbound {
         match self {
             Outbound::Identify { .. } => "identify",
             Outbound::Ping => "ping",
+            Outbound::Status { .. } => "status",
             Outbound::TaskAccepted { .. } => "task_accepted",
             Outbound::TaskProgress { .. } => "task_progress",
             Outbound::TaskComplete { .. } => "task_complete",
@@ -395,7 +403,7 @@ impl Outbound {
     pub fn tier(&self) -> RateTier {
         match self {
             Outbound::Identify { .. } => RateTier::Heavy,
-            Outbound::Ping => RateTier::Light,
+            Outbound::Ping | Outbound::Status { .. } => RateTier::Light,
             _ => RateTier::Normal,
         }
     }

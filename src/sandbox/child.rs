@@ -141,6 +141,7 @@ unsafe fn enter_namespaces(
     if libc::setns(join.user, libc::CLONE_NEWUSER) != 0
         || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
         || libc::setns(join.mnt, libc::CLONE_NEWNS) != 0
+        || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
         || libc::chdir(cwd.as_ptr()) != 0
     {
         return Err(io::Error::last_os_error());

@@ -82,6 +82,7 @@ mod keyring;
 pub mod landlock;
 mod mounts;
 mod network;
+mod premade;
 pub mod proxy;
 pub mod refusal;
 mod resolve;
@@ -109,8 +110,8 @@ pub use crate::config::{Containment, NetworkMode, SandboxConfig};
 
 /// The containment probe ([`Policy::probe_blocking`]) for the `configured` level (the
 /// config's `containment`), running on the blocking pool from [`Probing::start`]: it forks a
-/// test child, the longest step on the daemon's way to `identify`, so the daemon starts it
-/// as soon as the config is read and collects it when it needs the answer.
+/// namespace holder and a test child, so the daemon starts it only once its first attempt to
+/// `identify` is over (`daemon/containment.rs`), and collects it when it needs the answer.
 pub struct Probing {
     configured: Option<Containment>,
     handle: tokio::task::JoinHandle<Policy>,
@@ -127,13 +128,35 @@ impl Probing {
 
     /// The probe's answer, logged once. A probe that panicked proved nothing: strict then
     /// refuses work, as on a machine without the layers.
-    pub async fn answer(self) -> Policy {
-        let policy = self
-            .handle
+    pub async fn answer(mut self) -> Policy {
+        self.wait().await
+    }
+
+    /// [`Probing::answer`] without giving the probe up: cancel-safe (for a `select!`); once
+    /// it has returned, the probe is spent and must not be waited on again.
+    pub async fn wait(&mut self) -> Policy {
+        let policy = (&mut self.handle)
             .await
             .unwrap_or_else(|_| Policy::decide(self.configured, Support::none()));
         policy.log();
         policy
+    }
+
+    /// A probe whose answer is the policy sent on `answer` (tests: a probe that answers
+    /// when the test says so).
+    #[doc(hidden)]
+    pub fn answered_by(
+        configured: Option<Containment>,
+        answer: tokio::sync::oneshot::Receiver<Policy>,
+    ) -> Probing {
+        Probing {
+            configured,
+            handle: tokio::spawn(async move {
+                answer
+                    .await
+                    .unwrap_or_else(|_| Policy::decide(configured, Support::none()))
+            }),
+        }
     }
 }
 
@@ -148,6 +171,9 @@ pub struct Policy {
     pub level: Containment,
     /// What the kernel can enforce.
     pub support: Support,
+    /// Task views made while the daemon is idle (see `premade.rs`), shared by the clones of
+    /// this policy; each view in it serves one task.
+    views: Arc<premade::ViewPool>,
 }
 
 impl Policy {
@@ -156,7 +182,47 @@ impl Policy {
         Policy {
             level: configured.unwrap_or(Containment::Strict),
             support,
+            views: Arc::default(),
         }
+    }
+
+    /// Make the views of the next tasks now, while the daemon is idle (see `premade.rs`),
+    /// for children that inherit `vars`: blocking (forks), so off the runtime. Nothing when
+    /// tasks get no view here (containment off, no namespaces, strict and refusing).
+    pub fn prepare_views(&self, cfg: &Config, vars: &[(String, String)]) {
+        if self.level == Containment::Off
+            || self.support.namespaces.is_err()
+            || self.refusal().is_some()
+        {
+            return;
+        }
+        self.views.refill(
+            &mounts::private(cfg, vars),
+            &ipc::IpcPlan::new(cfg.sandbox.max_memory_mb),
+        );
+    }
+
+    /// Views made ahead and not yet taken by a task.
+    pub fn views_ready(&self) -> usize {
+        self.views.ready()
+    }
+
+    /// The view for one task's children: one made ahead when there is one that fits, else
+    /// one made now. Blocking.
+    fn view_for(
+        &self,
+        plan: &mounts::MountPlan,
+        ipc: &ipc::IpcPlan,
+    ) -> std::io::Result<view::TaskView> {
+        if let Some(premade) = self.views.take() {
+            match premade.finish(plan) {
+                Ok(view) => return Ok(view),
+                Err(e) => {
+                    tracing::debug!(error = %e, "the view made ahead does not fit this task; making one")
+                }
+            }
+        }
+        view::TaskView::create(plan, ipc)
     }
 
     /// Protect the daemon, then probe the kernel and decide the level for `cfg`: blocking
@@ -500,12 +566,12 @@ pub fn plan(
     let mounts = mounts
         .map(|fs| mounts::for_sandbox(cfg, fs, vars, tmp, &grants))
         .transpose()?;
-    // Made once for the task, joined by each child (see `view.rs`), with the task's own
-    // IPC namespace (see `ipc.rs`).
+    // Made once for the task (usually ahead of it: `premade.rs`), joined by each child (see
+    // `view.rs`), with the task's own IPC namespace (see `ipc.rs`).
     let ipc = ipc::IpcPlan::new(cfg.sandbox.max_memory_mb);
     let task_view = mounts
         .as_ref()
-        .map(|m| view::TaskView::create(m, &ipc))
+        .map(|m| policy.view_for(m, &ipc))
         .transpose()
         .map_err(ContainmentError::View)?;
     let fs = fs.filter(|_| landlock_on);
@@ -591,105 +657,4 @@ fn rlimits(c: &SandboxConfig) -> Vec<(libc::__rlimit_resource_t, libc::rlim_t)> 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn without_kernel_support() -> Support {
-        Support {
-            landlock_abi: 0,
-            namespaces: Err(NamespaceError::Spawn(Arc::new(
-                std::io::Error::from_raw_os_error(libc::EPERM),
-            ))),
-            refused: Default::default(),
-        }
-    }
-
-    #[test]
-    fn strict_refuses_what_it_cannot_confine_and_says_what_is_missing() {
-        let cfg = Config::default();
-        let policy = Policy::decide(Some(Containment::Strict), without_kernel_support());
-        let dir = tempfile::tempdir().unwrap();
-        let err = plan(
-            &cfg,
-            &policy,
-            &[],
-            &dir.path().join("tmp"),
-            &Grants::default(),
-        )
-        .unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.starts_with("containment_unavailable:"), "{msg}");
-        assert!(
-            msg.contains("Landlock") && msg.contains("namespaces"),
-            "{msg}"
-        );
-        assert!(msg.contains("best-effort"), "says what to do: {msg}");
-    }
-
-    #[test]
-    fn a_network_policy_without_namespaces_refuses_the_task_even_in_best_effort() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = Config {
-            state_dir: dir.path().join("state"),
-            ..Config::default()
-        };
-        cfg.network.mode = NetworkMode::Allowlist;
-        let policy = Policy::decide(Some(Containment::BestEffort), without_kernel_support());
-        let grants = Grants {
-            write: vec![dir.path().to_path_buf()],
-            task: true,
-            ..Grants::default()
-        };
-        let err = plan(&cfg, &policy, &[], &dir.path().join("tmp"), &grants).unwrap_err();
-        assert!(err.to_string().contains("[network] mode"), "{err}");
-        // The daemon's own git calls are not the task's: they keep the host's network.
-        let git = Grants {
-            task: false,
-            ..grants
-        };
-        assert!(plan(&cfg, &policy, &[], &dir.path().join("tmp"), &git).is_ok());
-    }
-
-    #[test]
-    fn unset_means_strict_everywhere_and_a_machine_that_cannot_confine_refuses_work() {
-        let full = Support {
-            landlock_abi: 6,
-            namespaces: Ok(()),
-            refused: Default::default(),
-        };
-        let strict = Policy::decide(None, full);
-        assert_eq!(strict.level, Containment::Strict);
-        assert!(strict.refusal().is_none());
-        assert_eq!(strict.ran_under(), serde_json::json!({"level": "strict"}));
-        // No silent downgrade: unset on a machine without the layers refuses work and says
-        // why and what to do.
-        let none = without_kernel_support();
-        let unset = Policy::decide(None, none.clone());
-        assert_eq!(unset.level, Containment::Strict);
-        let why = unset.refusal().expect("refuses");
-        assert!(why.starts_with("containment_unavailable:"), "{why}");
-        assert!(why.contains("best-effort"), "{why}");
-        // best-effort, chosen explicitly, runs with what there is (here: limits only), and
-        // says what was not enforced.
-        let chosen = Policy::decide(Some(Containment::BestEffort), none);
-        assert!(chosen.refusal().is_none());
-        assert_eq!(chosen.ran_under()["level"], "best-effort");
-        assert_eq!(
-            chosen.ran_under()["not_enforced"].as_array().map(Vec::len),
-            Some(2)
-        );
-        let cfg = Config::default();
-        let dir = tempfile::tempdir().unwrap();
-        let c = plan(
-            &cfg,
-            &chosen,
-            &[],
-            &dir.path().join("tmp"),
-            &Grants::default(),
-        )
-        .unwrap();
-        assert!(c.sandbox.is_some());
-        let tmp = dir.path().join("tmp").to_string_lossy().into_owned();
-        assert!(c.set.contains(&("TMPDIR".to_string(), tmp)), "{:?}", c.set);
-    }
-}
+mod tests;

@@ -109,12 +109,17 @@ pub(super) fn for_sandbox(
     if !grants.task {
         sockets.extend(var_in(&[vars], "SSH_AUTH_SOCK").map(PathBuf::from));
     }
-    let private: Vec<PathBuf> = var_in(&[vars], "HOME")
+    plan(&visible, &sockets, &private(cfg, vars))
+}
+
+/// The trees hidden wherever they are: the service user's HOME (of `vars`, what the
+/// children inherit) and the state directory.
+pub(super) fn private(cfg: &Config, vars: &[(String, String)]) -> Vec<PathBuf> {
+    var_in(&[vars], "HOME")
         .map(PathBuf::from)
         .into_iter()
         .chain([cfg.state_dir.clone()])
-        .collect();
-    plan(&visible, &sockets, &private)
+        .collect()
 }
 
 /// The plan for children granted `visible` (canonical, existing: the filesystem policy's

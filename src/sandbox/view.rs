@@ -1,14 +1,16 @@
 //! A task's view of the host's file system, made once per task: a user namespace and, owned
 //! by it, a mount namespace in which the [`MountPlan`] is applied (every tree but the
-//! system's hidden under an empty tmpfs, what is granted bound back), and the task's own IPC
-//! namespace (see `ipc.rs`). Every child of the task joins all three (`setns`, see `child.rs`) before it makes its own PID (and network)
+//! system's hidden under an empty tmpfs, what is granted bound back), and the task's own,
+//! bounded IPC namespace (see `ipc.rs`). Every child of the task joins all three (`setns`,
+//! see `child.rs`) before it makes its own PID (and network)
 //! namespace, so the view is built once per task and not once per child: a fresh mount
 //! namespace, its tmpfs and binds, and tearing them down again cost about 0.4 ms a child.
 //!
 //! A short-lived holder process makes them: forked from the daemon by [`TaskView::create`]
 //! (on the blocking pool, when the task's sandbox is planned), it unshares, writes its id
-//! maps, hides, makes the IPC namespace, sends descriptors of its three namespaces back over
-//! a socket pair and exits.
+//! maps, hides, sends descriptors of its three namespaces back over a socket pair and exits.
+//! Usually the namespaces were made before the task was assigned, by a holder that waited
+//! for the task's paths (see `premade.rs`); this is the fallback when none was ready.
 //! The descriptors keep the namespaces alive (no process needs to stay in them); they close
 //! with the task's [`super::Sandbox`], and the view goes with its last child.
 //!
@@ -31,10 +33,28 @@ use super::mounts::{Hidden, MountPlan, MAX_KEEP};
 /// The task's user, mount and IPC namespaces, held open.
 #[derive(Debug)]
 pub(crate) struct TaskView {
-    user: OwnedFd,
-    mnt: OwnedFd,
-    ipc: OwnedFd,
+    pub(super) user: OwnedFd,
+    pub(super) mnt: OwnedFd,
+    pub(super) ipc: OwnedFd,
+    /// A holder made ahead (`premade.rs`) that answered and exited: reaped with the view.
+    pub(super) holder: Option<Reap>,
 }
+
+/// A holder process killed (if still there) and reaped when dropped. By then it has exited
+/// (it leaves once it has answered, or when its socket closes), so the wait does not block.
+#[derive(Debug)]
+pub(crate) struct Reap(pub(super) std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The namespaces a holder makes first: user, and owned by it mount (the IPC namespace
+/// follows, from a user namespace nested in this one: `ipc::make`).
+pub(super) const HOLDER_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
 
 impl TaskView {
     /// Make the namespaces and apply `plan` in them, the IPC namespace bounded by `ipc`.
@@ -63,9 +83,19 @@ impl TaskView {
                 "the namespace holder exited with {status}"
             )));
         }
-        let mut fds = super::handoff::recv_fds(&OwnedFd::from(ours))?.into_iter();
+        TaskView::received(super::handoff::recv_fds(&OwnedFd::from(ours))?)
+    }
+
+    /// The view from the descriptors a holder sent (user, mount, IPC, in that order).
+    pub(super) fn received(fds: Vec<OwnedFd>) -> io::Result<TaskView> {
+        let mut fds = fds.into_iter();
         match (fds.next(), fds.next(), fds.next(), fds.next()) {
-            (Some(user), Some(mnt), Some(ipc), None) => Ok(TaskView { user, mnt, ipc }),
+            (Some(user), Some(mnt), Some(ipc), None) => Ok(TaskView {
+                user,
+                mnt,
+                ipc,
+                holder: None,
+            }),
             _ => Err(io::Error::other(
                 "the namespace holder did not send its three namespaces",
             )),
@@ -85,7 +115,22 @@ impl TaskView {
 /// The holder, in the forked process: new user and mount namespaces, the ids mapped, the
 /// plan applied, the IPC namespace made, the three sent over `to`, then gone.
 unsafe fn hold(maps: &IdMaps, plan: &MountPlan, ipc: &IpcPlan, to: RawFd) -> io::Result<()> {
-    if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+    let ns = enter(maps)?;
+    // Mapped now: what the tmpfs holds belongs to an id of this namespace. The copied
+    // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
+    // user namespace), so nothing done here reaches the host.
+    hide(plan)?;
+    // Last: it leaves the task's user namespace for one nested in it (see `ipc.rs`).
+    let ipc = super::ipc::make(ipc)?;
+    send_fds(to, &[ns[0], ns[1], ipc])?;
+    libc::_exit(0)
+}
+
+/// In a forked holder: unshare [`HOLDER_NAMESPACES`], map the ids, and open the two
+/// namespaces (user, mount) for sending. The IPC namespace is made after (`ipc::make`),
+/// from a user namespace nested in this one, so that its bounds can be written.
+pub(super) unsafe fn enter(maps: &IdMaps) -> io::Result<[libc::c_int; 2]> {
+    if libc::unshare(HOLDER_NAMESPACES) != 0 {
         return Err(io::Error::last_os_error());
     }
     // The daemon is non-dumpable (`protect_daemon`), and so is this fork of it: the kernel
@@ -107,14 +152,7 @@ unsafe fn hold(maps: &IdMaps, plan: &MountPlan, ipc: &IpcPlan, to: RawFd) -> io:
         return Err(io::Error::last_os_error());
     }
     done?;
-    // Mapped now: what the tmpfs holds belongs to an id of this namespace. The copied
-    // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
-    // user namespace), so nothing done here reaches the host.
-    hide(plan)?;
-    // Last: it leaves the task's user namespace for one nested in it (see `ipc.rs`).
-    let ipc = super::ipc::make(ipc)?;
-    send_fds(to, &[ns[0], ns[1], ipc])?;
-    libc::_exit(0)
+    Ok(ns)
 }
 
 unsafe fn open_ns(path: &CStr) -> io::Result<libc::c_int> {
@@ -184,7 +222,11 @@ unsafe fn clone_keeps(tree: &Hidden, fds: &mut [libc::c_int; MAX_KEEP]) -> io::R
 /// The one tmpfs, mounted on the first tree (whose keeps are cloned already), with an empty
 /// directory for each tree; `base` becomes a descriptor of its root, which stays reachable
 /// once the first tree's own directory covers it.
-unsafe fn stage(plan: &MountPlan, first: &Hidden, base: &mut libc::c_int) -> io::Result<()> {
+pub(super) unsafe fn stage(
+    plan: &MountPlan,
+    first: &Hidden,
+    base: &mut libc::c_int,
+) -> io::Result<()> {
     if libc::mount(
         c"tmpfs".as_ptr(),
         first.path.as_ptr(),
@@ -211,7 +253,7 @@ unsafe fn stage(plan: &MountPlan, first: &Hidden, base: &mut libc::c_int) -> io:
 }
 
 /// Cover `tree` with its own directory of the tmpfs under `base`.
-unsafe fn cover(base: libc::c_int, tree: &Hidden) -> io::Result<()> {
+pub(super) unsafe fn cover(base: libc::c_int, tree: &Hidden) -> io::Result<()> {
     let fd = open_tree(base, &tree.stage, 0);
     if fd < 0 {
         return Err(io::Error::last_os_error());
@@ -250,7 +292,11 @@ unsafe fn show_keeps(tree: &Hidden, fds: &[libc::c_int; MAX_KEEP]) -> io::Result
 }
 
 /// A detached recursive copy of the mount tree at `path` (relative to `dirfd`).
-unsafe fn open_tree(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> libc::c_int {
+pub(super) unsafe fn open_tree(
+    dirfd: libc::c_int,
+    path: &CStr,
+    flags: libc::c_uint,
+) -> libc::c_int {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     let flags = flags
         | OPEN_TREE_CLONE
@@ -260,7 +306,7 @@ unsafe fn open_tree(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> lib
 }
 
 /// Attach the detached tree `fd` at `path`.
-unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
+pub(super) unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
     if libc::syscall(
         libc::SYS_move_mount,
@@ -277,7 +323,7 @@ unsafe fn move_mount(fd: libc::c_int, path: &CStr) -> io::Result<()> {
 }
 
 /// A `mkdir` result where an existing directory (a parent shared by two kept paths) is fine.
-unsafe fn make(r: libc::c_int) -> io::Result<()> {
+pub(super) unsafe fn make(r: libc::c_int) -> io::Result<()> {
     if r != 0 && *libc::__errno_location() != libc::EEXIST {
         return Err(io::Error::last_os_error());
     }

@@ -35,11 +35,8 @@ print "NESTED\n";
 "#;
 
 fn has_perl() -> bool {
-    let ok = Path::new("/usr/bin/perl").exists();
-    if !ok {
-        eprintln!("skipped: /usr/bin/perl is not installed (the task that nests)");
-    }
-    ok
+    // The the task that nests.
+    crate::util::require("perl", crate::util::missing_tool("perl"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,11 +67,8 @@ if ($mode eq "probe") {
 "#;
 
 fn has_perl() -> bool {
-    let ok = Path::new("/usr/bin/perl").exists();
-    if !ok {
-        eprintln!("skipped: /usr/bin/perl is not installed (the tasks' IPC and key client)");
-    }
-    ok
+    // The the tasks' IPC and key client.
+    crate::util::require("perl", crate::util::missing_tool("perl"))
 }
 
 /// Run `ipc.pl ARGS` here, outside any task: the host's (the daemon's) IPC namespace.

@@ -25,6 +25,7 @@ mod hub_fidelity;
 mod hub_restart;
 mod kernel_channels;
 mod leaks;
+mod link_order;
 mod loop_spec;
 mod loopback;
 mod manifest;

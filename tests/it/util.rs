@@ -311,6 +311,10 @@ pub(crate) const REQUIREMENTS: &[(&str, &str)] = &[
     ("unprivileged", "the tests run as a user other than root"),
     ("claude", "the real Claude Code CLI on PATH"),
     (
+        "valgrind",
+        "valgrind, for the link-order test (callgrind on the release binary)",
+    ),
+    (
         "deb",
         "a package built by `cargo deb` in target/debian, and dpkg-deb",
     ),
