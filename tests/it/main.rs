@@ -38,6 +38,7 @@ mod service_user;
 mod sockets;
 mod structure;
 mod systemd_unit;
+mod telemetry;
 mod terminal;
 mod util;
 mod verify;
