@@ -294,3 +294,78 @@ async fn a_collector_that_is_down_or_refusing_costs_the_task_nothing_but_counted
     assert!(otlp.spans().is_empty());
     h.finish().await;
 }
+
+#[tokio::test]
+async fn the_judge_carries_the_genai_conventions_and_publish_says_what_was_pushed() {
+    use crate::fakes::{FakeOllama, Reply};
+    use crate::git::{base_cfg, shell_task, Remote};
+    let verdict = Reply::Ndjson(vec![json!({
+        "model": "judge-m", "done": true, "prompt_eval_count": 321, "eval_count": 17,
+        "message": {"role": "assistant",
+                    "content": "{\"match\": true, \"confidence\": 0.97, \"reason\": \"written\"}"}
+    })]);
+    let fake = FakeOllama::start(vec![verdict]).await;
+    let otlp = Collector::start().await;
+    let s = Harness::setup().await;
+    let remote = Remote::new();
+    let mut c = base_cfg(&s.hub, s.dir());
+    c.git.gh_path = Some(s.dir().join("no-gh-here"));
+    c.ollama_url = Some(format!("http://{}", fake.endpoint()));
+    c.verification.judge_model = Some("judge-m".into());
+    c.otel.endpoint = Some(otlp.url.clone());
+    c.otel.batch_delay_ms = 20;
+    let h = s.start(c).await;
+    let mut t = shell_task(
+        "judged-push",
+        "echo hello > hello.txt",
+        &remote.url(),
+        "Add a greeting file",
+    );
+    t["verification_steps"] = json!([{"type": "llm_judge", "target": "hello.txt says hello"}]);
+    h.assign(t);
+    let done = h.completed("judged-push").await;
+    assert_eq!(done["result"]["pushed"], true, "{done}");
+    let root = otlp.wait_for("task", |_| true).await;
+    h.finish().await;
+    let spans = otlp.spans();
+
+    let a1 = attempt_child(&spans, "attempt", &root.span_id, 1);
+    assert_eq!(a1.len(), 1, "{spans:#?}");
+    let judge = attempt_child(&spans, "judge", &a1[0].span_id, 1);
+    assert_eq!(judge.len(), 1, "{spans:#?}");
+    let j = judge[0];
+    for (k, v) in [
+        ("gen_ai.system", "ollama"),
+        ("gen_ai.request.model", "judge-m"),
+        ("gen_ai.usage.input_tokens", "321"),
+        ("gen_ai.usage.output_tokens", "17"),
+        ("hub_sidecar.check.type", "llm_judge"),
+        ("hub_sidecar.check.status", "pass"),
+    ] {
+        assert_eq!(j.attr(k), Some(v), "{k} on {j:#?}");
+    }
+    // A shell execution calls no model: no GenAI attributes on it.
+    let exec = attempt_child(&spans, "execute", &a1[0].span_id, 1);
+    assert_eq!(exec.len(), 1, "{spans:#?}");
+    assert_eq!(exec[0].attr("gen_ai.system"), None);
+    assert_eq!(exec[0].attr("hub_sidecar.executor"), Some("shell"));
+
+    let publish: Vec<&Got> = spans.iter().filter(|s| s.name == "publish").collect();
+    assert_eq!(publish.len(), 1, "{spans:#?}");
+    let p = publish[0];
+    assert_eq!(p.parent, root.span_id);
+    assert_eq!(p.attr("hub_sidecar.publish.pushed"), Some("true"));
+    assert_eq!(p.attr("hub_sidecar.publish.refused"), Some("false"));
+    assert_eq!(
+        p.attr("hub_sidecar.publish.branch"),
+        done["result"]["branch"].as_str()
+    );
+    assert_eq!(
+        p.attr("hub_sidecar.publish.commit"),
+        done["result"]["commit"].as_str()
+    );
+    assert_eq!(
+        root.attr("hub_sidecar.repository"),
+        Some(remote.url().as_str())
+    );
+}
