@@ -67,6 +67,8 @@ pub(super) struct Queue {
     tx: Mutex<Option<SyncSender<Msg>>>,
     drops: Drops,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// Closed by the export thread as it ends.
+    ended: Mutex<mpsc::Receiver<()>>,
 }
 
 impl Queue {
@@ -77,16 +79,21 @@ impl Queue {
         drops: Drops,
     ) -> std::io::Result<Queue> {
         let (tx, rx) = mpsc::sync_channel(batching.max_queue);
+        let (ending, ended) = mpsc::sync_channel::<()>(0);
         let worker = {
             let drops = drops.clone();
             std::thread::Builder::new()
                 .name("otel-export".into())
-                .spawn(move || drain(exporter, rx, batching, drops))?
+                .spawn(move || {
+                    drain(exporter, rx, batching, drops);
+                    drop(ending);
+                })?
         };
         Ok(Queue {
             tx: Mutex::new(Some(tx)),
             drops,
             worker: Mutex::new(Some(worker)),
+            ended: Mutex::new(ended),
         })
     }
 
@@ -130,16 +137,19 @@ impl SpanProcessor for Queue {
         let Some(worker) = worker else {
             return Err(OTelSdkError::AlreadyShutdown);
         };
-        let deadline = Instant::now() + timeout;
-        while !worker.is_finished() {
-            if Instant::now() >= deadline {
-                // Left to end by itself: a collector that hangs must not hold the exit.
-                return Err(OTelSdkError::Timeout(timeout));
+        let ended = self
+            .ended
+            .lock()
+            .map(|e| e.recv_timeout(timeout))
+            .unwrap_or(Err(RecvTimeoutError::Disconnected));
+        match ended {
+            // Left to end by itself: a collector that hangs must not hold the exit.
+            Err(RecvTimeoutError::Timeout) => Err(OTelSdkError::Timeout(timeout)),
+            _ => {
+                let _ = worker.join();
+                Ok(())
             }
-            std::thread::sleep(Duration::from_millis(5));
         }
-        let _ = worker.join();
-        Ok(())
     }
 }
 

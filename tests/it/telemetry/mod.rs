@@ -115,6 +115,14 @@ async fn a_task_that_fails_a_check_and_is_corrected_is_one_trace_from_assignment
                 .unwrap()
                 > 0.0
         );
+        // The stand-in writes greeting.txt with the Write tool: a tool call on the run.
+        assert!(
+            e.events
+                .iter()
+                .any(|(name, f)| name == "tool_call"
+                    && f["hub_sidecar.tool_call"].starts_with("Write")),
+            "{e:#?}"
+        );
     }
 
     // The checks: attempt 1 failed the exact-content check, attempt 2 passed them all.
