@@ -28,6 +28,7 @@
 //! - [`spend`]: the spend ledger on disk: today's spend, each task's spend and attempts.
 //! - [`redact`]: secret scrubbing for everything that leaves the process.
 //! - [`recorder`]: the per-task flight record on disk and reading it back (`tasks`, `show`).
+//! - [`telemetry`]: every task as an OpenTelemetry trace, exported over OTLP (`[otel]`).
 //! - [`cost`]: model prices for estimated and equivalent costs.
 //! - [`ops`]: systemd notify, health and metrics.
 //! - [`mock_hub`]: an in-process hub that validates frames like the real one (tests, demo).
@@ -58,6 +59,7 @@ pub mod sandbox;
 pub mod spend;
 pub mod state;
 pub mod task;
+pub mod telemetry;
 pub mod term;
 pub mod util;
 pub mod verify;

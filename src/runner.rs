@@ -34,6 +34,7 @@ use crate::redact::Redactor;
 use crate::sandbox;
 use crate::spend::SpendLedger;
 use crate::task::Task;
+use crate::telemetry::TaskTrace;
 use crate::verify::retry_loop::{self, Attempter, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
 use crate::workspace::{self, Workspace};
@@ -63,6 +64,8 @@ pub struct RunnerDeps {
     pub containment: Arc<sandbox::Policy>,
     /// The flight recorder (disabled for offline runs).
     pub recorder: Recorder,
+    /// OpenTelemetry export of each task's trace (disabled unless `[otel]` turns it on).
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 /// How a task run ended.
@@ -149,17 +152,27 @@ pub async fn run_task(
     let record = deps
         .recorder
         .open(&task, executor_name.as_deref(), redactor.clone());
+    let trace = deps
+        .telemetry
+        .task(&task, executor_name.as_deref(), redactor.clone());
     {
-        let record = record.clone();
-        progress.set_tap(move |ev| record.on_event(ev));
+        let (record, trace) = (record.clone(), trace.clone());
+        progress.set_tap(move |ev| {
+            record.on_event(ev);
+            trace.on_event(ev);
+        });
     }
-    let finished = run_recorded(task, &deps, progress, cancel, redactor, &record).await;
+    let finished = run_recorded(task, &deps, progress, cancel, redactor, (&record, &trace)).await;
     match &finished.outcome {
         TaskOutcome::Terminal(frame) => record.terminal(frame),
         TaskOutcome::Cancelled => {
             record.cancelled("cancelled by the hub or stopped by a forced shutdown")
         }
     }
+    trace.finish(match &finished.outcome {
+        TaskOutcome::Terminal(frame) => Some(frame.kind()),
+        TaskOutcome::Cancelled => None,
+    });
     finished
 }
 
@@ -170,7 +183,7 @@ async fn run_recorded(
     progress: ProgressSink,
     cancel: CancellationToken,
     redactor: Arc<Redactor>,
-    record: &TaskRecord,
+    (record, trace): (&TaskRecord, &TaskTrace),
 ) -> Finished {
     let cfg = deps.config.clone();
     // The pump starts first: its heartbeat keeps the task fresh at the hub during a long clone.
@@ -187,7 +200,7 @@ async fn run_recorded(
     };
     let pump = tokio::spawn(pump.run(pump_cancel.clone()));
     let tmp = workspace::task_tmp_dir(&cfg, &task);
-    let (git, ws, branch, env) = match prepare(&task, deps, &tmp, &progress, &cancel).await {
+    let (git, ws, branch, mut env) = match prepare(&task, deps, &tmp, &progress, &cancel).await {
         Ok(prepared) => prepared,
         Err(reason) => {
             deps.ops.metrics().task_finished("execution_failed");
@@ -209,6 +222,10 @@ async fn run_recorded(
         .metrics()
         .task_started(deps.containment.level_name());
     record.containment(containment.clone());
+    if let Some(tp) = trace.traceparent_for_children() {
+        // `[otel] propagate_to_children`: what the task's children export joins its trace.
+        env.set("TRACEPARENT", &tp);
+    }
     let ctx = ExecContext {
         task: task.clone(),
         workspace: ws.path.clone(),
@@ -218,10 +235,10 @@ async fn run_recorded(
         cancel: cancel.clone(),
         remaining_budget_usd: None,
     };
-    let outcome = match run_loop(&ctx, deps, record).await {
+    let outcome = match run_loop(&ctx, deps, (record, trace)).await {
         Err(frame) => Some(frame),
         Ok(lo) if cancel.is_cancelled() || lo.last_exec.status == ExecStatus::Cancelled => None,
-        Ok(lo) => Some(report(&ctx, &lo, &ws, branch.as_ref(), &git, &redactor).await),
+        Ok(lo) => Some(report(&ctx, &lo, &ws, branch.as_ref(), &git, &redactor, trace).await),
     };
     pump_cancel.cancel();
     let last_progress = pump.await.ok().flatten();
@@ -250,7 +267,7 @@ async fn run_recorded(
 async fn run_loop(
     ctx: &ExecContext,
     deps: &RunnerDeps,
-    record: &TaskRecord,
+    (record, trace): (&TaskRecord, &TaskTrace),
 ) -> Result<LoopOutcome, Outbound> {
     let task = &ctx.task;
     let mut executor = match Executor::for_task(ctx) {
@@ -275,11 +292,13 @@ async fn run_loop(
     let mut attempter = RecordingAttempter {
         executor: &mut executor,
         record,
+        trace,
         ops: &deps.ops,
     };
     let lo = retry_loop::run_with(&mut attempter, is_llm, ctx, &opts).await;
     phase(&task.task_id, "verified");
     record_loop(record, &lo);
+    trace.loop_done(&lo);
     if let Some(sb) = ctx.env.sandbox() {
         record.network(&sb.network_use());
     }
@@ -296,6 +315,7 @@ async fn report(
     branch: Option<&TaskBranch>,
     git: &GitRunner,
     redactor: &Redactor,
+    trace: &TaskTrace,
 ) -> Outbound {
     let mut frame = frame_for(&ctx.task, lo);
     // Nothing is published while the hub link is down: the hub may have given the task to
@@ -314,7 +334,9 @@ async fn report(
             git,
             credentials: redactor.credentials(),
         };
+        let started = std::time::SystemTime::now();
         let extra = publish_verified_work(p, lo).await;
+        trace.publish(started, &extra);
         if let Some(obj) = result.as_object_mut() {
             obj.extend(extra);
         }
@@ -414,6 +436,7 @@ fn failed(task: &Task, r: &Redactor, reason: &str, cancel: &CancellationToken) -
 struct RecordingAttempter<'a> {
     executor: &'a mut Executor,
     record: &'a TaskRecord,
+    trace: &'a TaskTrace,
     ops: &'a Ops,
 }
 
@@ -426,12 +449,14 @@ impl Attempter for RecordingAttempter<'_> {
             fence.open(&ctx.cancel).await;
         }
         // What the model is sent: a kept chat gets the short corrective turn.
-        self.record
-            .attempt_start(n, self.executor.prompt_for(&attempt));
+        let prompt = self.executor.prompt_for(&attempt);
+        self.record.attempt_start(n, prompt);
+        self.trace.attempt_start(n, prompt);
         self.ops.attempt_started(n);
         let out = self.executor.execute(ctx, &attempt).await;
         phase(&ctx.task.task_id, "executed");
         self.record.attempt_end(n, &out);
+        self.trace.attempt_end(n, &out);
         out
     }
 }

@@ -46,6 +46,10 @@ pub struct ActiveTask {
     pub phase: Phase,
     /// Wall clock, ms since the epoch, when it was accepted.
     pub accepted_at: i64,
+    /// The task's trace (W3C `traceparent` of its root span) when OpenTelemetry export is
+    /// on: kept here so a restarted daemon continues the same trace (`telemetry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// Where an active task is in its life.
@@ -247,6 +251,7 @@ mod tests {
             task: task(id),
             phase: Phase::Running,
             accepted_at: 1,
+            trace: None,
         })
     }
 

@@ -221,6 +221,7 @@ pub(crate) async fn fsync_cost(n: usize, base: &Path) -> (Stats, Stats) {
             task: task.clone(),
             phase: Phase::Running,
             accepted_at: 0,
+            trace: None,
         });
         // From idle, as an accept's write is (see `ws_floor`).
         settle().await;

@@ -138,6 +138,7 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
         ops: Ops::new(),
         containment: Arc::new(crate::sandbox::Policy::probe_and_decide(cfg.containment).await),
         recorder: recorder.clone(),
+        telemetry: crate::telemetry::Telemetry::disabled(),
         ledger: Arc::new(SpendLedger::in_memory()),
         config: cfg.clone(),
     };

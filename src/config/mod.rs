@@ -12,10 +12,12 @@
 //! - `raw`: [`Layers`] and the merge of file, environment and flags into raw tables.
 //! - `validate`: raw → [`Config`]; every default and every check is there.
 //! - `publish`: `[publish]`, the staged-change scan's allowed paths.
+//! - `otel`: `[otel]`, OpenTelemetry export of task traces.
 //! - [`allow`]: one `[network] allow` entry, parsed for the validation and the proxy.
 //! - `sections`: the validated `[progress]`, `[executor]`, `[caches]`, `[network]`, … sections and their defaults.
 
 pub mod allow;
+mod otel;
 mod publish;
 mod raw;
 mod sections;
@@ -31,6 +33,7 @@ use std::time::Duration;
 use reqwest::Url;
 use serde_json::Value;
 
+pub use otel::OtelConfig;
 pub use publish::PublishConfig;
 pub use raw::Layers;
 pub use sections::{
@@ -185,6 +188,8 @@ pub struct Config {
     pub network: NetworkConfig,
     /// `[publish]`: what the scan before a commit and push lets through.
     pub publish: PublishConfig,
+    /// `[otel]`: OpenTelemetry export of one trace per task (off by default).
+    pub otel: OtelConfig,
     /// Keys this build does not know, dotted (`wake_command` from a Node sidecar's
     /// `config.json`, a misspelt `executor.claude_modle`): warned about at start, ignored.
     pub unknown: BTreeMap<String, Value>,
@@ -247,6 +252,7 @@ impl Default for Config {
             caches: CachesConfig::default(),
             network: NetworkConfig::default(),
             publish: PublishConfig::default(),
+            otel: OtelConfig::default(),
             unknown: BTreeMap::new(),
             origin: None,
         }
@@ -300,10 +306,12 @@ impl Config {
         api.as_str().trim_end_matches('/').to_string()
     }
 
-    /// Every secret value to scrub from output: the token and `secrets`.
+    /// Every secret value to scrub from output: the token, `secrets` and `[otel] headers`.
     pub fn secret_values(&self) -> Vec<String> {
         let mut v = vec![self.token.clone()];
         v.extend(self.secrets.iter().cloned());
+        // A collector's API key travels in a header: as secret as the hub token.
+        v.extend(self.otel.headers.values().cloned());
         v
     }
 

@@ -114,6 +114,8 @@ pub(crate) struct RawConfig {
     pub network: RawNetwork,
     #[serde(skip)]
     pub publish: super::publish::RawPublish,
+    #[serde(skip)]
+    pub otel: super::otel::RawOtel,
     /// Keys no struct names, dotted (`wake_command`, `executor.claude_modle`).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, Value>,
@@ -290,6 +292,7 @@ impl RawConfig {
         let caches = take_section(&mut tree, "caches", origin)?;
         let network = take_section(&mut tree, "network", origin)?;
         let publish = take_section(&mut tree, "publish", origin)?;
+        let otel = take_section(&mut tree, "otel", origin)?;
         let mut raw: RawConfig = parse_table(None, tree, origin)?;
         raw.progress = progress;
         raw.executor = executor;
@@ -301,6 +304,7 @@ impl RawConfig {
         raw.caches = caches;
         raw.network = network;
         raw.publish = publish;
+        raw.otel = otel;
         Ok(raw)
     }
 }

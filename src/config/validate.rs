@@ -35,6 +35,7 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
         ("caches", std::mem::take(&mut raw.caches.unknown)),
         ("network", std::mem::take(&mut raw.network.unknown)),
         ("publish", std::mem::take(&mut raw.publish.unknown)),
+        ("otel", std::mem::take(&mut raw.otel.unknown)),
     ];
     for (section, keys) in sections {
         unknown.extend(keys.into_iter().map(|(k, v)| (format!("{section}.{k}"), v)));
@@ -90,6 +91,7 @@ pub(super) fn validate(mut raw: RawConfig, origin: &str) -> Result<Config, Confi
         caches: caches(raw.caches),
         network: network(raw.network),
         publish: super::publish::publish(raw.publish, origin)?,
+        otel: super::otel::otel(raw.otel, origin)?,
         unknown,
         origin: None::<PathBuf>,
     };

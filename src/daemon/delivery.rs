@@ -64,6 +64,9 @@ impl Daemon {
             self.deps
                 .recorder
                 .acked(task_id, status.map(AckStatus::as_str));
+            self.deps
+                .telemetry
+                .acked(task_id, status.map(AckStatus::as_str));
             self.forget(gone).await;
         }
         self.pump_outbox().await;

@@ -139,8 +139,15 @@ pub async fn run_with(
     link_cancel.cancel();
     // An immediate stop waits for neither the link's goodbye nor the recorder's last lines.
     wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), link_task).await;
+    // The last spans (the task just finished, its delivery) go out before exit; a
+    // collector that hangs holds the exit no longer than the recorder may.
+    let telemetry = d.deps.telemetry.clone();
     // The recorder's writer ends once its last handle is gone: let it write its last lines.
     drop(d);
+    if telemetry.is_enabled() {
+        let flush = tokio::task::spawn_blocking(move || telemetry.shutdown(Duration::from_secs(5)));
+        wait_unless_immediate(&shutdown.immediate, Duration::from_secs(6), flush).await;
+    }
     wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), recorder_writer).await;
     Ok(reason)
 }
@@ -327,6 +334,9 @@ impl Daemon {
             cfg.containment,
             crate::sandbox::Support::none(),
         ));
+        let telemetry =
+            crate::telemetry::Telemetry::start(&cfg, ops.metrics().otel_spans_dropped.clone())
+                .await;
         ops.set_daily_spend(ledger.clone(), cfg.verification.max_cost_usd_per_day);
         let deps = RunnerDeps {
             config: cfg.clone(),
@@ -338,6 +348,7 @@ impl Daemon {
             recorder,
             containment,
             ledger,
+            telemetry,
         };
         // What tasks of an earlier run left: removed in the background, before the first
         // task prepares (the slot hands the removal to it as it does a task's leftovers).

@@ -226,6 +226,7 @@ impl Daemon {
             task: task.clone(),
             phase: Phase::Running,
             accepted_at: now_ms(),
+            trace: self.deps.telemetry.new_trace(),
         });
         if !self.save().await {
             self.active = None;
@@ -296,6 +297,16 @@ impl Daemon {
         // The previous task's leftovers go first: a re-assigned task id gets the same
         // TMPDIR, a task on the same repository the same managed clone.
         let before = self.leftovers.take();
+        if let Some(a) = self
+            .active
+            .as_ref()
+            .filter(|a| a.task.task_id == task.task_id)
+        {
+            // The trace kept with the task on disk: a restarted daemon continues it.
+            self.deps
+                .telemetry
+                .resume(&task.task_id, a.trace.as_deref(), a.accepted_at);
+        }
         // Every child of the task obeys its fence, and its progress waits behind it.
         let fence = Fence::new();
         let mut deps = self.deps.clone();

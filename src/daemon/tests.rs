@@ -49,6 +49,7 @@ fn active(task_id: &str, phase: Phase) -> ActiveTask {
         task: task(task_id),
         phase,
         accepted_at: now_ms(),
+        trace: None,
     }
 }
 

@@ -98,6 +98,9 @@ pub struct Metrics {
     pub caches_bytes: Gauge,
     /// `[caches] max_size_mb` in bytes; 0: no bound (then `caches_bytes` is not counted).
     pub caches_max_bytes: Gauge,
+    /// Task-trace spans the OpenTelemetry export dropped: queue full, or the collector
+    /// down, slow or refusing (`telemetry`).
+    pub otel_spans_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -123,6 +126,7 @@ impl Default for Metrics {
             recorder_max_records: Gauge::default(),
             caches_bytes: Gauge::default(),
             caches_max_bytes: Gauge::default(),
+            otel_spans_dropped: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -174,6 +178,11 @@ impl Default for Metrics {
         );
         registry.register("tokens", "LLM tokens used (in + out)", m.tokens.clone());
         registry.register("cost_usd", "Estimated LLM cost in USD", m.cost_usd.clone());
+        registry.register(
+            "otel_spans_dropped",
+            "Task-trace spans the OpenTelemetry export dropped (queue full, collector down, slow or refusing)",
+            m.otel_spans_dropped.clone(),
+        );
         for (name, help, gauge) in [
             (
                 "recorder_bytes",

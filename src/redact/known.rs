@@ -64,6 +64,12 @@ pub fn from_parts(
             .iter()
             .map(|s| Credential::new("a `secrets` value", s)),
     );
+    out.extend(
+        cfg.otel
+            .headers
+            .iter()
+            .map(|(k, v)| Credential::new(format!("`[otel] headers` {k}"), v)),
+    );
     for (list, vars) in [("agent", agent), ("publish", publish)] {
         out.extend(
             vars.iter()

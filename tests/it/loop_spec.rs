@@ -41,7 +41,7 @@ fn of_type<'a>(events: &'a [Value], ty: &str) -> Vec<&'a Value> {
 
 /// The demo's stand-in `claude` (a test double speaking the pinned CLI's stream-json; wrong
 /// once, then right), wrapped so each prompt it gets is appended to `log`.
-fn recording_stand_in(dir: &Path, log: &Path) -> PathBuf {
+pub(crate) fn recording_stand_in(dir: &Path, log: &Path) -> PathBuf {
     let real = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/stand-in-claude/claude");
     let path = dir.join("claude");
     let script = format!(
@@ -59,7 +59,7 @@ fn write_script(path: &Path, text: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-fn prompts(log: &Path) -> Vec<String> {
+pub(crate) fn prompts(log: &Path) -> Vec<String> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .split("\n=====\n")
@@ -424,7 +424,7 @@ async fn an_ollama_retry_continues_the_kept_chat_with_a_short_corrective_turn() 
 /// A stand-in `claude` (the pinned CLI's stream-json) for a task killed mid-retry: run 1
 /// writes the wrong greeting; run 2 (the first corrective one) hangs until the daemon is
 /// killed; run 3 (after the restart) writes the right one. Every prompt goes to `log`.
-fn restart_stand_in(dir: &Path, log: &Path) -> PathBuf {
+pub(crate) fn restart_stand_in(dir: &Path, log: &Path) -> PathBuf {
     // A copy next to the wrapper: the probe directory is readable by the task's sandbox.
     let real = dir.join("stand-in-claude");
     std::fs::copy(

@@ -33,6 +33,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("runner", 70),
     ("verify", 60),
     ("recorder", 60),
+    // Task traces: fed by the runner and the daemon beside the flight record.
+    ("telemetry", 60),
     ("workspace", 60),
     ("executor", 50),
     ("git", 50),
