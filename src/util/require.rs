@@ -7,7 +7,7 @@
 use std::io::Write;
 
 /// The requirements unit tests gate on (a subset of the integration tests' list, same names).
-const REQUIREMENTS: &[&str] = &["root", "route"];
+const REQUIREMENTS: &[&str] = &["confine", "root", "route"];
 
 /// `true` when `missing` is `None`; a failure when `requirement` is in
 /// `HUB_SIDECAR_REQUIRE`; else a recorded skip and `false`.
