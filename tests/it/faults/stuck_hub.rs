@@ -17,8 +17,9 @@ async fn a_stuck_hub_is_detected_memory_stays_bounded_and_the_result_is_delivere
     let mut bin = Bin::start(dir.path(), &config, &[]);
     hub.wait_for_type("identify", T).await.unwrap();
     let pid = bin.pid();
-    // ~6 MB of output over ~5 s.
-    let cmd = "for i in $(seq 1 60); do seq 1 20000; sleep 0.06; done; echo noisy-done";
+    // ~6 MB of output over ~15 s: longer than the dead link takes to be noticed (a ping a
+    // second, 3 s for its pong), so the task is still running when it is paused.
+    let cmd = "for i in $(seq 1 60); do seq 1 20000; sleep 0.25; done; echo noisy-done";
     let task = sample_shell_task("stuck", cmd);
     hub.assign(task.clone());
     hub.wait_for(
