@@ -7,7 +7,8 @@
 //! secrets (a password in its `repo` URL) added to the daemon's.
 //!
 //! Layout: this file runs the phases and builds the terminal frame; `prepare.rs` is the
-//! first phase (workspace, task branch, the children's sandbox).
+//! first phase (workspace, task branch, the children's sandbox); `leftovers.rs` removes what
+//! the task leaves and reports a tree set aside.
 
 use std::sync::Arc;
 use std::time::Duration;
