@@ -7,7 +7,8 @@
 //! secrets (a password in its `repo` URL) added to the daemon's.
 //!
 //! Layout: this file runs the phases and builds the terminal frame; `prepare.rs` is the
-//! first phase (workspace, task branch, the children's sandbox).
+//! first phase (workspace, task branch, the children's sandbox); `leftovers.rs` removes what
+//! the task leaves and reports a tree set aside.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +40,10 @@ use crate::verify::retry_loop::{self, Attempter, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
 use crate::workspace::{self, Workspace};
 
+mod leftovers;
 mod prepare;
+
+pub use leftovers::Leftovers;
 
 use prepare::prepare;
 
@@ -90,38 +94,6 @@ pub struct Finished {
 /// figure 3g).
 pub(crate) fn phase(task_id: &str, phase: &'static str) {
     tracing::debug!(target: TURNAROUND, task_id = %task_id, phase, "task phase");
-}
-
-/// What a finished task leaves behind: removed by [`Leftovers::remove`] once the result is
-/// stored and sent, not before. The frame needs none of it, and on a journaling file system
-/// removing a task's HOME (a dozen directories) is ~2.5 ms the hub would otherwise wait for
-/// (BENCHMARKS.md, figure 3). Whoever holds it must remove it before the next task prepares:
-/// the next task may get the same paths (a re-assigned task id) or the same managed clone.
-#[must_use = "a task's TMPDIR and temp workspace stay on disk unless removed"]
-pub struct Leftovers {
-    workspace: Option<Workspace>,
-    tmp: Option<std::path::PathBuf>,
-}
-
-impl Leftovers {
-    /// Remove the temp workspace, release the clone, remove the private TMPDIR.
-    pub async fn remove(self) {
-        if let Some(ws) = self.workspace {
-            ws.release().await;
-        }
-        if let Some(tmp) = self.tmp {
-            workspace::remove_task_tmp_dir(&tmp).await;
-        }
-    }
-
-    /// Nothing to remove (a stand-in runner in tests).
-    #[cfg(test)]
-    pub(crate) fn nothing() -> Self {
-        Leftovers {
-            workspace: None,
-            tmp: None,
-        }
-    }
 }
 
 /// Result output kept in `task_complete.result.output` (head and tail).
@@ -208,10 +180,7 @@ async fn run_recorded(
             let _ = pump.await;
             return Finished {
                 outcome: failed(&task, &redactor, &reason.to_string(), &cancel),
-                leftovers: Leftovers {
-                    workspace: None,
-                    tmp: Some(tmp),
-                },
+                leftovers: Leftovers::new(None, tmp, record, &deps.ops),
             };
         }
     };
@@ -243,10 +212,7 @@ async fn run_recorded(
     pump_cancel.cancel();
     let last_progress = pump.await.ok().flatten();
     // The frame is self-contained: the workspace and TMPDIR go once it is sent.
-    let leftovers = Leftovers {
-        workspace: Some(ws),
-        tmp: Some(tmp),
-    };
+    let leftovers = Leftovers::new(Some(ws), tmp, record, &deps.ops);
     let outcome = match outcome {
         None => TaskOutcome::Cancelled,
         Some(mut frame) => {

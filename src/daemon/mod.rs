@@ -354,8 +354,10 @@ impl Daemon {
         // task prepares (the slot hands the removal to it as it does a task's leftovers).
         let orphans = tokio::spawn({
             let (cfg, keep) = (cfg.clone(), state.active.as_ref().map(|a| a.task.clone()));
+            let ops = ops.clone();
             async move {
-                crate::workspace::remove_orphans(&cfg, keep.as_ref()).await;
+                let swept = crate::workspace::remove_orphans(&cfg, keep.as_ref()).await;
+                ops.trees_set_aside(swept.set_aside);
             }
         });
         let mut d = Daemon {

@@ -96,11 +96,7 @@ pub fn git_dir_of(work_tree: &Path) -> Result<Option<PathBuf>, Refusal> {
 /// The path in a gitfile: `gitdir: ` then the path, trailing newlines and carriage returns
 /// dropped (git's `read_gitfile_gently`). Bytes, not text: a path need not be UTF-8.
 fn read_gitfile(file: &Path) -> Result<PathBuf, String> {
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::fs::File::open(file)
-        .and_then(|f| f.take(MAX_GITFILE + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("a gitfile that cannot be read ({e})"))?;
+    let bytes = read_small(file).map_err(|e| format!("a gitfile that cannot be read ({e})"))?;
     if bytes.len() as u64 > MAX_GITFILE {
         return Err("a gitfile too large to be one".into());
     }
@@ -120,14 +116,40 @@ fn read_gitfile(file: &Path) -> Result<PathBuf, String> {
 
 /// The common directory of a (linked-worktree) git directory, from its `commondir` file,
 /// read as bytes like a gitfile's path.
+/// None when it is not a regular file or holds more than [`MAX_GITFILE`] bytes: a task can
+/// write the git directory, and a `commondir` linked to `/dev/zero` was read to the end
+/// (memory without a bound), one made a FIFO blocked the thread; a path that long cannot
+/// resolve for git either.
 fn common_dir(git_dir: &Path) -> Option<PathBuf> {
-    let bytes = std::fs::read(git_dir.join("commondir")).ok()?;
+    let bytes = read_small(&git_dir.join("commondir")).ok()?;
+    if bytes.len() as u64 > MAX_GITFILE {
+        return None;
+    }
     let mut end = bytes.len();
     while end > 0 && matches!(bytes[end - 1], b'\n' | b'\r') {
         end -= 1;
     }
     let p = PathBuf::from(OsStr::from_bytes(&bytes[..end]));
     Some(git_dir.join(p))
+}
+
+/// At most [`MAX_GITFILE`]` + 1` bytes of the regular file at `path` (links followed, as
+/// git follows them): opened non-blocking and checked on its descriptor, so a FIFO or a
+/// device put there (a task writes work trees and git directories) neither blocks nor
+/// streams without end.
+fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_GITFILE + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Refuse a git directory (or its common directory) that lists alternates: objects from
@@ -259,5 +281,44 @@ pub(crate) mod tests {
         let r = unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
         assert_eq!(r, 0);
         refused("a fifo");
+    }
+
+    /// Issue 43 audit: a task can write a git directory's `commondir`. A FIFO there blocked
+    /// the reading thread for ever, a link to `/dev/zero` was read without a bound; now
+    /// neither is read (no common directory: a path that long or that odd git cannot use).
+    #[test]
+    fn a_commondir_that_is_a_fifo_or_endless_is_not_read() {
+        use std::os::unix::ffi::OsStrExt;
+        let d = tempfile::tempdir().unwrap();
+        let git_dir = d.path().join("repo.git");
+        init_at(&git_dir);
+        let commondir = git_dir.join("commondir");
+        let c = std::ffi::CString::new(commondir.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string; mkfifo only creates the node.
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+        assert_eq!(r, 0);
+        // On a thread: before the fix the open blocks until a writer comes (never); the
+        // wait below is a guard against that hang, not a timing measure.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let gd = git_dir.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((common_dir(&gd), config_files(&gd)));
+        });
+        let (common, files) = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("reading a FIFO commondir blocked");
+        assert_eq!(common, None);
+        assert_eq!(files, vec![git_dir.join("config")]);
+        assert!(no_alternates(&git_dir).is_ok());
+
+        std::fs::remove_file(&commondir).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &commondir).unwrap();
+        assert_eq!(common_dir(&git_dir), None);
+        std::fs::remove_file(&commondir).unwrap();
+        std::fs::write(&commondir, vec![b'x'; MAX_GITFILE as usize + 1]).unwrap();
+        assert_eq!(common_dir(&git_dir), None);
+        std::fs::write(&commondir, b"../other.git\n").unwrap();
+        assert_eq!(common_dir(&git_dir), Some(git_dir.join("../other.git")));
     }
 }

@@ -101,6 +101,10 @@ pub struct Metrics {
     /// Task-trace spans the OpenTelemetry export dropped: queue full, or the collector
     /// down, slow or refusing (`telemetry`).
     pub otel_spans_dropped: Counter,
+    /// Trees tasks left that could not be removed within their budget and sit in the
+    /// state directory's `.set-aside` directories: counted at start, plus each set aside
+    /// since (an operator deletes them by hand; a restart counts again).
+    pub trees_set_aside: Gauge,
 }
 
 impl Default for Metrics {
@@ -127,6 +131,7 @@ impl Default for Metrics {
             caches_bytes: Gauge::default(),
             caches_max_bytes: Gauge::default(),
             otel_spans_dropped: Counter::default(),
+            trees_set_aside: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -213,6 +218,11 @@ impl Default for Metrics {
                 "caches_max_bytes",
                 "The dependency caches' bound ([caches] max_size_mb); 0: none",
                 &m.caches_max_bytes,
+            ),
+            (
+                "trees_set_aside",
+                "Trees tasks left that could not be removed, set aside in the state directory (delete by hand)",
+                &m.trees_set_aside,
             ),
         ] {
             registry.register(name, help, gauge.clone());

@@ -71,6 +71,9 @@ pub struct HealthSnapshot {
     pub active_task: Option<String>,
     /// Age of the last pong; growing past the pong timeout means the link is dying.
     pub last_pong_age_ms: Option<u64>,
+    /// Trees tasks left that could not be removed and are set aside in the state
+    /// directory (`hub_sidecar_trees_set_aside`): disk an operator must free by hand.
+    pub trees_set_aside: u64,
 }
 
 /// A snapshot for `/status` (`hub-sidecar status`).
@@ -211,6 +214,14 @@ impl Ops {
         self.metrics.caches_max_bytes.set(gauge_value(max_bytes));
     }
 
+    /// `n` more trees tasks left are set aside (the start-up sweep's count of what is
+    /// there, then one per tree set aside): `/metrics` and `/healthz` show the total.
+    pub fn trees_set_aside(&self, n: usize) {
+        self.metrics
+            .trees_set_aside
+            .inc_by(gauge_value(u64::try_from(n).unwrap_or(u64::MAX)));
+    }
+
     /// What `/status` and `hub-sidecar status` show, as of now.
     pub fn status_snapshot(&self) -> StatusSnapshot {
         let h = self.health();
@@ -260,6 +271,7 @@ impl Ops {
             identified: h.identified,
             active_task: h.active_task.clone(),
             last_pong_age_ms: h.last_pong.map(|t| t.elapsed().as_millis() as u64),
+            trees_set_aside: u64::try_from(self.metrics.trees_set_aside.get()).unwrap_or(0),
         }
     }
 

@@ -414,6 +414,15 @@ impl TaskRecord {
         self.write("terminal", json!({"frame_type": frame.kind(), "frame": v}));
     }
 
+    /// A tree the task left (`what`: `TMPDIR`, `temp workspace`) could not be removed
+    /// (`why`) and was set aside at `to`, for an operator to delete by hand.
+    pub fn set_aside(&self, what: &str, to: &Path, why: &str) {
+        self.write(
+            "set_aside",
+            json!({"what": what, "set_aside_at": to.display().to_string(), "why": why}),
+        );
+    }
+
     /// The task ended without a terminal frame (cancelled by the hub or a forced stop).
     pub fn cancelled(&self, why: &str) {
         self.end_output();

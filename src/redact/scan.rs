@@ -573,10 +573,18 @@ fn unquote(p: &[u8]) -> Vec<u8> {
             b'b' => 8,
             b'f' => 12,
             b'v' => 11,
-            b'0'..=b'3' if i + 2 <= inner.len() => {
+            // Three octal digits, as git writes them; anything else is kept as it is (a
+            // digit past `7` or a byte below `0` made the arithmetic overflow: a panic in a
+            // build with overflow checks).
+            b'0'..=b'3'
+                if inner
+                    .get(i..i + 2)
+                    .is_some_and(|d| d.iter().all(|c| (b'0'..=b'7').contains(c))) =>
+            {
                 let oct = &inner[i - 1..i + 2];
                 i += 2;
-                oct.iter().fold(0u8, |a, d| a.wrapping_mul(8) + (d - b'0'))
+                oct.iter()
+                    .fold(0u8, |a, d| a.wrapping_mul(8).wrapping_add(d - b'0'))
             }
             other => other,
         });

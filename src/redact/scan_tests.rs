@@ -285,3 +285,13 @@ fn raw_objects_and_tree_entry_names_are_searched_and_named() {
     }
     assert!(s.files.len() < MAX_FILES + BLOCK / 16, "{}", s.files.len());
 }
+
+/// Issue 43 audit: a quoted path's escape that is not three octal digits is kept, never
+/// overflows (it panicked with overflow checks on).
+#[test]
+fn a_quoted_path_with_a_broken_octal_escape_is_kept_as_written() {
+    assert_eq!(unquote(b"\"a\\1 !\""), b"a1 !".to_vec());
+    assert_eq!(unquote(b"\"a\\399\""), b"a399".to_vec());
+    assert_eq!(unquote(b"\"a\\303\\251\""), "a\u{e9}".as_bytes().to_vec());
+    assert_eq!(unquote(b"\"a\\3\""), b"a3".to_vec());
+}

@@ -109,11 +109,12 @@ impl Workspace {
     }
 
     /// Give the workspace up: a temp directory is removed (or set aside, see
-    /// [`remove_task_tree`]), a lock released.
-    pub async fn release(self) {
+    /// [`remove_task_tree`]: returned, for the caller to report), a lock released.
+    pub async fn release(self) -> Option<SetAside> {
         if self.kind == WorkspaceKind::Temp {
-            remove_task_tree(&self.path, "temp workspace").await;
+            return remove_task_tree(&self.path, "temp workspace").await;
         }
+        None
     }
 }
 
@@ -425,12 +426,13 @@ fn tmp_dirs_root(cfg: &Config) -> PathBuf {
 /// (`tmp/`) and per-task workspaces (`work/`) of every task but `keep` (the unfinished task
 /// the hub is asked about, whose work may continue). A daemon killed mid-task, or between a
 /// result and its removal (see `runner::Leftovers`), leaves them; nothing else would ever
-/// remove them. Returns how many were removed.
-pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> usize {
+/// remove them. Returns how many were removed and how many trees are set aside (found from
+/// an earlier run, never walked again, and set aside now), for the caller to report.
+pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> Swept {
     let keep = keep.map(|t| safe_name(&t.task_id));
     let roots = [tmp_dirs_root(cfg), task_dirs_root(cfg)];
-    let removed = tokio::task::spawn_blocking(move || {
-        let mut removed = 0;
+    let swept = tokio::task::spawn_blocking(move || {
+        let mut swept = Swept::default();
         for root in roots {
             let Ok(entries) = std::fs::read_dir(&root) else {
                 continue;
@@ -443,14 +445,16 @@ pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> usize {
                 // tree that stopped one removal would stop every start.
                 if e.file_name() == teardown::SET_ASIDE {
                     let names = teardown::set_aside_in(&root);
+                    swept.set_aside += names.len();
                     if !names.is_empty() {
                         tracing::warn!(dir = %e.path().display(), trees = names.len(), "trees tasks left that could not be removed are set aside here; delete them by hand (rm -rf as the service user) when the disk allows");
                     }
                     continue;
                 }
                 match teardown::remove_or_set_aside(&e.path()) {
-                    teardown::Removal::Removed => removed += 1,
+                    teardown::Removal::Removed => swept.removed += 1,
                     teardown::Removal::SetAside { to, why } => {
+                        swept.set_aside += 1;
                         tracing::warn!(path = %e.path().display(), set_aside = %to.display(), why, "cannot remove what an earlier task left; set it aside (delete it by hand)")
                     }
                     teardown::Removal::Failed(err) => {
@@ -459,40 +463,82 @@ pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> usize {
                 }
             }
         }
-        removed
+        swept
     })
     .await
-    .unwrap_or(0);
-    if removed > 0 {
+    .unwrap_or_default();
+    if swept.removed > 0 {
         tracing::info!(
-            removed,
+            removed = swept.removed,
             "removed the directories tasks of an earlier run left in the state directory"
         );
     }
-    removed
+    swept
+}
+
+/// What [`remove_orphans`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    /// Directories removed.
+    pub removed: usize,
+    /// Trees in the `.set-aside` directories now: found there (never walked again) or set
+    /// aside by this sweep.
+    pub set_aside: usize,
+}
+
+/// A tree a task left that could not be removed and was set aside (see [`teardown`]): what
+/// the caller reports (metrics, health, the task's flight record).
+#[derive(Debug, Clone)]
+pub struct SetAside {
+    /// What it was: `TMPDIR`, `temp workspace`.
+    pub what: &'static str,
+    /// Where it was.
+    pub path: PathBuf,
+    /// Where it is now (delete it by hand).
+    pub to: PathBuf,
+    /// Why it could not be removed.
+    pub why: String,
 }
 
 /// Remove a task's TMPDIR (whatever the task left there, read-only directories included:
-/// Go makes its module cache so, and with caches off it is in the task's HOME here).
-pub async fn remove_task_tmp_dir(path: &Path) {
-    remove_task_tree(path, "TMPDIR").await;
+/// Go makes its module cache so, and with caches off it is in the task's HOME here) within
+/// `budget` ([`teardown::Budget::for_task_tree`] but in tests).
+pub async fn remove_task_tmp_dir(path: &Path, budget: teardown::Budget) -> Option<SetAside> {
+    remove_task_tree_within(path, "TMPDIR", budget).await
 }
 
 /// Remove a tree a task wrote (its TMPDIR, a temp workspace) at any depth, off the runtime;
-/// one that cannot be removed within its budget is set aside beside it and reported, never
-/// walked again by the start-up sweep (see [`teardown`]).
-pub async fn remove_task_tree(path: &Path, what: &'static str) {
+/// one that cannot be removed within its budget is set aside beside it and returned for
+/// the caller to report, never walked again by the start-up sweep (see [`teardown`]).
+pub async fn remove_task_tree(path: &Path, what: &'static str) -> Option<SetAside> {
+    remove_task_tree_within(path, what, teardown::Budget::for_task_tree()).await
+}
+
+/// [`remove_task_tree`] within `budget`.
+async fn remove_task_tree_within(
+    path: &Path,
+    what: &'static str,
+    mut budget: teardown::Budget,
+) -> Option<SetAside> {
     let p = path.to_path_buf();
-    let done = tokio::task::spawn_blocking(move || teardown::remove_or_set_aside(&p))
-        .await
-        .unwrap_or_else(|e| teardown::Removal::Failed(std::io::Error::other(e.to_string())));
+    let done =
+        tokio::task::spawn_blocking(move || teardown::remove_or_set_aside_within(&p, &mut budget))
+            .await
+            .unwrap_or_else(|e| teardown::Removal::Failed(std::io::Error::other(e.to_string())));
     match done {
-        teardown::Removal::Removed => {}
+        teardown::Removal::Removed => None,
         teardown::Removal::SetAside { to, why } => {
-            tracing::warn!(path = %path.display(), set_aside = %to.display(), why, what, "cannot remove what the task left; set it aside (delete it by hand)")
+            tracing::warn!(path = %path.display(), set_aside = %to.display(), why, what, "cannot remove what the task left; set it aside (delete it by hand)");
+            Some(SetAside {
+                what,
+                path: path.to_path_buf(),
+                to,
+                why,
+            })
         }
         teardown::Removal::Failed(e) => {
-            tracing::warn!(path = %path.display(), error = %e, what, "cannot remove what the task left; delete it by hand")
+            tracing::warn!(path = %path.display(), error = %e, what, "cannot remove what the task left; delete it by hand");
+            None
         }
     }
 }
@@ -507,8 +553,11 @@ async fn blocking_remove(path: &Path) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{keep_patterns, remove_orphans, task_tmp_dir, workspace_for};
+    use super::{
+        keep_patterns, remove_orphans, remove_task_tmp_dir, task_tmp_dir, workspace_for, Swept,
+    };
     use crate::config::Config;
+    use crate::sandbox::teardown;
     use crate::task::Task;
 
     #[tokio::test]
@@ -529,7 +578,7 @@ mod tests {
         std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
         std::fs::write(dir.path().join("tmp/stray-file"), "x").unwrap();
 
-        assert_eq!(remove_orphans(&cfg, Some(&unfinished)).await, 3);
+        assert_eq!(remove_orphans(&cfg, Some(&unfinished)).await.removed, 3);
         assert!(!task_tmp_dir(&cfg, &old).exists());
         assert!(!workspace_for(&cfg, &old).exists());
         assert!(!dir.path().join("tmp/stray-file").exists());
@@ -540,8 +589,42 @@ mod tests {
             .join("home/.cache/f")
             .exists());
         // Nothing to keep: everything goes; nothing there: nothing to do.
-        assert_eq!(remove_orphans(&cfg, None).await, 2);
-        assert_eq!(remove_orphans(&cfg, None).await, 0);
+        assert_eq!(remove_orphans(&cfg, None).await.removed, 2);
+        assert_eq!(remove_orphans(&cfg, None).await, Swept::default());
+    }
+
+    /// Trees an earlier removal set aside are counted for the operator (metrics, health) at
+    /// every start, never walked again; a tree over a removal's budget is set aside and
+    /// returned for the caller to report.
+    #[tokio::test]
+    async fn set_aside_trees_are_counted_at_start_and_a_tree_over_budget_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::for_hub("ws://127.0.0.1:1/ws", dir.path());
+        let aside = dir.path().join("tmp").join(teardown::SET_ASIDE);
+        for name in ["a.1.0", "b.2.0"] {
+            std::fs::create_dir_all(aside.join(name).join("deep")).unwrap();
+        }
+        let swept = remove_orphans(&cfg, None).await;
+        assert_eq!(
+            swept,
+            Swept {
+                removed: 0,
+                set_aside: 2
+            }
+        );
+        assert!(aside.join("a.1.0/deep").exists(), "never walked again");
+
+        let tree = dir.path().join("tmp/task-x");
+        std::fs::create_dir_all(&tree).unwrap();
+        for i in 0..20 {
+            std::fs::write(tree.join(format!("f{i}")), "x").unwrap();
+        }
+        let tiny = teardown::Budget::new(5, std::time::Duration::from_secs(60));
+        let set = remove_task_tmp_dir(&tree, tiny).await.expect("set aside");
+        assert_eq!((set.what, set.path.as_path()), ("TMPDIR", tree.as_path()));
+        assert!(set.to.starts_with(&aside) && set.to.exists(), "{set:?}");
+        assert!(!tree.exists());
+        assert_eq!(remove_orphans(&cfg, None).await.set_aside, 3);
     }
 
     #[test]

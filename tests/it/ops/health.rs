@@ -242,3 +242,52 @@ async fn the_binary_serves_metrics_on_metrics_addr_and_reports_the_bound_port() 
     // Stopped with the daemon.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+/// Issue 43: trees an earlier run set aside (a task's tree over its removal's budget) are
+/// reported at start, in `/metrics` and `/healthz`, and never walked again.
+#[tokio::test]
+async fn the_binary_reports_trees_set_aside_by_an_earlier_run_and_leaves_them() {
+    let hub = hub().await;
+    let dir = tempfile::tempdir().unwrap();
+    let aside = dir.path().join("tmp/.set-aside");
+    for name in ["t1.1700000000.0000abcd", "t2.1700000001.0000beef"] {
+        std::fs::create_dir_all(aside.join(name).join("nest")).unwrap();
+    }
+    let config = write_config(
+        &hub,
+        dir.path(),
+        "test-token",
+        "metrics_addr = \"127.0.0.1:0\"",
+    );
+    let mut bin = Bin::start(dir.path(), &config, &[]);
+    wait_log(&bin, "serving /healthz and /metrics").await;
+    let logs = bin.logs();
+    let addr: std::net::SocketAddr = logs
+        .lines()
+        .find(|l| l.contains("serving /healthz"))
+        .and_then(|l| l.split("addr=").nth(1))
+        .and_then(|a| a.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no addr= in {logs}"))
+        .parse()
+        .unwrap();
+    // The sweep runs beside the link: poll until it has reported.
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let (code, _, text) = http_get(addr, "/metrics").await;
+        assert_eq!(code, 200);
+        if text.contains("hub_sidecar_trees_set_aside 2\n") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never reported: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, _, body) = http_get(addr, "/healthz").await;
+    let health: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["trees_set_aside"], 2, "{body}");
+    assert!(aside.join("t1.1700000000.0000abcd/nest").exists());
+    bin.signal("TERM");
+    assert_eq!(bin.wait(T).await, Some(0));
+}
