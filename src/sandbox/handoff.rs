@@ -59,6 +59,26 @@ impl Spawning {
     }
 }
 
+/// A seqpacket socket pair, close-on-exec both ends: what a spawn's handoff and a view's
+/// holder talk over (one message, whole, per send).
+pub(super) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1; 2];
+    // SAFETY: socketpair writes two descriptors into `fds`, which we then own.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both are fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
 /// One spawn's socket pair (seqpacket, close-on-exec both ends).
 #[derive(Debug)]
 struct Handoff {
@@ -71,22 +91,7 @@ struct Handoff {
 
 impl Handoff {
     fn new() -> io::Result<Handoff> {
-        let mut fds = [-1; 2];
-        // SAFETY: socketpair writes two descriptors into `fds`, which we then own.
-        let r = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-                0,
-                fds.as_mut_ptr(),
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: both are fresh descriptors owned by nobody else.
-        let (ours, theirs) =
-            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (ours, theirs) = seqpacket_pair()?;
         Ok(Handoff { ours, theirs })
     }
 

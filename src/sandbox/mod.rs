@@ -393,6 +393,30 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// A sandbox that only joins `view`'s namespaces (no limits, no Landlock, no network of
+    /// its own): the probe's child and the views' own tests.
+    pub(super) fn joining(view: view::TaskView) -> Sandbox {
+        Sandbox {
+            plan: ChildPlan {
+                rlimits: Vec::new(),
+                namespaces: Some(view.join()),
+                own_network: false,
+                proxied: false,
+                landlock_fd: None,
+            },
+            _ruleset: None,
+            _view: Some(view),
+            tmp: PathBuf::new(),
+            agent_template: None,
+            fs: None,
+            network_cut: false,
+            proxy: None,
+            config: None,
+            home: None,
+            caches_bytes: None,
+        }
+    }
+
     /// Install the plan in `cmd`, for one spawn: it runs in the child between `fork` and
     /// `exec`. Spawn `cmd` once, then call [`Spawning::spawned`].
     pub(crate) fn install(

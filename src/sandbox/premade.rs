@@ -26,7 +26,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use super::child::{send_fds, IdMaps};
+use super::handoff::seqpacket_pair;
 use super::ipc::IpcPlan;
 use super::mounts::{self, MountPlan};
 use super::view::{self, TaskView};
@@ -128,11 +129,7 @@ impl Premade {
         let to = theirs.as_raw_fd();
         // The holder reads the task's plan into this buffer, allocated before the fork.
         let mut buf = vec![0u8; MAX_MESSAGE];
-        let mut cmd = std::process::Command::new("/bin/true");
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .current_dir("/");
+        let mut cmd = view::holder_command();
         // SAFETY: `hold` only makes async-signal-safe system calls on data prepared
         // before the fork (`plan`, `maps`, `buf`), and never returns.
         unsafe {
@@ -224,24 +221,6 @@ impl Drop for Premade {
         // Unused, or refused the plan: the holder is killed and reaped.
         drop(self.holder.take().map(view::Reap));
     }
-}
-
-fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [-1; 2];
-    // SAFETY: socketpair writes two descriptors into `fds`, which we then own.
-    let r = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptors owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Wait (bounded) until `sock` has something to read, or has hung up.
@@ -507,7 +486,6 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::sandbox::child::ChildPlan;
     use crate::sandbox::{Sandbox, Support};
 
     fn ns_id(fd: &OwnedFd) -> u64 {
@@ -520,26 +498,7 @@ mod tests {
     /// `sh -c script` run in `view` (its namespaces joined, as a task's child is): its exit
     /// code.
     fn run_in(view: TaskView, script: &str, cwd: &Path) -> i32 {
-        let plan = ChildPlan {
-            rlimits: Vec::new(),
-            namespaces: Some(view.join()),
-            own_network: false,
-            proxied: false,
-            landlock_fd: None,
-        };
-        let sb = Arc::new(Sandbox {
-            plan,
-            _ruleset: None,
-            _view: Some(view),
-            tmp: PathBuf::new(),
-            agent_template: None,
-            fs: None,
-            network_cut: false,
-            proxy: None,
-            config: None,
-            home: None,
-            caches_bytes: None,
-        });
+        let sb = Arc::new(Sandbox::joining(view));
         let mut cmd = std::process::Command::new("/bin/sh");
         cmd.args(["-c", script]).current_dir(cwd);
         let _spawning = sb.install(&mut cmd).unwrap();

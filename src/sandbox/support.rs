@@ -1,10 +1,9 @@
 //! What this machine lets the daemon enforce ([`Support`]), probed once at start-up: the
 //! Landlock ABI, and whether a child can enter its own user, PID and mount namespaces.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use super::child::ChildPlan;
 use super::ipc::IpcPlan;
 use super::mounts::MountPlan;
 use super::view::TaskView;
@@ -125,26 +124,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
     // nothing is mounted), then joined by the child, which makes its PID namespace.
     let view = TaskView::create(&MountPlan::default(), &IpcPlan::new(0))
         .map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
-    let plan = ChildPlan {
-        rlimits: Vec::new(),
-        namespaces: Some(view.join()),
-        own_network: false,
-        proxied: false,
-        landlock_fd: None,
-    };
-    let sb = Arc::new(Sandbox {
-        plan,
-        _ruleset: None,
-        _view: Some(view),
-        tmp: PathBuf::new(),
-        agent_template: None,
-        fs: None,
-        network_cut: false,
-        proxy: None,
-        config: None,
-        home: None,
-        caches_bytes: None,
-    });
+    let sb = Arc::new(Sandbox::joining(view));
     let true_bin = ["/usr/bin/true", "/bin/true"]
         .into_iter()
         .find(|p| Path::new(p).exists())

@@ -66,11 +66,7 @@ impl TaskView {
         let (ours, theirs) = UnixStream::pair()?;
         let to = theirs.as_raw_fd();
         // Never exec'd: the holder leaves from `hold` (an error in it is the spawn's error).
-        let mut cmd = std::process::Command::new("/bin/true");
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .current_dir("/");
+        let mut cmd = holder_command();
         // SAFETY: `hold` only makes async-signal-safe system calls on data prepared before
         // the fork; `to` stays open until the holder has exited.
         unsafe {
@@ -110,6 +106,17 @@ impl TaskView {
             ipc: self.ipc.as_raw_fd(),
         }
     }
+}
+
+/// The command a holder is forked from: never exec'd (the holder leaves from its
+/// `pre_exec` hook), no standard streams, at `/`.
+pub(super) fn holder_command() -> std::process::Command {
+    let mut cmd = std::process::Command::new("/bin/true");
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .current_dir("/");
+    cmd
 }
 
 /// The holder, in the forked process: new user and mount namespaces, the ids mapped, the
