@@ -505,15 +505,21 @@ mod tests {
         cmd.status().unwrap().code().unwrap_or(-1)
     }
 
-    /// A view made ahead shows what the task's plan grants and hides the rest of its tree,
-    /// and each serves one task: two tasks get two sets of namespaces (user, mount, IPC).
-    #[test]
-    fn a_view_made_ahead_shows_the_grants_hides_the_rest_and_serves_one_task() {
+    /// The gate of these tests: a machine that can make the namespaces a view holds.
+    #[track_caller]
+    fn namespaces_here() -> bool {
         let missing = Support::probe()
             .namespaces
             .err()
             .map(|e| format!("no namespaces here ({e})"));
-        if !crate::util::require::require("confine", missing) {
+        crate::util::require::require("confine", missing)
+    }
+
+    /// A view made ahead shows what the task's plan grants and hides the rest of its tree,
+    /// and each serves one task: two tasks get two sets of namespaces (user, mount, IPC).
+    #[test]
+    fn a_view_made_ahead_shows_the_grants_hides_the_rest_and_serves_one_task() {
+        if !namespaces_here() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -547,11 +553,7 @@ mod tests {
     /// task gets a view made for it instead.
     #[test]
     fn a_plan_hiding_other_trees_is_refused() {
-        let missing = Support::probe()
-            .namespaces
-            .err()
-            .map(|e| format!("no namespaces here ({e})"));
-        if !crate::util::require::require("confine", missing) {
+        if !namespaces_here() {
             return;
         }
         let pool = ViewPool::default();
