@@ -318,6 +318,11 @@ async fn a_corrupt_state_file_is_kept_aside_and_the_daemon_still_works() {
     let s = Harness::setup().await;
     std::fs::write(s.dir().join("queue.json"), b"{\"active\": [garbage").unwrap();
     let mut h = s.start_bin("test-token", "", &[]).await;
+    // The state file is read while the daemon identifies (src/daemon/mod.rs), so it may
+    // still be in place right after `identify`; no frame is handled before it was read, so
+    // once a task completed it has been moved aside.
+    h.assign(sample_shell_task("after-corrupt", "echo fine"));
+    h.wait_for_type("task_complete", T).await.unwrap();
     let aside: Vec<_> = std::fs::read_dir(h.dir())
         .unwrap()
         .flatten()
@@ -332,8 +337,6 @@ async fn a_corrupt_state_file_is_kept_aside_and_the_daemon_still_works() {
         std::fs::read(aside[0].path()).unwrap(),
         b"{\"active\": [garbage"
     );
-    h.assign(sample_shell_task("after-corrupt", "echo fine"));
-    h.wait_for_type("task_complete", T).await.unwrap();
     h.bin().signal("TERM");
     assert_eq!(h.bin_mut().wait(T).await, Some(0));
     let logs = h.bin().logs();
