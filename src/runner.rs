@@ -169,6 +169,7 @@ async fn run_recorded(
         min_interval: Duration::from_millis(cfg.progress.min_interval_ms),
         heartbeat: Duration::from_secs(cfg.progress.heartbeat_secs),
         dropped: cancel.clone(),
+        held: deps.env.fence().map(crate::process::Fence::watch),
     };
     let pump = tokio::spawn(pump.run(pump_cancel.clone()));
     let tmp = workspace::task_tmp_dir(&cfg, &task);

@@ -60,8 +60,10 @@ impl CommandSpec {
     }
 
     /// `sh -c SCRIPT`: only for commands that are shell by design (`shell_command`, check targets).
+    /// `/bin/sh` by its POSIX path, as the Node sidecar runs it: not looked up on the
+    /// children's PATH, whose toolchain directories come first (a failed `execve` each).
     pub fn shell(script: &str, cwd: impl Into<PathBuf>, env: ChildEnv) -> CommandSpec {
-        CommandSpec::new("sh", cwd, env).arg("-c").arg(script)
+        CommandSpec::new("/bin/sh", cwd, env).arg("-c").arg(script)
     }
 
     /// One more argument.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::budget::RateBudget;
@@ -41,6 +42,11 @@ pub struct Pump {
     /// stop). The hub deletes a cancelled task, so progress still pending for it would only
     /// spend budget: it is discarded instead of flushed.
     pub dropped: CancellationToken,
+    /// The task's fence as its watch (`true`: closed), when it has one: while closed,
+    /// pending progress is held here, not sent, and goes out once it opens. Closed before
+    /// `task_accepted` is sent (the task is being prepared beside the durable write of its
+    /// assignment) and while the hub link is down (the task may not be ours any more).
+    pub held: Option<watch::Receiver<bool>>,
 }
 
 impl Pump {
@@ -56,6 +62,7 @@ impl Pump {
             min_interval,
             heartbeat,
             dropped,
+            mut held,
         } = self;
         let send = |mut event: Value| {
             redactor.scrub_value(&mut event);
@@ -91,6 +98,13 @@ impl Pump {
                         _ = cancel.cancelled() => break 'run,
                         _ = tokio::time::sleep(wait) => {}
                     },
+                }
+            }
+            if let Some(rx) = held.as_mut() {
+                tokio::select! {
+                    _ = cancel.cancelled() => break 'run,
+                    // A fence gone with its task holds nothing back any more.
+                    _ = rx.wait_for(|closed| !closed) => {}
                 }
             }
             if let Some(event) = sink.take_event() {
@@ -157,6 +171,7 @@ mod tests {
             min_interval: Duration::from_secs(3600),
             heartbeat: Duration::from_secs(3600),
             dropped: task_cancel.clone(),
+            held: None,
         };
         sink.emit(ProgressEvent::status("queued before the end"));
         if dropped {
@@ -167,6 +182,40 @@ mod tests {
         pump.run(stop).await;
         let n = frames.0.lock().unwrap().len();
         n
+    }
+
+    /// Behind a closed fence (the assignment not yet durable and acknowledged, or the link
+    /// down) progress is held, not sent and not lost: it leaves once the fence opens.
+    #[tokio::test(start_paused = true)]
+    async fn progress_behind_a_closed_fence_is_held_then_sent_when_it_opens() {
+        let sink = ProgressSink::new(8192);
+        let frames = Arc::new(Frames(Mutex::new(Vec::new())));
+        let (fence, held) = tokio::sync::watch::channel(true);
+        let stop = CancellationToken::new();
+        let pump = Pump {
+            sink: sink.clone(),
+            task_id: "t".into(),
+            budget: Arc::new(RateBudget::new(60, 60, 0)),
+            out: frames.clone(),
+            redactor: Arc::new(Redactor::new(Vec::new())),
+            min_interval: Duration::from_millis(10),
+            heartbeat: Duration::from_secs(3600),
+            dropped: CancellationToken::new(),
+            held: Some(held),
+        };
+        let running = tokio::spawn(pump.run(stop.clone()));
+        sink.emit(ProgressEvent::status("task accepted"));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            frames.0.lock().unwrap().is_empty(),
+            "sent behind a closed fence"
+        );
+        fence.send_replace(false);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let sent = frames.0.lock().unwrap().len();
+        assert_eq!(sent, 1, "not sent once the fence opened");
+        stop.cancel();
+        running.await.unwrap();
     }
 
     #[tokio::test]
@@ -189,6 +238,7 @@ mod tests {
             min_interval: Duration::from_secs(3600),
             heartbeat: Duration::from_secs(3600),
             dropped: CancellationToken::new(),
+            held: None,
         };
         // Room: sent as a frame, nothing handed back.
         sink.emit(ProgressEvent::new(EventKind::Status, "first"));
@@ -228,6 +278,7 @@ mod tests {
             min_interval: Duration::from_secs(1),
             heartbeat: Duration::from_secs(3600),
             dropped: CancellationToken::new(),
+            held: None,
         };
         let verdicts = |n: u32| {
             for k in 1..=n {

@@ -104,6 +104,20 @@ async fn assign_accept_complete_echoes_generation_and_is_acked_once() {
         .unwrap()
         .contains("hello-from-task"));
     assert!(wait_until(|| h.acked_terminal("t-gen") == 1, T).await);
+    // The runner is prepared beside the durable write of the assignment, but the hub hears
+    // of the task first through `task_accepted`: no progress before it.
+    let about: Vec<String> = h
+        .received()
+        .iter()
+        .filter(|f| f["task_id"] == "t-gen")
+        .map(|f| f["type"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        about.first().map(String::as_str),
+        Some("task_accepted"),
+        "{about:?}"
+    );
+    assert!(about.iter().any(|t| t == "task_progress"), "{about:?}");
     // The outbox empties once acknowledged.
     let state = h.dir().join("queue.json");
     assert!(

@@ -43,6 +43,14 @@ async fn an_unwritable_state_file_refuses_tasks_with_state_not_persistable() {
     assert!(!marker.exists(), "ran a task it could not persist");
     bin.signal("TERM");
     assert_eq!(bin.wait(T).await, Some(0));
+    // Its runner was started beside the write (the fence closed): ended with the daemon,
+    // it ran nothing and sent nothing.
+    assert!(!marker.exists(), "ran a task it could not persist");
+    assert!(
+        hub.received_of("task_progress").is_empty(),
+        "progress of a task never accepted: {:?}",
+        hub.received_of("task_progress")
+    );
     let logs = bin.logs();
     assert!(
         logs.contains("cannot persist") && logs.contains(&impossible.display().to_string()),
