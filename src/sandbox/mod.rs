@@ -81,8 +81,10 @@ mod ipc;
 mod keyring;
 pub mod landlock;
 mod mounts;
+mod netns;
 mod network;
 mod premade;
+mod probing;
 pub mod proxy;
 pub mod refusal;
 mod resolve;
@@ -101,64 +103,13 @@ use crate::config::Config;
 use child::ChildPlan;
 pub use grants::Grants;
 use grants::{fs_policy, var_in};
-pub(crate) use handoff::Spawning;
 pub use hardening::{protect_daemon, refuse_powerless_root};
 use landlock::FsPolicy;
+use netns::NetPlan;
+pub use probing::Probing;
 pub use support::{NamespaceError, Refused, Support};
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
-
-/// The containment probe ([`Policy::probe_blocking`]) for the `configured` level (the
-/// config's `containment`), running on the blocking pool from [`Probing::start`]: it forks a
-/// namespace holder and a test child, so the daemon starts it only once its first attempt to
-/// `identify` is over (`daemon/containment.rs`), and collects it when it needs the answer.
-pub struct Probing {
-    configured: Option<Containment>,
-    handle: tokio::task::JoinHandle<Policy>,
-}
-
-impl Probing {
-    /// Start probing now.
-    pub fn start(configured: Option<Containment>) -> Probing {
-        Probing {
-            configured,
-            handle: tokio::task::spawn_blocking(move || Policy::probe_blocking(configured)),
-        }
-    }
-
-    /// The probe's answer, logged once. A probe that panicked proved nothing: strict then
-    /// refuses work, as on a machine without the layers.
-    pub async fn answer(mut self) -> Policy {
-        self.wait().await
-    }
-
-    /// [`Probing::answer`] without giving the probe up: cancel-safe (for a `select!`); once
-    /// it has returned, the probe is spent and must not be waited on again.
-    pub async fn wait(&mut self) -> Policy {
-        let policy = (&mut self.handle)
-            .await
-            .unwrap_or_else(|_| Policy::decide(self.configured, Support::none()));
-        policy.log();
-        policy
-    }
-
-    /// A probe whose answer is the policy sent on `answer` (tests: a probe that answers
-    /// when the test says so).
-    #[doc(hidden)]
-    pub fn answered_by(
-        configured: Option<Containment>,
-        answer: tokio::sync::oneshot::Receiver<Policy>,
-    ) -> Probing {
-        Probing {
-            configured,
-            handle: tokio::spawn(async move {
-                answer
-                    .await
-                    .unwrap_or_else(|_| Policy::decide(configured, Support::none()))
-            }),
-        }
-    }
-}
 
 /// The containment level in force, decided from the config and the probe.
 ///
@@ -196,9 +147,15 @@ impl Policy {
         {
             return;
         }
+        // What the task's own children need (the daemon's git takes less of the view).
+        let net = NetPlan::new(
+            cfg.network.mode != NetworkMode::Open,
+            cfg.network.mode == NetworkMode::Allowlist,
+        );
         self.views.refill(
             &mounts::private(cfg, vars),
             &ipc::IpcPlan::new(cfg.sandbox.max_memory_mb),
+            net,
         );
     }
 
@@ -207,22 +164,23 @@ impl Policy {
         self.views.ready()
     }
 
-    /// The view for one task's children: one made ahead when there is one that fits, else
-    /// one made now. Blocking.
+    /// The view for one task's children, with the network `net`: one made ahead when
+    /// there is one that fits, else one made now (the same holder code). Blocking.
     fn view_for(
         &self,
         plan: &mounts::MountPlan,
         ipc: &ipc::IpcPlan,
+        net: NetPlan,
     ) -> std::io::Result<view::TaskView> {
         if let Some(premade) = self.views.take() {
-            match premade.finish(plan) {
+            match premade.finish(plan, net) {
                 Ok(view) => return Ok(view),
                 Err(e) => {
                     tracing::debug!(error = %e, "the view made ahead does not fit this task; making one")
                 }
             }
         }
-        view::TaskView::create(plan, ipc)
+        view::TaskView::create(plan, ipc, net)
     }
 
     /// Protect the daemon, then probe the kernel and decide the level for `cfg`: blocking
@@ -383,6 +341,9 @@ pub struct Sandbox {
     network_cut: bool,
     /// The proxy that is their only way out (`[network] mode = "allowlist"`).
     proxy: Option<proxy::Proxy>,
+    /// The proxy serving the task's one listener (in its network namespace, see
+    /// `netns.rs`) for the sandbox's life, whichever children run.
+    _serving: Option<proxy::Lease>,
     /// The config file a grant would go into, for messages.
     config: Option<PathBuf>,
     /// The service user's HOME, which a denial never suggests granting.
@@ -401,7 +362,6 @@ impl Sandbox {
                 rlimits: Vec::new(),
                 namespaces: Some(view.join()),
                 own_network: false,
-                proxied: false,
                 landlock_fd: None,
             },
             _ruleset: None,
@@ -411,28 +371,24 @@ impl Sandbox {
             fs: None,
             network_cut: false,
             proxy: None,
+            _serving: None,
             config: None,
             home: None,
             caches_bytes: None,
         }
     }
 
-    /// Install the plan in `cmd`, for one spawn: it runs in the child between `fork` and
-    /// `exec`. Spawn `cmd` once, then call [`Spawning::spawned`].
-    pub(crate) fn install(
-        self: &Arc<Self>,
-        cmd: &mut std::process::Command,
-    ) -> std::io::Result<Spawning> {
+    /// Install the plan in `cmd`: it runs in each child between `fork` and `exec`.
+    pub(crate) fn install(self: &Arc<Self>, cmd: &mut std::process::Command) {
         use std::os::unix::process::CommandExt;
-        let (spawning, fd) = Spawning::prepare(self)?;
         let me = Arc::clone(self);
         // SAFETY: `ChildPlan::apply` only makes async-signal-safe system calls on data
-        // prepared before the fork (see child.rs); `fd` stays open until the spawn returned.
+        // prepared before the fork (see child.rs); the descriptors it joins stay open with
+        // the sandbox, which the closure holds.
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(move || me.plan.apply(fd));
+            cmd.pre_exec(move || me.plan.apply());
         }
-        Ok(spawning)
     }
 
     /// The task's private temp directory.
@@ -492,8 +448,9 @@ impl Sandbox {
         self.proxy.as_ref().map(|p| p.hosts()).unwrap_or_default()
     }
 
-    /// The children's proxy listeners served now (one per running child under `[network]
-    /// mode = "allowlist"`, none once they have ended).
+    /// The task's proxy listeners served now: under `[network] mode = "allowlist"` one, in
+    /// the task's network namespace, from the sandbox's making to its end, however many
+    /// children run (0 without the proxy).
     pub fn proxy_listeners(&self) -> usize {
         self.proxy.as_ref().map_or(0, proxy::Proxy::listeners)
     }
@@ -590,15 +547,6 @@ pub fn plan(
     let mounts = mounts
         .map(|fs| mounts::for_sandbox(cfg, fs, vars, tmp, &grants))
         .transpose()?;
-    // Made once for the task (usually ahead of it: `premade.rs`), joined by each child (see
-    // `view.rs`), with the task's own IPC namespace (see `ipc.rs`).
-    let ipc = ipc::IpcPlan::new(cfg.sandbox.max_memory_mb);
-    let task_view = mounts
-        .as_ref()
-        .map(|m| policy.view_for(m, &ipc))
-        .transpose()
-        .map_err(ContainmentError::View)?;
-    let fs = fs.filter(|_| landlock_on);
     let own_network = grants.task && cfg.network.mode != NetworkMode::Open;
     if let (true, Err(e)) = (own_network, &policy.support.namespaces) {
         return Err(ContainmentError::NoNetworkNamespace(e.to_string()));
@@ -606,11 +554,22 @@ pub fn plan(
     let proxy = (own_network && cfg.network.mode == NetworkMode::Allowlist)
         .then(|| network::proxy(cfg, vars, &grants, &mut set))
         .transpose()?;
+    // Made once for the task (usually ahead of it: `premade.rs`), joined by each child (see
+    // `view.rs`), with the task's own IPC namespace (see `ipc.rs`) and network namespace
+    // (see `netns.rs`).
+    let ipc = ipc::IpcPlan::new(cfg.sandbox.max_memory_mb);
+    let net = NetPlan::new(own_network, proxy.is_some());
+    let mut task_view = mounts
+        .as_ref()
+        .map(|m| policy.view_for(m, &ipc, net))
+        .transpose()
+        .map_err(ContainmentError::View)?;
+    let serving = serve(proxy.as_ref(), task_view.as_mut())?;
+    let fs = fs.filter(|_| landlock_on);
     let plan = ChildPlan {
         rlimits: rlimits(&cfg.sandbox),
         namespaces: task_view.as_ref().map(view::TaskView::join),
         own_network,
-        proxied: proxy.is_some(),
         landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
     };
     Ok(Confined {
@@ -624,11 +583,35 @@ pub fn plan(
             fs,
             network_cut: own_network && proxy.is_none(),
             proxy,
+            _serving: serving,
             config: cfg.origin.clone(),
             home: var_in(&[vars], "HOME").map(PathBuf::from),
             caches_bytes,
         })),
     })
+}
+
+/// The proxy serving the listener in `view`'s network namespace (checked: see `handoff.rs`),
+/// for the sandbox's life; nothing without a proxy. A proxy needs that listener.
+fn serve(
+    proxy: Option<&proxy::Proxy>,
+    view: Option<&mut view::TaskView>,
+) -> Result<Option<proxy::Lease>, ContainmentError> {
+    let Some(proxy) = proxy else {
+        return Ok(None);
+    };
+    let listener = view
+        .and_then(view::TaskView::take_listener)
+        .ok_or_else(|| {
+            ContainmentError::Proxy(std::io::Error::other(
+                "the task's view has no proxy listener",
+            ))
+        })?;
+    let listener = handoff::checked(listener).map_err(ContainmentError::Proxy)?;
+    proxy
+        .serve(listener)
+        .map(Some)
+        .map_err(ContainmentError::Proxy)
 }
 
 /// `vars` into `set`, each replacing an earlier value of its name: the children see one.
