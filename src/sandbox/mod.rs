@@ -14,7 +14,7 @@
 //!   (`/usr`, `/etc`, toolchains on PATH); nothing else: not the daemon's config file, state
 //!   directory (outbox, locks), other workspaces or credentials. With Landlock ABI ≥ 6 the
 //!   children cannot signal processes outside their domain nor reach abstract sockets.
-//! - **Processes (user + PID namespace)**: the command is PID 1 of a fresh namespace, so
+//! - **Processes (user + PID namespace)**: each command is PID 1 of a fresh namespace, so
 //!   nothing it starts (`setsid`, double fork) outlives it, and the daemon is not even
 //!   addressable by pid from inside. See `child.rs`.
 //! - **Kernel channels (IPC namespace, keyring)**: SysV shared memory, message queues,
@@ -29,8 +29,9 @@
 //!   own with only its loopback, so it reaches no host and none of the host's loopback
 //!   services (Ollama, a database, the hub); `allowlist`: the same namespace, whose only
 //!   way out is the daemon's HTTP proxy ([`proxy`]) letting through the hosts in
-//!   `[network] allow`. Only the task's children; the daemon's own
-//!   connections and git calls keep the host's network.
+//!   `[network] allow`. One namespace per task, made with its view and shared by all its
+//!   children, never by another task's (see `netns.rs`). Only the task's children; the
+//!   daemon's own connections and git calls keep the host's network.
 //! - **Limits (rlimits)**: memory, processes, file size, open files, no core dumps.
 //! - **The daemon itself** is not dumpable ([`protect_daemon`]): its memory and
 //!   `/proc/<pid>/environ` are closed to other processes of the same user.
@@ -48,7 +49,9 @@
 //! - `support.rs`: what the kernel allows ([`Support`]), probed once; [`refusal`]: who
 //!   refused what is missing (a seccomp filter, an LSM, a sysctl, the kernel).
 //! - `mounts.rs`: the children's view of the host's trees (a mount namespace's plan);
-//!   `view.rs`: that view made once per task, in namespaces each child joins.
+//!   `view.rs`: that view made once per task, in namespaces each child joins; `premade.rs`:
+//!   views made ahead, while the daemon is idle; `netns.rs`: the task's network namespace
+//!   in the view, its `lo` and the proxy's listener; `probing.rs`: the probe off the runtime.
 //! - `grants.rs`: what a sandbox grants on the file system ([`Grants`] → the policy).
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`agent_home`]: the agent CLI's per-task configuration directory.
@@ -60,8 +63,8 @@
 //!   [`allowlist`]: what it lets through (by name and port, then by address); `tally.rs`:
 //!   its bounded record of hosts; `network.rs`: the proxy and its variables in a task's plan;
 //!   [`descriptors`]: the daemon's open-files limit and the proxy's share of it.
-//! - `handoff.rs`: how each child's proxy listener reaches the daemon's proxy, and is served
-//!   while the child runs.
+//! - `handoff.rs`: how a view's descriptors reach the daemon, and the checks on the task's
+//!   proxy listener before the sandbox serves it for its life.
 //! - `child.rs`: what runs between `fork` and `exec`; `ipc.rs`: the task's IPC namespace and
 //!   its bounds; `keyring.rs`: the key calls closed to the children.
 //! - `resolve.rs`: the grants' canonical paths.
