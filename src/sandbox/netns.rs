@@ -7,7 +7,7 @@
 //! listener for the sandbox's life (`handoff.rs` checks it, `proxy.rs` accepts on it).
 //!
 //! One namespace per task, not per child: making a network namespace, bringing its `lo`
-//! up, binding and handing a listener over cost about 0.45 ms a child (BENCHMARKS.md,
+//! up, binding and handing a listener over cost about 0.5 ms a child (BENCHMARKS.md,
 //! issue 45). The children of one task share it, as they share the task's workspace: a
 //! listener one child opens is reachable from its siblings, never from another task's
 //! children (a view, and so its namespace, serves one task). The daemon holds the proxy's

@@ -6,7 +6,7 @@
 //! see `child.rs`) before it makes its own PID namespace, so the view is built once per
 //! task and not once per child: a fresh mount namespace, its tmpfs and binds, and tearing
 //! them down again cost about 0.4 ms a child; a network namespace with its `lo` and
-//! listener about 0.45 ms.
+//! listener about 0.5 ms.
 //!
 //! A short-lived holder process makes them: forked from the daemon by [`TaskView::create`]
 //! (on the blocking pool, when the task's sandbox is planned), it unshares, writes its id
