@@ -1,6 +1,6 @@
 //! What `[network] mode = "allowlist"` costs: building a task's sandbox with its proxy, a
-//! confined child's spawn with its own network namespace and its proxy listener handed to the
-//! daemon (against `open` and `none`, interleaved), and the throughput of a 100 MB download by
+//! confined child's spawn joining the task's network namespace, whose one proxy listener the
+//! daemon serves (against `open` and `none`, interleaved), and the throughput of a 100 MB download by
 //! `curl` inside the task sandbox, straight (`mode = "open"`) and through the daemon's proxy
 //! (`mode = "allowlist"`), from a loopback server.
 //!

@@ -1,7 +1,8 @@
 //! What containment costs per child: `true` spawned through the daemon's one spawn path
 //! (`process::run`), unconfined and inside a task sandbox (Landlock ruleset, user + PID
-//! namespace with its supervisor, rlimits), and with `[network] mode = "none"` (a network
-//! namespace of its own with `lo` up), plus the one-off cost of building a task's sandbox
+//! namespace with its supervisor, rlimits), and with `[network] mode = "none"` and
+//! `"allowlist"` (the task's network namespace, made with its view, joined; with the
+//! proxy's listener in it), plus the one-off cost of building a task's sandbox
 //! (with the per-repository dependency caches for a task's own children; with the view
 //! made on the spot and made ahead, as the daemon does while idle). Prints min /
 //! median / p99 / max in microseconds.
@@ -30,18 +31,22 @@ fn stats(name: &str, mut v: Vec<Duration>) {
     );
 }
 
-async fn spawn_times(env: &ChildEnv, ws: &PathBuf, runs: usize) -> Vec<Duration> {
+/// `runs` spawns in each of `envs`, interleaved (one in each, then again), so that a busy
+/// moment of a shared machine weighs on every row alike.
+async fn spawn_times(envs: &[&ChildEnv], ws: &PathBuf, runs: usize) -> Vec<Vec<Duration>> {
     let limits = Limits::default();
     let cancel = CancellationToken::new();
-    let mut times = Vec::with_capacity(runs);
+    let mut times = vec![Vec::with_capacity(runs); envs.len()];
     for _ in 0..runs {
-        let spec = CommandSpec::new("/bin/true", ws, env.clone());
-        let t = Instant::now();
-        let out = process::run(&spec, &limits, &cancel, None)
-            .await
-            .expect("spawn /bin/true");
-        times.push(t.elapsed());
-        assert!(out.exit.success(), "{:?}", out.exit);
+        for (env, times) in envs.iter().zip(times.iter_mut()) {
+            let spec = CommandSpec::new("/bin/true", ws, (*env).clone());
+            let t = Instant::now();
+            let out = process::run(&spec, &limits, &cancel, None)
+                .await
+                .expect("spawn /bin/true");
+            times.push(t.elapsed());
+            assert!(out.exit.success(), "{:?}", out.exit);
+        }
     }
     times
 }
@@ -75,7 +80,7 @@ async fn main() {
     let tmp = dir.path().join("state/tmp/t");
 
     // Warm the page cache and the binary.
-    let _ = spawn_times(&base, &ws, 20).await;
+    let _ = spawn_times(&[&base], &ws, 20).await;
     let mut builds = Vec::new();
     let mut ahead_builds = Vec::new();
     // The same policy with views made ahead (what the daemon does while idle, issue 45),
@@ -111,9 +116,18 @@ async fn main() {
         no_net = Some(env);
     }
     let no_net = no_net.expect("built");
-    let plain = spawn_times(&base, &ws, runs).await;
-    let boxed = spawn_times(&confined, &ws, runs).await;
-    let netns = spawn_times(&no_net, &ws, runs).await;
+    // The default: `[network] mode = "allowlist"`, the proxy's listener in the namespace.
+    let mut cfg_proxy = cfg.clone();
+    cfg_proxy.network.mode = hub_sidecar::config::NetworkMode::Allowlist;
+    let proxied =
+        process::confine(&cfg_proxy, &policy, &base, &tmp, &task_grants).expect("confine");
+    let mut times = spawn_times(&[&base, &confined, &no_net, &proxied], &ws, runs).await;
+    let (allowlist, netns, boxed, plain) = (
+        times.pop().expect("four rows"),
+        times.pop().expect("four rows"),
+        times.pop().expect("four rows"),
+        times.pop().expect("four rows"),
+    );
     let med = |v: &[Duration]| {
         let mut s = v.to_vec();
         s.sort();
@@ -129,6 +143,10 @@ async fn main() {
     stats(
         "spawn + wait `/bin/true`, in the task sandbox, `[network] mode = \"none\"`",
         netns.clone(),
+    );
+    stats(
+        "spawn + wait `/bin/true`, in the task sandbox, `[network] mode = \"allowlist\"`",
+        allowlist.clone(),
     );
     stats("build a task's sandbox (once per task)", builds);
     stats(

@@ -17,7 +17,6 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use crate::progress::{EventKind, ProgressSink};
-use crate::sandbox::Spawning;
 
 mod capture;
 mod env;
@@ -300,16 +299,12 @@ async fn run_tapped(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     new_session(cmd.as_std_mut());
-    let spawning = match spec.env.sandbox() {
-        Some(sandbox) => Some(sandbox.install(cmd.as_std_mut())?),
-        None => None,
-    };
+    if let Some(sandbox) = spec.env.sandbox() {
+        sandbox.install(cmd.as_std_mut());
+    }
     let mut child = cmd.spawn()?;
     let pgid = child.id().unwrap_or(0);
     let guard = GroupGuard(pgid);
-    // What the sandbox serves the child (its proxy listener), held until this function
-    // returns: the child's whole tree has ended by then (its PID namespace with it).
-    let _running = spawning.map(Spawning::spawned).transpose()?;
 
     if let (Some(data), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
         tokio::spawn(async move {

@@ -1,8 +1,8 @@
 //! The code that runs in a forked child between `fork` and `exec`: limits, namespaces
-//! (the task's user, IPC and mount namespaces joined, see `view.rs` and `ipc.rs`; a PID
-//! namespace of its own and, for `[network] mode = "none"` or `"allowlist"`, a network
-//! namespace), the proxy's listener inside the network namespace, a fresh session keyring,
-//! `no_new_privs`, the Landlock domain and the refusal of the key calls (`keyring.rs`).
+//! (the task's user, IPC and mount namespaces joined, see `view.rs` and `ipc.rs`, and for
+//! `[network] mode = "none"` or `"allowlist"` the task's network namespace, see `netns.rs`;
+//! a PID namespace of its own), a fresh session keyring, `no_new_privs`, the Landlock
+//! domain and the refusal of the key calls (`keyring.rs`).
 //!
 //! It runs in a copy of a multi-threaded process, so it only makes raw system calls on data
 //! prepared by the parent (no allocation, no locks): async-signal-safe by construction.
@@ -29,30 +29,25 @@ pub(crate) struct ChildPlan {
     /// Join the task's user and mount namespaces (its view of the host's trees, in which
     /// its host sockets are hidden: see `view.rs`), then a PID namespace of its own.
     pub namespaces: Option<Join>,
-    /// Also a network namespace of its own, with only a loopback interface (up): the
-    /// command reaches no other host and none of the host's loopback services.
+    /// Also join the task's network namespace ([`Join::net`]), with only a loopback
+    /// interface (up) and, under `allowlist`, the proxy's listener, which the daemon
+    /// serves: the command reaches no other host and none of the host's loopback services.
     pub own_network: bool,
-    /// With `own_network`: listen on `127.0.0.1:`[`PROXY_PORT`] inside the namespace and
-    /// hand the listener to the daemon's proxy (over the spawn's handoff socket, see
-    /// [`ChildPlan::apply`]), which accepts on it: the children's only way out.
-    pub proxied: bool,
     /// A Landlock ruleset to enforce (the parent keeps it open; `restrict_self` never
     /// consumes it, so one ruleset serves every child of a task).
     pub landlock_fd: Option<i32>,
 }
 
-/// What a child joins: the descriptors of the task's user, mount and IPC namespaces, which
-/// its view (`view.rs`) keeps open.
+/// What a child joins: the descriptors of the task's user, mount and IPC namespaces and
+/// its network namespace, which its view (`view.rs`) keeps open.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Join {
     pub user: libc::c_int,
     pub mnt: libc::c_int,
     pub ipc: libc::c_int,
+    /// -1 when the view has none (the children keep the host's network).
+    pub net: libc::c_int,
 }
-
-/// The port the proxy listens on inside a task's network namespace (each child has its
-/// own namespace, so a fixed port cannot collide).
-pub(crate) const PROXY_PORT: u16 = 3128;
 
 /// Contents written to `/proc/self/{uid_map,gid_map}`: the caller's own ids, mapped to
 /// themselves, so files keep their owner and nothing else is mapped.
@@ -77,14 +72,10 @@ impl IdMaps {
 impl ChildPlan {
     /// Apply the plan to the calling (freshly forked) process. Only for `pre_exec`.
     ///
-    /// `handoff`: with `proxied`, the child's end of a socket pair made for this one spawn
-    /// (close-on-exec); the proxy's listener is sent over it and both are closed before
-    /// anything of the task runs. -1 otherwise.
-    ///
     /// # Safety
     ///
     /// Must run in a single-threaded child between `fork` and `exec`.
-    pub(crate) unsafe fn apply(&self, handoff: libc::c_int) -> io::Result<()> {
+    pub(crate) unsafe fn apply(&self) -> io::Result<()> {
         for &(res, want) in &self.rlimits {
             let mut cur = libc::rlimit {
                 rlim_cur: 0,
@@ -103,8 +94,7 @@ impl ChildPlan {
             }
         }
         if let Some(join) = &self.namespaces {
-            let handoff = if self.proxied { Some(handoff) } else { None };
-            enter_namespaces(join, self.own_network, handoff)?;
+            enter_namespaces(join, self.own_network)?;
         }
         super::keyring::join_fresh_session()?;
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
@@ -119,14 +109,10 @@ impl ChildPlan {
     }
 }
 
-/// The task's user, IPC and mount namespaces joined, then a new PID namespace (and a network
-/// namespace when `own_network`, its proxy listener sent over `handoff`); returns in the
-/// namespace's PID 1 (see the module docs).
-unsafe fn enter_namespaces(
-    join: &Join,
-    own_network: bool,
-    handoff: Option<libc::c_int>,
-) -> io::Result<()> {
+/// The task's user, IPC and mount namespaces joined (and its network namespace when
+/// `own_network`), then a new PID namespace; returns in the namespace's PID 1 (see the
+/// module docs).
+unsafe fn enter_namespaces(join: &Join, own_network: bool) -> io::Result<()> {
     // Joining a mount namespace moves to its root: the working directory (set by `Command`
     // before this runs) is entered again by its path, through the task's view, so `..` from
     // it never names the host's tree. One that the view does not show fails the spawn.
@@ -137,8 +123,13 @@ unsafe fn enter_namespaces(
     // Single-threaded (a fresh fork) and of the namespace owner's uid: all capabilities in
     // the task's user namespace, which the mount namespace and the ones made below need.
     // The IPC namespace after the user namespace: it belongs to one nested in the task's,
-    // whose owner a child is (see `ipc.rs`).
+    // whose owner a child is (see `ipc.rs`). The network namespace belongs to the task's.
+    // A child that should have one and finds none fails rather than keep the host's.
+    if own_network && join.net < 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     if libc::setns(join.user, libc::CLONE_NEWUSER) != 0
+        || (own_network && libc::setns(join.net, libc::CLONE_NEWNET) != 0)
         || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
         || libc::setns(join.mnt, libc::CLONE_NEWNS) != 0
         || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
@@ -146,29 +137,8 @@ unsafe fn enter_namespaces(
     {
         return Err(io::Error::last_os_error());
     }
-    let net = if own_network { libc::CLONE_NEWNET } else { 0 };
-    if libc::unshare(libc::CLONE_NEWPID | net) != 0 {
+    if libc::unshare(libc::CLONE_NEWPID) != 0 {
         return Err(io::Error::last_os_error());
-    }
-    if own_network {
-        // With every capability in the task's user namespace, which owns the new network
-        // namespace: CAP_NET_ADMIN over it.
-        loopback_up()?;
-    }
-    if let Some(handoff) = handoff {
-        if !own_network || handoff < 0 {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // Listening before the command exists: its first connection cannot race us. The
-        // daemon accepts on the listener itself (a socket keeps its namespace wherever its
-        // descriptor goes), so a connection is one hop: task -> proxy -> host. Nothing of
-        // the namespace keeps a copy, and the handoff socket is closed before the fork:
-        // no process of the task ever holds a channel to the daemon.
-        let listener = proxy_listener()?;
-        let sent = send_fds(handoff, &[listener]);
-        libc::close(listener);
-        libc::close(handoff);
-        sent?;
     }
     // A pipe whose write end only the supervisor keeps: when it reads as hung up, the
     // supervisor is gone (pids are useless for this: the supervisor is outside the new
@@ -202,49 +172,8 @@ unsafe fn enter_namespaces(
     Ok(())
 }
 
-/// Bring `lo` up in a fresh network namespace (it starts down): tools that talk to
-/// themselves over 127.0.0.1 (test servers, language servers) keep working.
-unsafe fn loopback_up() -> io::Result<()> {
-    let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut req: libc::ifreq = std::mem::zeroed();
-    req.ifr_name[0] = b'l' as libc::c_char;
-    req.ifr_name[1] = b'o' as libc::c_char;
-    req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-    let r = libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &req);
-    let err = io::Error::last_os_error();
-    libc::close(fd);
-    if r != 0 {
-        return Err(err);
-    }
-    Ok(())
-}
-
-/// A TCP listener on `127.0.0.1:PROXY_PORT` in the task's network namespace.
-unsafe fn proxy_listener() -> io::Result<libc::c_int> {
-    let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut addr: libc::sockaddr_in = std::mem::zeroed();
-    addr.sin_family = libc::AF_INET as libc::sa_family_t;
-    addr.sin_port = PROXY_PORT.to_be();
-    addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    if libc::bind(fd, (&addr as *const libc::sockaddr_in).cast(), len) != 0
-        || libc::listen(fd, 128) != 0
-    {
-        let err = io::Error::last_os_error();
-        libc::close(fd);
-        return Err(err);
-    }
-    Ok(fd)
-}
-
 /// Most descriptors [`send_fds`] sends at once.
-pub(super) const MAX_SEND_FDS: usize = 4;
+pub(super) const MAX_SEND_FDS: usize = 5;
 
 /// Send `fds` (at most [`MAX_SEND_FDS`]) over the unix socket `to` (`SCM_RIGHTS`, with one
 /// byte of data as stream and seqpacket sockets need), from buffers on the stack.
@@ -258,11 +187,11 @@ pub(super) unsafe fn send_fds(to: libc::c_int, fds: &[libc::c_int]) -> io::Resul
     }
     let len = std::mem::size_of_val(fds) as u32;
     // Room for the control message, aligned as `cmsghdr` wants.
-    let mut control = [0u64; 4];
+    let mut control = [0u64; 6];
     const _: () = assert!(
         unsafe { libc::CMSG_SPACE((MAX_SEND_FDS * std::mem::size_of::<libc::c_int>()) as u32) }
             as usize
-            <= 32
+            <= 48
     );
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec {

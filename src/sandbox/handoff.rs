@@ -1,10 +1,11 @@
-//! The daemon's side of handing a child's proxy listener over (`[network] mode =
-//! "allowlist"`): a socket pair made for one spawn, and the checks on what arrives on it.
+//! The daemon's side of a task's proxy listener (`[network] mode = "allowlist"`): how the
+//! descriptors a view's holder sends arrive (a seqpacket pair, see `view.rs` and
+//! `premade.rs`), and the checks on the listener among them before the proxy serves it.
 //!
-//! The child binds `127.0.0.1:3128` inside its new network namespace and sends the listener
-//! over its end of the pair before anything of the task runs (see `child.rs`), then closes
-//! both; the daemon takes it from its end right after the spawn and closes that too. So there
-//! is no path a task could reach (no socket file, no inherited descriptor), and what the
+//! The holder binds `127.0.0.1:3128` inside the task's network namespace once, before any
+//! child of the task exists (see `netns.rs`), and sends the listener with the namespaces;
+//! the sandbox serves it for its life (see [`super::Sandbox`]). No process of the task ever
+//! holds a channel to the daemon (no socket file, no inherited descriptor), and what the
 //! daemon takes is checked anyway: a listening TCP socket on `127.0.0.1:3128` in a network
 //! namespace other than the daemon's, or nothing.
 
@@ -12,55 +13,18 @@
 
 use std::io;
 use std::net::TcpListener;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::child::PROXY_PORT;
-use super::{proxy, Sandbox};
+use super::netns::PROXY_PORT;
 
-/// One child's spawn under a sandbox, from before `fork` until the spawn returned: see
-/// [`Sandbox::install`].
-#[derive(Debug)]
-pub(crate) struct Spawning {
-    /// With the proxy: the socket pair the child hands its listener over.
-    handoff: Option<(Handoff, Arc<Sandbox>)>,
+/// The proxy's listener a holder sent, checked: what the proxy may serve.
+pub(super) fn checked(fd: OwnedFd) -> io::Result<TcpListener> {
+    check_listener(&fd)?;
+    Ok(TcpListener::from(fd))
 }
 
-/// What a sandbox serves one running child (its proxy listener under `[network] mode =
-/// "allowlist"`); the spawn path holds it until the child's process tree has ended.
-#[derive(Debug)]
-pub(crate) struct Running {
-    _proxy: Option<proxy::Lease>,
-}
-
-impl Spawning {
-    /// Before the fork: the socket pair when `sandbox` proxies its children, and the child's
-    /// end for `ChildPlan::apply` (-1 without).
-    pub(super) fn prepare(sandbox: &Arc<Sandbox>) -> io::Result<(Spawning, RawFd)> {
-        let handoff = sandbox.plan.proxied.then(Handoff::new).transpose()?;
-        let fd = handoff.as_ref().map_or(-1, |h| h.theirs.as_raw_fd());
-        let handoff = handoff.map(|h| (h, Arc::clone(sandbox)));
-        Ok((Spawning { handoff }, fd))
-    }
-
-    /// The child was spawned (its `exec` succeeded): serve what it handed over.
-    pub(crate) fn spawned(self) -> io::Result<Running> {
-        let Some((handoff, sandbox)) = self.handoff else {
-            return Ok(Running { _proxy: None });
-        };
-        let listener = handoff.receive()?;
-        let proxy = sandbox
-            .proxy
-            .as_ref()
-            .ok_or_else(|| io::Error::other("the sandbox has no proxy to serve it"))?;
-        Ok(Running {
-            _proxy: Some(proxy.serve(listener)?),
-        })
-    }
-}
-
-/// A seqpacket socket pair, close-on-exec both ends: what a spawn's handoff and a view's
-/// holder talk over (one message, whole, per send).
+/// A seqpacket socket pair, close-on-exec both ends: what a view's holder talks over (one
+/// message, whole, per send).
 pub(super) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1; 2];
     // SAFETY: socketpair writes two descriptors into `fds`, which we then own.
@@ -79,46 +43,16 @@ pub(super) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// One spawn's socket pair (seqpacket, close-on-exec both ends).
-#[derive(Debug)]
-struct Handoff {
-    /// The daemon's end, read once right after the spawn.
-    ours: OwnedFd,
-    /// The child's end: inherited through `fork`; the child closes it once it has sent (and
-    /// `exec` would anyway: close-on-exec). Dropped here before reading.
-    theirs: OwnedFd,
-}
-
-impl Handoff {
-    fn new() -> io::Result<Handoff> {
-        let (ours, theirs) = seqpacket_pair()?;
-        Ok(Handoff { ours, theirs })
-    }
-
-    /// After the spawn returned (the child has sent by then: it sends before `exec`, and the
-    /// spawn returns once `exec` succeeded), take the listener, checked. Never blocks.
-    fn receive(self) -> io::Result<TcpListener> {
-        drop(self.theirs);
-        let fds = recv_fds(&self.ours)?;
-        let mut fds = fds.into_iter();
-        let (Some(fd), None) = (fds.next(), fds.next()) else {
-            return Err(refused("not exactly one descriptor"));
-        };
-        check_listener(&fd)?;
-        Ok(TcpListener::from(fd))
-    }
-}
-
 fn refused(what: &str) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
-        format!("the child's proxy listener was refused: {what}"),
+        format!("the task's proxy listener was refused: {what}"),
     )
 }
 
 /// Every descriptor in one message waiting on `sock` (all of them owned, so extras close).
 pub(super) fn recv_fds(sock: &OwnedFd) -> io::Result<Vec<OwnedFd>> {
-    // Room for more than a child sends, so that extras arrive (and are closed) rather than
+    // Room for more than a holder sends, so that extras arrive (and are closed) rather than
     // being cut off unseen.
     const MAX: usize = 2 * super::child::MAX_SEND_FDS;
     let mut control = [0u64; 8];
@@ -170,10 +104,10 @@ pub(super) fn recv_fds(sock: &OwnedFd) -> io::Result<Vec<OwnedFd>> {
         }
     }
     if n == 0 && fds.is_empty() {
-        return Err(refused("the child sent nothing"));
+        return Err(io::Error::other("nothing was sent"));
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(refused("too many descriptors"));
+        return Err(io::Error::other("too many descriptors were sent"));
     }
     Ok(fds)
 }
@@ -231,10 +165,10 @@ fn check_listener(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: SIOCGSKNS takes no argument and returns a new (close-on-exec) descriptor.
     let ns = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGSKNS as _) };
     if ns < 0 {
-        // EPERM: the daemon holds no CAP_NET_ADMIN there, so no child of its made it.
+        // EPERM: the daemon holds no CAP_NET_ADMIN there, so no holder of its made it.
         let e = io::Error::last_os_error();
         return Err(refused(&format!(
-            "its network namespace is not one a child of the daemon made ({e})"
+            "its network namespace is not one a holder of the daemon made ({e})"
         )));
     }
     // SAFETY: a fresh descriptor, ours alone.
@@ -250,31 +184,31 @@ fn check_listener(fd: &OwnedFd) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::RawFd;
+
     use super::*;
 
-    /// What a child sends over its end, done from this process.
-    fn send(h: &Handoff, fds: &[RawFd]) {
-        // SAFETY: both are open descriptors.
-        unsafe { super::super::child::send_fds(h.theirs.as_raw_fd(), fds) }.unwrap();
-    }
-
+    /// What a holder sends, sent from this process and taken as the sandbox takes it: the
+    /// refusal.
     fn refusal(fds: &[RawFd]) -> String {
-        let h = Handoff::new().unwrap();
-        send(&h, fds);
-        h.receive().unwrap_err().to_string()
+        let (ours, theirs) = seqpacket_pair().unwrap();
+        // SAFETY: both are open descriptors.
+        unsafe { super::super::child::send_fds(theirs.as_raw_fd(), fds) }.unwrap();
+        let mut got = recv_fds(&ours).unwrap();
+        assert_eq!(got.len(), fds.len());
+        checked(got.remove(0)).unwrap_err().to_string()
     }
 
     /// Only a listener on the proxy's address in another network namespace is taken:
-    /// anything else sent on the handoff socket is refused (and closed).
+    /// anything else a holder sent in its place is refused (and closed).
     #[test]
-    fn only_a_listener_in_the_childs_own_namespace_is_taken() {
+    fn only_a_listener_in_the_tasks_own_namespace_is_taken() {
         let file = std::fs::File::open("/dev/null").unwrap();
         assert!(refusal(&[file.as_raw_fd()]).contains("not a socket"));
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         assert!(refusal(&[a.as_raw_fd()]).contains("not a listening TCP"));
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         assert!(refusal(&[l.as_raw_fd()]).contains("proxy's address"));
-        assert!(refusal(&[l.as_raw_fd(), l.as_raw_fd()]).contains("exactly one"));
         // The proxy's port in the daemon's own namespace: never served (as root: the same
         // namespace; unprivileged: not even one the daemon may inspect). Skipped where
         // something on this host already listens there.
@@ -282,8 +216,8 @@ mod tests {
             let why = refusal(&[host.as_raw_fd()]);
             assert!(why.contains("network namespace"), "{why}");
         }
-        // Nothing sent (the child failed before sending): an error, not a wait.
-        let h = Handoff::new().unwrap();
-        assert!(h.receive().is_err());
+        // Nothing sent (the holder failed before sending): an error, not a wait.
+        let (ours, _theirs) = seqpacket_pair().unwrap();
+        assert!(recv_fds(&ours).is_err());
     }
 }

@@ -14,7 +14,7 @@
 //!   (`/usr`, `/etc`, toolchains on PATH); nothing else: not the daemon's config file, state
 //!   directory (outbox, locks), other workspaces or credentials. With Landlock ABI ≥ 6 the
 //!   children cannot signal processes outside their domain nor reach abstract sockets.
-//! - **Processes (user + PID namespace)**: the command is PID 1 of a fresh namespace, so
+//! - **Processes (user + PID namespace)**: each command is PID 1 of a fresh namespace, so
 //!   nothing it starts (`setsid`, double fork) outlives it, and the daemon is not even
 //!   addressable by pid from inside. See `child.rs`.
 //! - **Kernel channels (IPC namespace, keyring)**: SysV shared memory, message queues,
@@ -29,8 +29,9 @@
 //!   own with only its loopback, so it reaches no host and none of the host's loopback
 //!   services (Ollama, a database, the hub); `allowlist`: the same namespace, whose only
 //!   way out is the daemon's HTTP proxy ([`proxy`]) letting through the hosts in
-//!   `[network] allow`. Only the task's children; the daemon's own
-//!   connections and git calls keep the host's network.
+//!   `[network] allow`. One namespace per task, made with its view and shared by all its
+//!   children, never by another task's (see `netns.rs`). Only the task's children; the
+//!   daemon's own connections and git calls keep the host's network.
 //! - **Limits (rlimits)**: memory, processes, file size, open files, no core dumps.
 //! - **The daemon itself** is not dumpable ([`protect_daemon`]): its memory and
 //!   `/proc/<pid>/environ` are closed to other processes of the same user.
@@ -48,7 +49,9 @@
 //! - `support.rs`: what the kernel allows ([`Support`]), probed once; [`refusal`]: who
 //!   refused what is missing (a seccomp filter, an LSM, a sysctl, the kernel).
 //! - `mounts.rs`: the children's view of the host's trees (a mount namespace's plan);
-//!   `view.rs`: that view made once per task, in namespaces each child joins.
+//!   `view.rs`: that view made once per task, in namespaces each child joins; `premade.rs`:
+//!   views made ahead, while the daemon is idle; `netns.rs`: the task's network namespace
+//!   in the view, its `lo` and the proxy's listener; `probing.rs`: the probe off the runtime.
 //! - `grants.rs`: what a sandbox grants on the file system ([`Grants`] → the policy).
 //! - [`landlock`]: the filesystem policy as a Landlock ruleset.
 //! - [`agent_home`]: the agent CLI's per-task configuration directory.
@@ -60,8 +63,8 @@
 //!   [`allowlist`]: what it lets through (by name and port, then by address); `tally.rs`:
 //!   its bounded record of hosts; `network.rs`: the proxy and its variables in a task's plan;
 //!   [`descriptors`]: the daemon's open-files limit and the proxy's share of it.
-//! - `handoff.rs`: how each child's proxy listener reaches the daemon's proxy, and is served
-//!   while the child runs.
+//! - `handoff.rs`: how a view's descriptors reach the daemon, and the checks on the task's
+//!   proxy listener before the sandbox serves it for its life.
 //! - `child.rs`: what runs between `fork` and `exec`; `ipc.rs`: the task's IPC namespace and
 //!   its bounds; `keyring.rs`: the key calls closed to the children.
 //! - `resolve.rs`: the grants' canonical paths.
@@ -81,8 +84,10 @@ mod ipc;
 mod keyring;
 pub mod landlock;
 mod mounts;
+mod netns;
 mod network;
 mod premade;
+mod probing;
 pub mod proxy;
 pub mod refusal;
 mod resolve;
@@ -101,64 +106,13 @@ use crate::config::Config;
 use child::ChildPlan;
 pub use grants::Grants;
 use grants::{fs_policy, var_in};
-pub(crate) use handoff::Spawning;
 pub use hardening::{protect_daemon, refuse_powerless_root};
 use landlock::FsPolicy;
+use netns::NetPlan;
+pub use probing::Probing;
 pub use support::{NamespaceError, Refused, Support};
 
 pub use crate::config::{Containment, NetworkMode, SandboxConfig};
-
-/// The containment probe ([`Policy::probe_blocking`]) for the `configured` level (the
-/// config's `containment`), running on the blocking pool from [`Probing::start`]: it forks a
-/// namespace holder and a test child, so the daemon starts it only once its first attempt to
-/// `identify` is over (`daemon/containment.rs`), and collects it when it needs the answer.
-pub struct Probing {
-    configured: Option<Containment>,
-    handle: tokio::task::JoinHandle<Policy>,
-}
-
-impl Probing {
-    /// Start probing now.
-    pub fn start(configured: Option<Containment>) -> Probing {
-        Probing {
-            configured,
-            handle: tokio::task::spawn_blocking(move || Policy::probe_blocking(configured)),
-        }
-    }
-
-    /// The probe's answer, logged once. A probe that panicked proved nothing: strict then
-    /// refuses work, as on a machine without the layers.
-    pub async fn answer(mut self) -> Policy {
-        self.wait().await
-    }
-
-    /// [`Probing::answer`] without giving the probe up: cancel-safe (for a `select!`); once
-    /// it has returned, the probe is spent and must not be waited on again.
-    pub async fn wait(&mut self) -> Policy {
-        let policy = (&mut self.handle)
-            .await
-            .unwrap_or_else(|_| Policy::decide(self.configured, Support::none()));
-        policy.log();
-        policy
-    }
-
-    /// A probe whose answer is the policy sent on `answer` (tests: a probe that answers
-    /// when the test says so).
-    #[doc(hidden)]
-    pub fn answered_by(
-        configured: Option<Containment>,
-        answer: tokio::sync::oneshot::Receiver<Policy>,
-    ) -> Probing {
-        Probing {
-            configured,
-            handle: tokio::spawn(async move {
-                answer
-                    .await
-                    .unwrap_or_else(|_| Policy::decide(configured, Support::none()))
-            }),
-        }
-    }
-}
 
 /// The containment level in force, decided from the config and the probe.
 ///
@@ -196,9 +150,15 @@ impl Policy {
         {
             return;
         }
+        // What the task's own children need (the daemon's git takes less of the view).
+        let net = NetPlan::new(
+            cfg.network.mode != NetworkMode::Open,
+            cfg.network.mode == NetworkMode::Allowlist,
+        );
         self.views.refill(
             &mounts::private(cfg, vars),
             &ipc::IpcPlan::new(cfg.sandbox.max_memory_mb),
+            net,
         );
     }
 
@@ -207,22 +167,23 @@ impl Policy {
         self.views.ready()
     }
 
-    /// The view for one task's children: one made ahead when there is one that fits, else
-    /// one made now. Blocking.
+    /// The view for one task's children, with the network `net`: one made ahead when
+    /// there is one that fits, else one made now (the same holder code). Blocking.
     fn view_for(
         &self,
         plan: &mounts::MountPlan,
         ipc: &ipc::IpcPlan,
+        net: NetPlan,
     ) -> std::io::Result<view::TaskView> {
         if let Some(premade) = self.views.take() {
-            match premade.finish(plan) {
+            match premade.finish(plan, net) {
                 Ok(view) => return Ok(view),
                 Err(e) => {
                     tracing::debug!(error = %e, "the view made ahead does not fit this task; making one")
                 }
             }
         }
-        view::TaskView::create(plan, ipc)
+        view::TaskView::create(plan, ipc, net)
     }
 
     /// Protect the daemon, then probe the kernel and decide the level for `cfg`: blocking
@@ -383,6 +344,9 @@ pub struct Sandbox {
     network_cut: bool,
     /// The proxy that is their only way out (`[network] mode = "allowlist"`).
     proxy: Option<proxy::Proxy>,
+    /// The proxy serving the task's one listener (in its network namespace, see
+    /// `netns.rs`) for the sandbox's life, whichever children run.
+    _serving: Option<proxy::Lease>,
     /// The config file a grant would go into, for messages.
     config: Option<PathBuf>,
     /// The service user's HOME, which a denial never suggests granting.
@@ -401,7 +365,6 @@ impl Sandbox {
                 rlimits: Vec::new(),
                 namespaces: Some(view.join()),
                 own_network: false,
-                proxied: false,
                 landlock_fd: None,
             },
             _ruleset: None,
@@ -411,28 +374,24 @@ impl Sandbox {
             fs: None,
             network_cut: false,
             proxy: None,
+            _serving: None,
             config: None,
             home: None,
             caches_bytes: None,
         }
     }
 
-    /// Install the plan in `cmd`, for one spawn: it runs in the child between `fork` and
-    /// `exec`. Spawn `cmd` once, then call [`Spawning::spawned`].
-    pub(crate) fn install(
-        self: &Arc<Self>,
-        cmd: &mut std::process::Command,
-    ) -> std::io::Result<Spawning> {
+    /// Install the plan in `cmd`: it runs in each child between `fork` and `exec`.
+    pub(crate) fn install(self: &Arc<Self>, cmd: &mut std::process::Command) {
         use std::os::unix::process::CommandExt;
-        let (spawning, fd) = Spawning::prepare(self)?;
         let me = Arc::clone(self);
         // SAFETY: `ChildPlan::apply` only makes async-signal-safe system calls on data
-        // prepared before the fork (see child.rs); `fd` stays open until the spawn returned.
+        // prepared before the fork (see child.rs); the descriptors it joins stay open with
+        // the sandbox, which the closure holds.
         #[allow(unsafe_code)]
         unsafe {
-            cmd.pre_exec(move || me.plan.apply(fd));
+            cmd.pre_exec(move || me.plan.apply());
         }
-        Ok(spawning)
     }
 
     /// The task's private temp directory.
@@ -492,8 +451,9 @@ impl Sandbox {
         self.proxy.as_ref().map(|p| p.hosts()).unwrap_or_default()
     }
 
-    /// The children's proxy listeners served now (one per running child under `[network]
-    /// mode = "allowlist"`, none once they have ended).
+    /// The task's proxy listeners served now: under `[network] mode = "allowlist"` one, in
+    /// the task's network namespace, from the sandbox's making to its end, however many
+    /// children run (0 without the proxy).
     pub fn proxy_listeners(&self) -> usize {
         self.proxy.as_ref().map_or(0, proxy::Proxy::listeners)
     }
@@ -590,15 +550,6 @@ pub fn plan(
     let mounts = mounts
         .map(|fs| mounts::for_sandbox(cfg, fs, vars, tmp, &grants))
         .transpose()?;
-    // Made once for the task (usually ahead of it: `premade.rs`), joined by each child (see
-    // `view.rs`), with the task's own IPC namespace (see `ipc.rs`).
-    let ipc = ipc::IpcPlan::new(cfg.sandbox.max_memory_mb);
-    let task_view = mounts
-        .as_ref()
-        .map(|m| policy.view_for(m, &ipc))
-        .transpose()
-        .map_err(ContainmentError::View)?;
-    let fs = fs.filter(|_| landlock_on);
     let own_network = grants.task && cfg.network.mode != NetworkMode::Open;
     if let (true, Err(e)) = (own_network, &policy.support.namespaces) {
         return Err(ContainmentError::NoNetworkNamespace(e.to_string()));
@@ -606,11 +557,22 @@ pub fn plan(
     let proxy = (own_network && cfg.network.mode == NetworkMode::Allowlist)
         .then(|| network::proxy(cfg, vars, &grants, &mut set))
         .transpose()?;
+    // Made once for the task (usually ahead of it: `premade.rs`), joined by each child (see
+    // `view.rs`), with the task's own IPC namespace (see `ipc.rs`) and network namespace
+    // (see `netns.rs`).
+    let ipc = ipc::IpcPlan::new(cfg.sandbox.max_memory_mb);
+    let net = NetPlan::new(own_network, proxy.is_some());
+    let mut task_view = mounts
+        .as_ref()
+        .map(|m| policy.view_for(m, &ipc, net))
+        .transpose()
+        .map_err(ContainmentError::View)?;
+    let serving = serve(proxy.as_ref(), task_view.as_mut())?;
+    let fs = fs.filter(|_| landlock_on);
     let plan = ChildPlan {
         rlimits: rlimits(&cfg.sandbox),
         namespaces: task_view.as_ref().map(view::TaskView::join),
         own_network,
-        proxied: proxy.is_some(),
         landlock_fd: ruleset.as_ref().map(landlock::Built::raw_fd),
     };
     Ok(Confined {
@@ -624,11 +586,35 @@ pub fn plan(
             fs,
             network_cut: own_network && proxy.is_none(),
             proxy,
+            _serving: serving,
             config: cfg.origin.clone(),
             home: var_in(&[vars], "HOME").map(PathBuf::from),
             caches_bytes,
         })),
     })
+}
+
+/// The proxy serving the listener in `view`'s network namespace (checked: see `handoff.rs`),
+/// for the sandbox's life; nothing without a proxy. A proxy needs that listener.
+fn serve(
+    proxy: Option<&proxy::Proxy>,
+    view: Option<&mut view::TaskView>,
+) -> Result<Option<proxy::Lease>, ContainmentError> {
+    let Some(proxy) = proxy else {
+        return Ok(None);
+    };
+    let listener = view
+        .and_then(view::TaskView::take_listener)
+        .ok_or_else(|| {
+            ContainmentError::Proxy(std::io::Error::other(
+                "the task's view has no proxy listener",
+            ))
+        })?;
+    let listener = handoff::checked(listener).map_err(ContainmentError::Proxy)?;
+    proxy
+        .serve(listener)
+        .map(Some)
+        .map_err(ContainmentError::Proxy)
 }
 
 /// `vars` into `set`, each replacing an earlier value of its name: the children see one.

@@ -11,7 +11,7 @@
 
 use super::allowlist::Allowlist;
 use super::grants::{var_in, Grants};
-use super::{child, proxy, ContainmentError};
+use super::{netns, proxy, ContainmentError};
 use crate::config::Config;
 
 /// The loopback spellings `NO_PROXY` names: a task's own loopback is reached directly.
@@ -28,7 +28,7 @@ pub(super) fn proxy(
     let api_host = api.as_ref().map(|(_, host)| host.clone());
     let allow = allowlist(cfg, grants, api.map(|(entry, _)| entry));
     let p = proxy::Proxy::start(allow).map_err(ContainmentError::Proxy)?;
-    let url = format!("http://127.0.0.1:{}", child::PROXY_PORT);
+    let url = format!("http://127.0.0.1:{}", netns::PROXY_PORT);
     for k in [
         "HTTP_PROXY",
         "HTTPS_PROXY",

@@ -4,15 +4,18 @@
 //!
 //! A pre-made view is a holder process forked from the daemon that has unshared its user and
 //! mount namespaces (a short-lived child of it made the task's bounded IPC namespace, see
-//! `ipc.rs` and [`send_with_ipc`]), mapped its ids, kept a descriptor of each tree it hides (the
-//! tree as the host has it) and covered the trees with the empty tmpfs, sent the three
+//! `ipc.rs` and [`send_with_ipc`]) and, under `[network] mode = "none"` or `"allowlist"`, the
+//! task's network namespace with its `lo` and proxy listener (`netns.rs`: the same code as a
+//! view made on the spot), mapped its ids, kept a descriptor of each tree it hides (the
+//! tree as the host has it) and covered the trees with the empty tmpfs, sent the
 //! namespaces to the daemon, and then waits on its socket. At assignment, the task's
 //! [`MountPlan`] goes to it in one message; it binds each granted path back from its kept
 //! tree (never through a link), answers, and exits: from then on the namespaces are the
 //! task's alone, held by its sandbox's descriptors as a view made on the spot would be.
 //!
 //! Never shared: taking a pre-made view removes it from the pool ([`ViewPool::take`]), and
-//! [`Premade::finish`] consumes it. A plan whose hidden trees are not the ones the view hid
+//! [`Premade::finish`] consumes it; the network namespace in it is the task's alone, and
+//! closed at once when the view goes to the daemon's git (which keeps the host's network). A plan whose hidden trees are not the ones the view hid
 //! (a tree made at `/` since, a grant that shows a whole tree) gets a view made on the spot.
 //! The pool holds two, what a task in a repository uses (the daemon's git and the task's
 //! own children each have a view), refilled once the daemon is idle again.
@@ -33,10 +36,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::child::{send_fds, IdMaps};
+use super::child::IdMaps;
 use super::handoff::seqpacket_pair;
 use super::ipc::IpcPlan;
 use super::mounts::{self, MountPlan};
+use super::netns::NetPlan;
 use super::view::{self, TaskView};
 
 /// How many views the pool keeps ready: a task in a repository takes two (the daemon's git
@@ -69,10 +73,11 @@ impl ViewPool {
     }
 
     /// Make views until [`READY`] are ready, hiding the trees a task's plan hides with
-    /// `private` (the service user's HOME, the state directory). Blocking (forks): off the
-    /// runtime, while the daemon is idle. A failure is logged and leaves the pool short: a
-    /// task then gets its view made on the spot, as without the pool.
-    pub(crate) fn refill(&self, private: &[PathBuf], ipc: &IpcPlan) {
+    /// `private` (the service user's HOME, the state directory), with the network `net`
+    /// (what the task's own children need; the daemon's git takes less of it). Blocking
+    /// (forks): off the runtime, while the daemon is idle. A failure is logged and leaves
+    /// the pool short: a task then gets its view made on the spot, as without the pool.
+    pub(crate) fn refill(&self, private: &[PathBuf], ipc: &IpcPlan, net: NetPlan) {
         if self.filling.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -81,7 +86,7 @@ impl ViewPool {
             if have >= READY {
                 break;
             }
-            match Premade::make(private, ipc) {
+            match Premade::make(private, ipc, net) {
                 Ok(p) => match self.ready.lock() {
                     Ok(mut r) => r.push(p),
                     Err(_) => break,
@@ -112,12 +117,14 @@ pub(crate) struct Premade {
     view: Option<TaskView>,
     /// The trees the holder hid, in its order (their stage names are their indexes).
     hidden: Vec<CString>,
+    /// The network the holder made.
+    net: NetPlan,
 }
 
 impl Premade {
     /// Fork a holder that makes the namespaces, hides the trees of a plan with nothing
     /// granted, and waits. Blocking.
-    fn make(private: &[PathBuf], ipc: &IpcPlan) -> io::Result<Premade> {
+    fn make(private: &[PathBuf], ipc: &IpcPlan, net: NetPlan) -> io::Result<Premade> {
         let plan = mounts::plan(&[], &[], private).map_err(io::Error::other)?;
         if plan.hide.len() > MAX_TREES {
             return Err(io::Error::other("more trees to hide than a holder keeps"));
@@ -133,7 +140,7 @@ impl Premade {
         // SAFETY: `hold` only makes async-signal-safe system calls on data prepared
         // before the fork (`plan`, `maps`, `buf`), and never returns.
         unsafe {
-            cmd.pre_exec(move || hold(&maps, &plan, &ipc, to, &mut buf));
+            cmd.pre_exec(move || hold(&maps, &plan, &ipc, net, to, &mut buf));
         }
         // The spawn returns once the holder has closed the spawn's own status pipe (its
         // first act), not when it exits.
@@ -141,13 +148,14 @@ impl Premade {
         drop(theirs);
         let view = wait_readable(&ours)
             .and_then(|()| super::handoff::recv_fds(&ours))
-            .and_then(TaskView::received);
+            .and_then(|fds| TaskView::received(fds, net));
         match view {
             Ok(view) => Ok(Premade {
                 holder: Some(holder),
                 sock: ours,
                 view: Some(view),
                 hidden,
+                net,
             }),
             Err(e) => {
                 let _ = holder.kill();
@@ -157,10 +165,16 @@ impl Premade {
         }
     }
 
-    /// Bind `plan`'s paths back in this view and hand it over, for one task. Blocking (a
-    /// round trip to the holder). Fails, and the view is discarded, when `plan` hides other
-    /// trees than the view does or the holder cannot bind a path.
-    pub(crate) fn finish(mut self, plan: &MountPlan) -> io::Result<TaskView> {
+    /// Bind `plan`'s paths back in this view and hand it over, for one task whose children
+    /// need the network `net`. Blocking (a round trip to the holder). Fails, and the view is
+    /// discarded, when `plan` hides other trees than the view does, the view lacks the
+    /// network `net` needs, or the holder cannot bind a path.
+    pub(crate) fn finish(mut self, plan: &MountPlan, net: NetPlan) -> io::Result<TaskView> {
+        if !self.net.covers(net) {
+            return Err(io::Error::other(
+                "the task needs a network namespace the view made ahead has not",
+            ));
+        }
         let same = plan.hide.len() == self.hidden.len()
             && plan
                 .hide
@@ -209,7 +223,7 @@ impl Premade {
                 // the task, not waited for on the task's way (its exit unmaps a copy of the
                 // daemon's address space).
                 view.holder = self.holder.take().map(view::Reap);
-                Ok(view)
+                Ok(view.narrow(net))
             }
             errno => Err(io::Error::from_raw_os_error(errno)),
         }
@@ -306,6 +320,7 @@ unsafe fn hold(
     maps: &IdMaps,
     plan: &MountPlan,
     ipc: &IpcPlan,
+    net: NetPlan,
     to: RawFd,
     buf: &mut [u8],
 ) -> io::Result<()> {
@@ -316,7 +331,7 @@ unsafe fn hold(
         libc::syscall(libc::SYS_close_range, 0u32, to_u - 1, 0u32);
     }
     libc::syscall(libc::SYS_close_range, to_u + 1, u32::MAX, 0u32);
-    let code = match prepare(maps, plan, ipc, to) {
+    let code = match prepare(maps, plan, ipc, net, to) {
         Ok(roots) => bind_when_told(&roots, plan.hide.len(), to, buf),
         Err(_) => 1,
     };
@@ -329,9 +344,10 @@ unsafe fn prepare(
     maps: &IdMaps,
     plan: &MountPlan,
     ipc: &IpcPlan,
+    net: NetPlan,
     to: RawFd,
 ) -> io::Result<[libc::c_int; MAX_TREES]> {
-    let ns = view::enter(maps)?;
+    let ns = view::enter(maps, net)?;
     let mut roots = [-1 as libc::c_int; MAX_TREES];
     for (tree, root) in plan.hide.iter().zip(roots.iter_mut()) {
         *root = libc::open(
@@ -351,23 +367,24 @@ unsafe fn prepare(
         libc::close(base);
     }
     let sent = send_with_ipc(&ns, ipc, to);
-    for fd in ns {
+    // The listener among them: the holder keeps no copy while it waits.
+    for fd in ns.into_iter().filter(|fd| *fd >= 0) {
         libc::close(fd);
     }
     sent?;
     Ok(roots)
 }
 
-/// Make the task's IPC namespace and send it with `ns` (user, mount) over `to`. The IPC
+/// Make the task's IPC namespace and send it with `ns` (see [`view::send`]) over `to`. The IPC
 /// namespace is made from a user namespace nested in the task's (see `ipc.rs`); a process
 /// that entered that one could no longer bind in the task's mount namespace, which this
 /// holder still must, so a short-lived child of the holder makes it and sends all three.
 /// A raw `clone` (no `fork` at-fork handlers: this is a copy of a multi-threaded process),
 /// waited for here.
-unsafe fn send_with_ipc(ns: &[libc::c_int; 2], ipc: &IpcPlan, to: RawFd) -> io::Result<()> {
+unsafe fn send_with_ipc(ns: &view::Entered, ipc: &IpcPlan, to: RawFd) -> io::Result<()> {
     let pid = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0);
     if pid == 0 {
-        let code = match super::ipc::make(ipc).and_then(|fd| send_fds(to, &[ns[0], ns[1], fd])) {
+        let code = match super::ipc::make(ipc).and_then(|fd| view::send(to, ns, fd)) {
             Ok(()) => 0,
             Err(_) => 1,
         };
@@ -501,7 +518,7 @@ mod tests {
         let sb = Arc::new(Sandbox::joining(view));
         let mut cmd = std::process::Command::new("/bin/sh");
         cmd.args(["-c", script]).current_dir(cwd);
-        let _spawning = sb.install(&mut cmd).unwrap();
+        sb.install(&mut cmd);
         cmd.status().unwrap().code().unwrap_or(-1)
     }
 
@@ -529,15 +546,30 @@ mod tests {
         std::fs::write(ws.join("hello"), "hi").unwrap();
         std::fs::write(&secret, "no").unwrap();
         let pool = ViewPool::default();
-        pool.refill(&[], &IpcPlan::new(256));
+        pool.refill(&[], &IpcPlan::new(256), NetPlan::Proxied);
         assert_eq!(pool.ready(), READY);
         let plan = mounts::plan(std::slice::from_ref(&ws), &[], &[]).unwrap();
-        let a = pool.take().unwrap().finish(&plan).unwrap();
-        let b = pool.take().unwrap().finish(&plan).unwrap();
+        let a = pool
+            .take()
+            .unwrap()
+            .finish(&plan, NetPlan::Proxied)
+            .unwrap();
+        let b = pool
+            .take()
+            .unwrap()
+            .finish(&plan, NetPlan::Proxied)
+            .unwrap();
         assert!(pool.take().is_none(), "a view serves one task");
-        for (x, y) in [(&a.user, &b.user), (&a.mnt, &b.mnt), (&a.ipc, &b.ipc)] {
+        let (a_net, b_net) = (a.net.as_ref().unwrap(), b.net.as_ref().unwrap());
+        for (x, y) in [
+            (&a.user, &b.user),
+            (&a.mnt, &b.mnt),
+            (&a.ipc, &b.ipc),
+            (a_net, b_net),
+        ] {
             assert_ne!(ns_id(x), ns_id(y), "two tasks share a namespace");
         }
+        assert!(a.listener.is_some() && b.listener.is_some());
         let script = format!(
             "test -f {}/hello && ! test -e {}",
             ws.display(),
@@ -557,10 +589,14 @@ mod tests {
             return;
         }
         let pool = ViewPool::default();
-        pool.refill(&[], &IpcPlan::new(256));
+        pool.refill(&[], &IpcPlan::new(256), NetPlan::Host);
         // A private tree under a system one (`/usr` itself is never hidden) is hidden too.
         let plan = mounts::plan(&[], &[], &[PathBuf::from("/usr/share")]).unwrap();
-        let err = pool.take().unwrap().finish(&plan).unwrap_err();
+        let err = pool
+            .take()
+            .unwrap()
+            .finish(&plan, NetPlan::Host)
+            .unwrap_err();
         assert!(err.to_string().contains("other trees"), "{err}");
     }
 }

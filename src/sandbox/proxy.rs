@@ -1,10 +1,10 @@
 //! The daemon's HTTP proxy for one task under `[network] mode = "allowlist"`: the task's only
 //! way out of its network namespace.
 //!
-//! Owns the listeners on `127.0.0.1:3128` inside the task's children's network namespaces
-//! (each child binds one there and hands it to the daemon, see `handoff.rs`; the proxy accepts
+//! Owns the listener on `127.0.0.1:3128` inside the task's network namespace (bound once by
+//! the holder of the task's view, see `netns.rs`, checked in `handoff.rs`; the proxy accepts
 //! on it directly, a socket keeping its namespace wherever its descriptor goes) and the
-//! connections made through them. `HTTP_PROXY`/`HTTPS_PROXY` point the tools there. It
+//! connections made through it. `HTTP_PROXY`/`HTTPS_PROXY` point the tools there. It
 //! speaks `CONNECT host:port` (HTTPS and anything tunnelled: the bytes pass through
 //! untouched, no TLS interception) and plain `http://` requests in absolute form. What may
 //! pass is decided by `allowlist.rs` — by name and port before anything is resolved, then by
@@ -17,10 +17,10 @@
 //! arrive within [`HEAD_TIMEOUT`], accept loops that pause when the kernel has no descriptor
 //! to give, and a bounded tally.
 //!
-//! A child's listener is served for as long as the [`Lease`] the spawn path holds while the
-//! child's process tree runs; dropping it stops accepting and ends the child's connections,
-//! so no socket (and no network namespace) of an ended child stays behind. Dropping the
-//! [`Proxy`] ends everything of the task.
+//! The task's listener is served for as long as the [`Lease`] its sandbox holds, from the
+//! sandbox's making to its end, whichever children run; dropping it stops accepting and ends
+//! the task's connections, so no socket (and no network namespace) of an ended task stays
+//! behind. Dropping the [`Proxy`] ends everything of the task.
 //!
 //! Why a namespace and a proxy rather than Landlock's TCP rules: Landlock (ABI ≥ 4) filters
 //! by port only, so a task allowed the proxy's port could reach any host on that port, and it
@@ -55,7 +55,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// spin.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
 
-/// A task's proxy; it stops serving every child's listener when dropped.
+/// A task's proxy; it stops serving the task's listener when dropped.
 #[derive(Debug)]
 pub struct Proxy {
     /// The runtime the listeners are served on.
@@ -65,7 +65,7 @@ pub struct Proxy {
     /// The task's connection slots ([`descriptors::proxy_connections`]): every connection
     /// holds one from accept to close, across all of the task's listeners.
     slots: Arc<Semaphore>,
-    /// Children's listeners served now.
+    /// Listeners served now (the task's one, from its sandbox's making to its end).
     live: Arc<AtomicUsize>,
     stop: CancellationToken,
 }
@@ -76,8 +76,8 @@ impl Drop for Proxy {
     }
 }
 
-/// One child's listener being served; dropping it stops accepting and ends the child's
-/// connections.
+/// A listener being served (the task's, held by its sandbox); dropping it stops accepting
+/// and ends the connections made through it.
 #[derive(Debug)]
 pub struct Lease {
     _stop: DropGuard,
@@ -125,7 +125,7 @@ impl Proxy {
         })
     }
 
-    /// Serve a child's listener (already checked, see `handoff.rs`) until the returned lease
+    /// Serve the task's listener (already checked, see `handoff.rs`) until the returned lease
     /// or the proxy is dropped.
     pub(crate) fn serve(&self, listener: std::net::TcpListener) -> io::Result<Lease> {
         listener.set_nonblocking(true)?;
@@ -154,7 +154,8 @@ impl Proxy {
         self.tally.hosts()
     }
 
-    /// Children's listeners served now: one per running child of the task.
+    /// Listeners served now: under a sandbox, the task's one while the sandbox lives (no
+    /// longer one per running child: the task's children share its network namespace).
     pub fn listeners(&self) -> usize {
         self.live.load(Ordering::SeqCst)
     }

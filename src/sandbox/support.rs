@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::ipc::IpcPlan;
 use super::mounts::MountPlan;
+use super::netns::NetPlan;
 use super::view::TaskView;
 use super::{landlock, refusal, Sandbox};
 
@@ -122,7 +123,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
     // The task's way: user and mount namespaces made once by a holder, with an empty plan
     // (the namespaces are made, as the daemon's tasks need and the shipped unit must allow,
     // nothing is mounted), then joined by the child, which makes its PID namespace.
-    let view = TaskView::create(&MountPlan::default(), &IpcPlan::new(0))
+    let view = TaskView::create(&MountPlan::default(), &IpcPlan::new(0), NetPlan::Host)
         .map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
     let sb = Arc::new(Sandbox::joining(view));
     let true_bin = ["/usr/bin/true", "/bin/true"]
@@ -133,9 +134,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
-    let _spawning = sb
-        .install(&mut cmd)
-        .map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
+    sb.install(&mut cmd);
     // What is asked is whether the namespaces can be made, not whether a program runs: once
     // the plan is applied, the namespace's PID 1 leaves without exec'ing `true`. Loading a
     // program was half the probe, and the probe is on the way to `identify`.

@@ -1,14 +1,17 @@
 //! A task's view of the host's file system, made once per task: a user namespace and, owned
 //! by it, a mount namespace in which the [`MountPlan`] is applied (every tree but the
 //! system's hidden under an empty tmpfs, what is granted bound back), and the task's own,
-//! bounded IPC namespace (see `ipc.rs`). Every child of the task joins all three (`setns`,
-//! see `child.rs`) before it makes its own PID (and network)
-//! namespace, so the view is built once per task and not once per child: a fresh mount
-//! namespace, its tmpfs and binds, and tearing them down again cost about 0.4 ms a child.
+//! bounded IPC namespace (see `ipc.rs`), and for children with a network of their own the
+//! task's network namespace (see `netns.rs`). Every child of the task joins them (`setns`,
+//! see `child.rs`) before it makes its own PID namespace, so the view is built once per
+//! task and not once per child: a fresh mount namespace, its tmpfs and binds, and tearing
+//! them down again cost about 0.4 ms a child; a network namespace with its `lo` and
+//! listener about 0.5 ms.
 //!
 //! A short-lived holder process makes them: forked from the daemon by [`TaskView::create`]
 //! (on the blocking pool, when the task's sandbox is planned), it unshares, writes its id
-//! maps, hides, sends descriptors of its three namespaces back over a socket pair and exits.
+//! maps, hides, sends descriptors of its namespaces (and the proxy's listener) back over a
+//! socket pair and exits.
 //! Usually the namespaces were made before the task was assigned, by a holder that waited
 //! for the task's paths (see `premade.rs`); this is the fallback when none was ready.
 //! The descriptors keep the namespaces alive (no process needs to stay in them); they close
@@ -29,13 +32,19 @@ use std::os::unix::process::CommandExt;
 use super::child::{send_fds, IdMaps, Join};
 use super::ipc::{write_proc, IpcPlan};
 use super::mounts::{Hidden, MountPlan, MAX_KEEP};
+use super::netns::{self, NetPlan};
 
-/// The task's user, mount and IPC namespaces, held open.
+/// The task's user, mount and IPC namespaces, and its network namespace, held open.
 #[derive(Debug)]
 pub(crate) struct TaskView {
     pub(super) user: OwnedFd,
     pub(super) mnt: OwnedFd,
     pub(super) ipc: OwnedFd,
+    /// The task's network namespace (not with [`NetPlan::Host`]).
+    pub(super) net: Option<OwnedFd>,
+    /// The proxy's listener in it (only with [`NetPlan::Proxied`]), until the sandbox takes
+    /// it to serve ([`TaskView::take_listener`]).
+    pub(super) listener: Option<OwnedFd>,
     /// A holder made ahead (`premade.rs`) that answered and exited: reaped with the view.
     pub(super) holder: Option<Reap>,
 }
@@ -57,9 +66,10 @@ impl Drop for Reap {
 pub(super) const HOLDER_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
 
 impl TaskView {
-    /// Make the namespaces and apply `plan` in them, the IPC namespace bounded by `ipc`.
-    /// Blocking (forks a process that lives about a millisecond): off the async runtime.
-    pub(crate) fn create(plan: &MountPlan, ipc: &IpcPlan) -> io::Result<TaskView> {
+    /// Make the namespaces and apply `plan` in them, the IPC namespace bounded by `ipc`, the
+    /// network as `net` says. Blocking (forks a process that lives about a millisecond): off
+    /// the async runtime.
+    pub(crate) fn create(plan: &MountPlan, ipc: &IpcPlan, net: NetPlan) -> io::Result<TaskView> {
         let maps = IdMaps::current();
         let plan = plan.clone();
         let ipc = ipc.clone();
@@ -70,7 +80,7 @@ impl TaskView {
         // SAFETY: `hold` only makes async-signal-safe system calls on data prepared before
         // the fork; `to` stays open until the holder has exited.
         unsafe {
-            cmd.pre_exec(move || hold(&maps, &plan, &ipc, to));
+            cmd.pre_exec(move || hold(&maps, &plan, &ipc, net, to));
         }
         let status = cmd.spawn()?.wait()?;
         drop(theirs);
@@ -79,23 +89,50 @@ impl TaskView {
                 "the namespace holder exited with {status}"
             )));
         }
-        TaskView::received(super::handoff::recv_fds(&OwnedFd::from(ours))?)
+        TaskView::received(super::handoff::recv_fds(&OwnedFd::from(ours))?, net)
     }
 
-    /// The view from the descriptors a holder sent (user, mount, IPC, in that order).
-    pub(super) fn received(fds: Vec<OwnedFd>) -> io::Result<TaskView> {
-        let mut fds = fds.into_iter();
-        match (fds.next(), fds.next(), fds.next(), fds.next()) {
-            (Some(user), Some(mnt), Some(ipc), None) => Ok(TaskView {
-                user,
-                mnt,
-                ipc,
-                holder: None,
-            }),
-            _ => Err(io::Error::other(
-                "the namespace holder did not send its three namespaces",
-            )),
+    /// The view from the descriptors a holder made with `net` sent (user, mount, IPC, then
+    /// the network namespace and the listener as `net` has them: [`send`]).
+    pub(super) fn received(fds: Vec<OwnedFd>, net: NetPlan) -> io::Result<TaskView> {
+        if fds.len() != 3 + net.fds() {
+            return Err(io::Error::other(format!(
+                "the namespace holder sent {} descriptors, not the {} of its namespaces",
+                fds.len(),
+                3 + net.fds()
+            )));
         }
+        let mut fds = fds.into_iter();
+        let mut next = || fds.next().ok_or_else(|| io::Error::other("counted above"));
+        let (user, mnt, ipc) = (next()?, next()?, next()?);
+        let net_fd = (net != NetPlan::Host).then(&mut next).transpose()?;
+        let listener = (net == NetPlan::Proxied).then(&mut next).transpose()?;
+        Ok(TaskView {
+            user,
+            mnt,
+            ipc,
+            net: net_fd,
+            listener,
+            holder: None,
+        })
+    }
+
+    /// This view for children that need only `want` of its network (it must cover it, see
+    /// [`NetPlan::covers`]): what they do not need is closed now, so the daemon's own git
+    /// never holds a task's network namespace and a `mode = "none"` task never a listener.
+    pub(super) fn narrow(mut self, want: NetPlan) -> TaskView {
+        if want != NetPlan::Proxied {
+            self.listener = None;
+        }
+        if want == NetPlan::Host {
+            self.net = None;
+        }
+        self
+    }
+
+    /// The proxy's listener, for the sandbox to serve (once).
+    pub(super) fn take_listener(&mut self) -> Option<OwnedFd> {
+        self.listener.take()
     }
 
     /// What each child joins.
@@ -104,6 +141,7 @@ impl TaskView {
             user: self.user.as_raw_fd(),
             mnt: self.mnt.as_raw_fd(),
             ipc: self.ipc.as_raw_fd(),
+            net: self.net.as_ref().map_or(-1, AsRawFd::as_raw_fd),
         }
     }
 }
@@ -119,25 +157,51 @@ pub(super) fn holder_command() -> std::process::Command {
     cmd
 }
 
-/// The holder, in the forked process: new user and mount namespaces, the ids mapped, the
-/// plan applied, the IPC namespace made, the three sent over `to`, then gone.
-unsafe fn hold(maps: &IdMaps, plan: &MountPlan, ipc: &IpcPlan, to: RawFd) -> io::Result<()> {
-    let ns = enter(maps)?;
+/// The holder, in the forked process: new user and mount (and network) namespaces, the ids
+/// mapped, the plan applied, the IPC namespace made, all sent over `to`, then gone.
+unsafe fn hold(
+    maps: &IdMaps,
+    plan: &MountPlan,
+    ipc: &IpcPlan,
+    net: NetPlan,
+    to: RawFd,
+) -> io::Result<()> {
+    let ns = enter(maps, net)?;
     // Mapped now: what the tmpfs holds belongs to an id of this namespace. The copied
     // mounts are slaves of the host's (the kernel's rule for a namespace owned by a new
     // user namespace), so nothing done here reaches the host.
     hide(plan)?;
     // Last: it leaves the task's user namespace for one nested in it (see `ipc.rs`).
     let ipc = super::ipc::make(ipc)?;
-    send_fds(to, &[ns[0], ns[1], ipc])?;
+    send(to, &ns, ipc)?;
     libc::_exit(0)
 }
 
-/// In a forked holder: unshare [`HOLDER_NAMESPACES`], map the ids, and open the two
-/// namespaces (user, mount) for sending. The IPC namespace is made after (`ipc::make`),
+/// What a holder entered ([`enter`]): user, mount, network namespace and proxy listener
+/// (-1 where the [`NetPlan`] has none).
+pub(super) type Entered = [libc::c_int; 4];
+
+/// Send the view over `to`: user, mount, IPC, then the network namespace and the listener
+/// when there are ([`TaskView::received`] reads them in that order).
+pub(super) unsafe fn send(to: RawFd, ns: &Entered, ipc: libc::c_int) -> io::Result<()> {
+    let all = [ns[0], ns[1], ipc, ns[2], ns[3]];
+    let n = if ns[2] < 0 {
+        3
+    } else if ns[3] < 0 {
+        4
+    } else {
+        5
+    };
+    send_fds(to, &all[..n])
+}
+
+/// In a forked holder: unshare [`HOLDER_NAMESPACES`] (and the network namespace `net`
+/// asks for), map the ids, open the namespaces (user, mount, network) for sending, and set
+/// the network namespace up (`netns.rs`). The IPC namespace is made after (`ipc::make`),
 /// from a user namespace nested in this one, so that its bounds can be written.
-pub(super) unsafe fn enter(maps: &IdMaps) -> io::Result<[libc::c_int; 2]> {
-    if libc::unshare(HOLDER_NAMESPACES) != 0 {
+pub(super) unsafe fn enter(maps: &IdMaps, net: NetPlan) -> io::Result<Entered> {
+    // One call: the network namespace, made with the user namespace, is owned by it.
+    if libc::unshare(HOLDER_NAMESPACES | net.clone_flag()) != 0 {
         return Err(io::Error::last_os_error());
     }
     // The daemon is non-dumpable (`protect_daemon`), and so is this fork of it: the kernel
@@ -149,16 +213,21 @@ pub(super) unsafe fn enter(maps: &IdMaps) -> io::Result<[libc::c_int; 2]> {
     if libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) != 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut ns = [-1 as libc::c_int; 2];
+    let mut ns: Entered = [-1; 4];
     let done = write_maps(maps).and_then(|()| {
         ns[0] = open_ns(c"/proc/self/ns/user")?;
         ns[1] = open_ns(c"/proc/self/ns/mnt")?;
+        if net != NetPlan::Host {
+            ns[2] = open_ns(c"/proc/self/ns/net")?;
+        }
         Ok(())
     });
     if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
         return Err(io::Error::last_os_error());
     }
     done?;
+    // Mapped now: every capability in the user namespace that owns the network namespace.
+    ns[3] = netns::set_up(net)?;
     Ok(ns)
 }
 

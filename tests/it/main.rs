@@ -45,6 +45,7 @@ mod service_user;
 mod sockets;
 mod structure;
 mod systemd_unit;
+mod task_netns;
 mod telemetry;
 mod terminal;
 mod util;
