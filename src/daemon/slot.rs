@@ -452,6 +452,10 @@ impl Daemon {
             self.start(next);
         }
         self.status_line();
+        // The result is queued on the link: let the link task write it before the next
+        // views' holders are forked. A fork copies the daemon's memory map under its lock,
+        // and the runtime thread writing the frame waits on it (BENCHMARKS.md, issue 45).
+        tokio::task::yield_now().await;
         self.idle_from_now();
     }
 }
