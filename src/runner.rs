@@ -212,8 +212,9 @@ async fn run_recorded(
     };
     pump_cancel.cancel();
     let last_progress = pump.await.ok().flatten();
-    // The frame is self-contained: the workspace and TMPDIR go once it is sent.
-    let leftovers = Leftovers::new(Some(ws), tmp, record, &deps.ops);
+    // The frame is self-contained: the sandboxes, the workspace and TMPDIR go once it is
+    // sent.
+    let leftovers = Leftovers::new(Some(ws), tmp, record, &deps.ops).closing(ctx.env, git);
     let outcome = match outcome {
         None => TaskOutcome::Cancelled,
         Some(mut frame) => {

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
+use crate::git::GitRunner;
 use crate::ops::Ops;
+use crate::process::ChildEnv;
 use crate::recorder::TaskRecord;
 use crate::sandbox::teardown::Budget;
 use crate::workspace::{self, Workspace};
@@ -16,6 +18,11 @@ use crate::workspace::{self, Workspace};
 /// the next task may get the same paths (a re-assigned task id) or the same managed clone.
 #[must_use = "a task's TMPDIR and temp workspace stay on disk unless removed"]
 pub struct Leftovers {
+    /// The task's sandboxes (its children's and the daemon git's), closed first: closing a
+    /// view's last namespace descriptor unmounts its trees and waits for the kernel (RCU),
+    /// and its holder is reaped; all children have ended, so nothing needs them any more,
+    /// and the frame need not wait for it either.
+    sandboxes: Option<(ChildEnv, GitRunner)>,
     workspace: Option<Workspace>,
     tmp: Option<PathBuf>,
     /// Where a tree set aside is reported: the task's record (kept open until then) and
@@ -35,6 +42,7 @@ impl Leftovers {
         ops: &Ops,
     ) -> Self {
         Leftovers {
+            sandboxes: None,
             workspace,
             tmp: Some(tmp),
             report: Some((record.clone(), ops.clone())),
@@ -42,9 +50,19 @@ impl Leftovers {
         }
     }
 
-    /// Remove the temp workspace, release the clone, remove the private TMPDIR; report
-    /// what had to be set aside.
+    /// Also close the task's sandboxes (held by `env` and `git`) here, off the result's way.
+    pub(crate) fn closing(mut self, env: ChildEnv, git: GitRunner) -> Self {
+        self.sandboxes = Some((env, git));
+        self
+    }
+
+    /// Close the task's sandboxes, remove the temp workspace, release the clone, remove the
+    /// private TMPDIR; report what had to be set aside.
     pub async fn remove(self) {
+        if let Some(sandboxes) = self.sandboxes {
+            // Blocking (unmounts, a reap): on the blocking pool.
+            let _ = tokio::task::spawn_blocking(move || drop(sandboxes)).await;
+        }
         let mut set_aside = Vec::new();
         if let Some(ws) = self.workspace {
             set_aside.extend(ws.release().await);
@@ -65,6 +83,7 @@ impl Leftovers {
     #[cfg(test)]
     pub(crate) fn nothing() -> Self {
         Leftovers {
+            sandboxes: None,
             workspace: None,
             tmp: None,
             report: None,
