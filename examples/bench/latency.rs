@@ -16,6 +16,7 @@ use crate::Opts;
 /// is where the state dir goes: the disk (the real figure) or tmpfs (the daemon's own share,
 /// with the fsyncs made free).
 pub(crate) async fn latency(o: &Opts, n: usize, base: &Path, label: &str) -> Vec<Row> {
+    flush_writeback().await;
     let hub = hub_unlimited().await;
     // The daemon's own turnaround lines (`hub_sidecar::turnaround`, row 3g).
     let log = [("RUST_LOG", "info,hub_sidecar::turnaround=debug")];

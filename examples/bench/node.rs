@@ -144,11 +144,13 @@ pub(crate) async fn compare(o: &Opts, src: &Path, n: usize) -> Vec<Row> {
         d.stop().await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    flush_writeback().await;
     let hub = hub_unlimited().await;
     let node = Node::start(src, &hub);
     identified(&hub).await;
     let (node_acc, node_rt) = round_trips(&hub, n).await;
     node.stop().await;
+    flush_writeback().await;
     let hub = hub_unlimited().await;
     let d = Daemon::start(o, &hub, UNTHROTTLED, &[]);
     identified(&hub).await;
