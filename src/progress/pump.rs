@@ -157,21 +157,31 @@ mod tests {
         }
     }
 
+    /// A pump from `sink` into `out` as the tests start it: a budget of 60 with no reserve,
+    /// an hour between frames and between heartbeats, never dropped, nothing held. Each
+    /// test changes the fields it is about.
+    fn pump_into(sink: &ProgressSink, out: &Arc<Frames>) -> Pump {
+        Pump {
+            sink: sink.clone(),
+            task_id: "t".into(),
+            budget: Arc::new(RateBudget::new(60, 60, 0)),
+            out: out.clone(),
+            redactor: Arc::new(Redactor::new(Vec::new())),
+            min_interval: Duration::from_secs(3600),
+            heartbeat: Duration::from_secs(3600),
+            dropped: CancellationToken::new(),
+            held: None,
+        }
+    }
+
     async fn pump_until_stopped(dropped: bool) -> usize {
         let sink = ProgressSink::new(8192);
         let frames = Arc::new(Frames(Mutex::new(Vec::new())));
         let task_cancel = CancellationToken::new();
         let stop = task_cancel.child_token();
         let pump = Pump {
-            sink: sink.clone(),
-            task_id: "t".into(),
-            budget: Arc::new(RateBudget::new(60, 60, 0)),
-            out: frames.clone(),
-            redactor: Arc::new(Redactor::new(Vec::new())),
-            min_interval: Duration::from_secs(3600),
-            heartbeat: Duration::from_secs(3600),
             dropped: task_cancel.clone(),
-            held: None,
+            ..pump_into(&sink, &frames)
         };
         sink.emit(ProgressEvent::status("queued before the end"));
         if dropped {
@@ -193,15 +203,9 @@ mod tests {
         let (fence, held) = tokio::sync::watch::channel(true);
         let stop = CancellationToken::new();
         let pump = Pump {
-            sink: sink.clone(),
-            task_id: "t".into(),
-            budget: Arc::new(RateBudget::new(60, 60, 0)),
-            out: frames.clone(),
-            redactor: Arc::new(Redactor::new(Vec::new())),
             min_interval: Duration::from_millis(10),
-            heartbeat: Duration::from_secs(3600),
-            dropped: CancellationToken::new(),
             held: Some(held),
+            ..pump_into(&sink, &frames)
         };
         let running = tokio::spawn(pump.run(stop.clone()));
         sink.emit(ProgressEvent::status("task accepted"));
@@ -230,15 +234,8 @@ mod tests {
         let sink = ProgressSink::new(8192);
         let out = Arc::new(Frames(Mutex::new(Vec::new())));
         let pump = |budget: Arc<RateBudget>| Pump {
-            sink: sink.clone(),
-            task_id: "t".into(),
             budget,
-            out: out.clone(),
-            redactor: Arc::new(Redactor::new(Vec::new())),
-            min_interval: Duration::from_secs(3600),
-            heartbeat: Duration::from_secs(3600),
-            dropped: CancellationToken::new(),
-            held: None,
+            ..pump_into(&sink, &out)
         };
         // Room: sent as a frame, nothing handed back.
         sink.emit(ProgressEvent::new(EventKind::Status, "first"));
@@ -270,15 +267,9 @@ mod tests {
         let sink = ProgressSink::new(8192);
         let out = Arc::new(Frames(Mutex::new(Vec::new())));
         let pump = |budget: Arc<RateBudget>| Pump {
-            sink: sink.clone(),
-            task_id: "t".into(),
             budget,
-            out: out.clone(),
-            redactor: Arc::new(Redactor::new(Vec::new())),
             min_interval: Duration::from_secs(1),
-            heartbeat: Duration::from_secs(3600),
-            dropped: CancellationToken::new(),
-            held: None,
+            ..pump_into(&sink, &out)
         };
         let verdicts = |n: u32| {
             for k in 1..=n {
