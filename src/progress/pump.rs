@@ -91,6 +91,15 @@ impl Pump {
                 _ = cancel.cancelled() => break 'run,
                 _ = tokio::time::sleep_until(last_sent + min_interval) => {}
             }
+            // Held behind a closed fence before the budget is asked: a token is taken when
+            // its frame can leave, not minutes before.
+            if let Some(rx) = held.as_mut() {
+                tokio::select! {
+                    _ = cancel.cancelled() => break 'run,
+                    // A fence gone with its task holds nothing back any more.
+                    _ = rx.wait_for(|closed| !closed) => {}
+                }
+            }
             loop {
                 match budget.try_progress() {
                     Ok(()) => break,
@@ -98,13 +107,6 @@ impl Pump {
                         _ = cancel.cancelled() => break 'run,
                         _ = tokio::time::sleep(wait) => {}
                     },
-                }
-            }
-            if let Some(rx) = held.as_mut() {
-                tokio::select! {
-                    _ = cancel.cancelled() => break 'run,
-                    // A fence gone with its task holds nothing back any more.
-                    _ = rx.wait_for(|closed| !closed) => {}
                 }
             }
             if let Some(event) = sink.take_event() {
@@ -218,6 +220,33 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let sent = frames.0.lock().unwrap().len();
         assert_eq!(sent, 1, "not sent once the fence opened");
+        stop.cancel();
+        running.await.unwrap();
+    }
+
+    /// A pump held behind a closed fence takes no token of the hub's budget while it waits:
+    /// a token is spent when its frame can leave (the fence may stay closed for minutes).
+    #[tokio::test(start_paused = true)]
+    async fn a_held_pump_takes_no_budget_token_while_the_fence_is_closed() {
+        let sink = ProgressSink::new(8192);
+        let frames = Arc::new(Frames(Mutex::new(Vec::new())));
+        let (_fence, held) = tokio::sync::watch::channel(true);
+        // One token and no refill: whoever takes it has it.
+        let budget = Arc::new(RateBudget::new(1, 0, 0));
+        let stop = CancellationToken::new();
+        let pump = Pump {
+            budget: budget.clone(),
+            min_interval: Duration::from_millis(10),
+            held: Some(held),
+            ..pump_into(&sink, &frames)
+        };
+        let running = tokio::spawn(pump.run(stop.clone()));
+        sink.emit(ProgressEvent::status("task accepted"));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            budget.try_progress().is_ok(),
+            "the held pump took the budget's token"
+        );
         stop.cancel();
         running.await.unwrap();
     }
