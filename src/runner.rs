@@ -7,7 +7,8 @@
 //! secrets (a password in its `repo` URL) added to the daemon's.
 //!
 //! Layout: this file runs the phases and builds the terminal frame; `prepare.rs` is the
-//! first phase (workspace, task branch, the children's sandbox); `leftovers.rs` removes what
+//! first phase (workspace, task branch, the children's sandbox); `ahead.rs` makes the next
+//! task's directories and sandbox while the daemon is idle; `leftovers.rs` removes what
 //! the task leaves and reports a tree set aside.
 
 use std::sync::Arc;
@@ -40,9 +41,13 @@ use crate::verify::retry_loop::{self, Attempter, LoopOptions, LoopOutcome};
 use crate::verify::VerificationStatus;
 use crate::workspace::{self, Workspace};
 
+mod ahead;
 mod leftovers;
 mod prepare;
 
+pub use ahead::{Ahead, AheadPool, TaskDirs, RENEW_EVERY};
+
+use ahead::handover;
 pub use leftovers::Leftovers;
 
 use prepare::prepare;
@@ -105,6 +110,7 @@ pub async fn run_task(
     deps: RunnerDeps,
     progress: ProgressSink,
     cancel: CancellationToken,
+    dirs: TaskDirs,
 ) -> Finished {
     // A password in the task's repo URL is this task's secret: scrubbed from all it sends.
     // So is the agent login as the task's copy is made from it now (the operator may have
@@ -113,7 +119,8 @@ pub async fn run_task(
         Some(url) => deps.redactor.with_extra(url_secrets(url)),
         None => (*deps.redactor).clone(),
     };
-    let redactor = Arc::new(redactor.with_credentials(agent_login_now(&deps.env).await));
+    let (login, ahead) = handover(&deps, dirs.ahead).await;
+    let redactor = Arc::new(redactor.with_credentials(login));
     // Secrets are scrubbed as output arrives, so none can leave split across two frames.
     progress.set_redactor(redactor.clone());
     let executor_name = task
@@ -134,7 +141,15 @@ pub async fn run_task(
             trace.on_event(ev);
         });
     }
-    let finished = run_recorded(task, &deps, progress, cancel, redactor, (&record, &trace)).await;
+    let finished = run_recorded(
+        task,
+        &deps,
+        (progress, cancel),
+        (dirs.name, ahead),
+        redactor,
+        (&record, &trace),
+    )
+    .await;
     match &finished.outcome {
         TaskOutcome::Terminal(frame) => record.terminal(frame),
         TaskOutcome::Cancelled => {
@@ -152,8 +167,8 @@ pub async fn run_task(
 async fn run_recorded(
     task: Arc<Task>,
     deps: &RunnerDeps,
-    progress: ProgressSink,
-    cancel: CancellationToken,
+    (progress, cancel): (ProgressSink, CancellationToken),
+    (dirs, ahead): (String, Option<prepare::Handed>),
     redactor: Arc<Redactor>,
     (record, trace): (&TaskRecord, &TaskTrace),
 ) -> Finished {
@@ -172,8 +187,9 @@ async fn run_recorded(
         held: deps.env.fence().map(crate::process::Fence::watch),
     };
     let pump = tokio::spawn(pump.run(pump_cancel.clone()));
-    let tmp = workspace::task_tmp_dir(&cfg, &task);
-    let (git, ws, branch, mut env) = match prepare(&task, deps, &tmp, &progress, &cancel).await {
+    let tmp = workspace::task_tmp_dir(&cfg, &dirs);
+    let prepared = prepare(&task, deps, (&dirs, ahead), &tmp, &progress, &cancel);
+    let (git, ws, branch, mut env) = match prepared.await {
         Ok(prepared) => prepared,
         Err(reason) => {
             deps.ops.metrics().task_finished("execution_failed");
@@ -381,13 +397,6 @@ pub fn pr_body(task: &Task, lo: &LoopOutcome) -> String {
 }
 
 /// The tokens of the agent login in the operator's template, read off the runtime.
-async fn agent_login_now(env: &ChildEnv) -> Vec<crate::redact::known::Credential> {
-    let env = env.clone();
-    tokio::task::spawn_blocking(move || env.agent_login())
-        .await
-        .unwrap_or_default()
-}
-
 /// `task_failed` for a task that failed before execution (workspace, branch), redacted;
 /// nothing when the failure was a cancellation.
 fn failed(task: &Task, r: &Redactor, reason: &str, cancel: &CancellationToken) -> TaskOutcome {

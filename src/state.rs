@@ -50,6 +50,11 @@ pub struct ActiveTask {
     /// on: kept here so a restarted daemon continues the same trace (`telemetry`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// The name of its private directories when they were made ahead of it (see
+    /// `workspace::dirs_name`); `None`: named after its id. Kept so that a restarted daemon
+    /// keeps them for the task and finds them again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirs: Option<String>,
 }
 
 /// Where an active task is in its life.
@@ -252,6 +257,7 @@ mod tests {
             phase: Phase::Running,
             accepted_at: 1,
             trace: None,
+            dirs: None,
         })
     }
 

@@ -223,6 +223,7 @@ pub(crate) async fn fsync_cost(n: usize, base: &Path) -> (Stats, Stats) {
             phase: Phase::Running,
             accepted_at: 0,
             trace: None,
+            dirs: None,
         });
         // From idle, as an accept's write is (see `ws_floor`).
         settle().await;

@@ -146,7 +146,14 @@ pub async fn run(args: RunTaskArgs) -> anyhow::Result<ExitCode> {
     let sink = line.sink(cfg.progress.max_text_bytes);
     let cancel = CancellationToken::new();
     let task_id = task.task_id.clone();
-    let mut run = Box::pin(runner::run_task(Arc::new(task), deps, sink, cancel.clone()));
+    let dirs = runner::TaskDirs::of(&task, None);
+    let mut run = Box::pin(runner::run_task(
+        Arc::new(task),
+        deps,
+        sink,
+        cancel.clone(),
+        dirs,
+    ));
     let runner::Finished { outcome, leftovers } = tokio::select! {
         o = &mut run => o,
         _ = tokio::signal::ctrl_c() => {

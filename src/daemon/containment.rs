@@ -65,20 +65,41 @@ impl Daemon {
         self.prepare_views();
     }
 
-    /// Make the next tasks' views while idle (see `sandbox::premade`), in the background: a
-    /// task assigned meanwhile makes its own.
-    pub(super) fn prepare_views(&self) {
+    /// Make the next tasks' views while idle (see `sandbox::premade`), and the next task's
+    /// whole sandbox (see `runner::ahead`), in the background: a task assigned meanwhile
+    /// makes its own.
+    pub(super) fn prepare_views(&mut self) {
         if self.running.is_some() {
             return;
         }
-        let (policy, cfg, env) = (
+        self.renew_ahead_at = Some(tokio::time::Instant::now() + crate::runner::RENEW_EVERY);
+        let (policy, cfg, env, ahead) = (
             self.deps.containment.clone(),
             self.cfg.clone(),
             self.deps.env.clone(),
+            self.ahead.clone(),
         );
         drop(tokio::task::spawn_blocking(move || {
+            // The next task's whole sandbox first (it takes a view made on the spot when the
+            // pool is empty), then the views of tasks that build their own (a repository).
+            ahead.refill(&cfg, &policy, &env);
             policy.prepare_views(&cfg, env.vars())
         }));
+    }
+
+    /// An idle daemon's next task's directories and sandbox, made anew before they are too
+    /// old to serve (`runner::ahead`), in the background; and the next renewal planned.
+    pub(super) fn renew_ahead(&mut self) {
+        let (policy, cfg, env, ahead) = (
+            self.deps.containment.clone(),
+            self.cfg.clone(),
+            self.deps.env.clone(),
+            self.ahead.clone(),
+        );
+        drop(tokio::task::spawn_blocking(move || {
+            ahead.renew(&cfg, &policy, &env)
+        }));
+        self.renew_ahead_at = Some(tokio::time::Instant::now() + crate::runner::RENEW_EVERY);
     }
 
     /// Tell everyone what the containment decision means for taking work: the status and

@@ -40,7 +40,7 @@ use crate::outbox::Outbox;
 use crate::process::ChildEnv;
 use crate::recorder::Recorder;
 use crate::redact::Redactor;
-use crate::runner::RunnerDeps;
+use crate::runner::{self, RunnerDeps};
 use crate::sandbox::Policy;
 use crate::state::{ActiveTask, OutboxMeta, Phase, StateStore};
 use crate::task::Task;
@@ -135,6 +135,10 @@ pub async fn run_with(
     if let Some(leftovers) = d.leftovers.take() {
         wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), leftovers).await;
     }
+    // What was made ahead for a next task that will not come here: gone with the daemon.
+    let ahead = d.ahead.clone();
+    let unused = tokio::task::spawn_blocking(move || ahead.close());
+    wait_unless_immediate(&shutdown.immediate, Duration::from_secs(5), unused).await;
     d.ops.stopping();
     link_cancel.cancel();
     // An immediate stop waits for neither the link's goodbye nor the recorder's last lines.
@@ -259,6 +263,10 @@ struct Daemon {
     announce: watch::Sender<Option<String>>,
     /// The containment probe until it has answered (no frame is handled before).
     probe: ProbeStage,
+    /// The next task's directories and sandbox, made while idle (`runner::ahead`).
+    ahead: Arc<runner::AheadPool>,
+    /// When an idle daemon makes them anew (`runner::RENEW_EVERY`).
+    renew_ahead_at: Option<Instant>,
     /// When to probe containment again (only while strict containment is unavailable).
     reprobe_at: Option<Instant>,
     /// When to give free heap pages back (see [`trim_heap`]): set when the daemon goes
@@ -352,11 +360,16 @@ impl Daemon {
         };
         // What tasks of an earlier run left: removed in the background, before the first
         // task prepares (the slot hands the removal to it as it does a task's leftovers).
+        // This run's directories made ahead are spared (made while the sweep may still run).
+        let ahead = Arc::new(runner::AheadPool::default());
         let orphans = tokio::spawn({
-            let (cfg, keep) = (cfg.clone(), state.active.as_ref().map(|a| a.task.clone()));
-            let ops = ops.clone();
+            let keep = state
+                .active
+                .as_ref()
+                .map(|a| crate::workspace::dirs_name(&a.task, a.dirs.as_deref()));
+            let (cfg, ops, ahead) = (cfg.clone(), ops.clone(), ahead.clone());
             async move {
-                let swept = crate::workspace::remove_orphans(&cfg, keep.as_ref()).await;
+                let swept = crate::workspace::remove_orphans(&cfg, keep, ahead.prefix()).await;
                 ops.trees_set_aside(swept.set_aside);
             }
         });
@@ -388,6 +401,8 @@ impl Daemon {
             queued: None,
             announce,
             probe,
+            ahead,
+            renew_ahead_at: None,
             reprobe_at: None,
             trim_at: None,
             reprobe_delay: REPROBE_FIRST,
@@ -463,6 +478,12 @@ impl Daemon {
                     self.trim_at = None;
                     if self.running.is_none() {
                         trim_heap().await;
+                    }
+                }
+                _ = sleep_until_opt(self.renew_ahead_at) => {
+                    self.renew_ahead_at = None;
+                    if self.running.is_none() {
+                        self.renew_ahead();
                     }
                 }
                 _ = sleep_until_opt(self.reprobe_at) => {

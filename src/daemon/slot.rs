@@ -222,18 +222,24 @@ impl Daemon {
         // A fresh assignment starts a fresh attempt count and task budget (only
         // `task_continue` resumes them); the day's spend stays.
         self.deps.ledger.finish_task(&task_id).await;
+        // A task in a directory of its own takes the directories and sandbox made ahead
+        // (`runner::ahead`); their name goes to disk with it.
+        let ahead = (!after_runner && crate::workspace::temp_shaped(&self.cfg, &task))
+            .then(|| self.ahead.take())
+            .flatten();
         self.active = Some(ActiveTask {
             task: task.clone(),
             phase: Phase::Running,
             accepted_at: now_ms(),
             trace: self.deps.telemetry.new_trace(),
+            dirs: ahead.as_ref().map(|a| a.name.clone()),
         });
         // The runner starts now behind a closed fence: its workspace and sandbox (files and
         // namespaces, no child: a spawn waits on the fence) are prepared while the
         // assignment is written durably, and nothing of the task runs, nothing is cloned,
         // and no progress leaves before `task_accepted` is on the wire (BENCHMARKS.md,
         // issue 45: the write was a third of "→ prepared" on disk).
-        let gate = (!after_runner).then(|| self.start_gated(task.clone()));
+        let gate = (!after_runner).then(|| self.start_gated(task.clone(), ahead));
         if !self.save().await {
             self.active = None;
             if gate.is_some() {
@@ -315,19 +321,21 @@ impl Daemon {
 
     /// Start the runner of an accepted task.
     pub(super) fn start(&mut self, task: Task) {
-        self.start_runner(task, false);
+        self.start_runner(task, false, None);
     }
 
     /// Start the runner of a task not yet accepted, behind its closed fence; the caller
-    /// opens the returned fence once `task_accepted` is sent.
-    fn start_gated(&mut self, task: Task) -> Fence {
-        self.start_runner(task, true)
+    /// opens the returned fence once `task_accepted` is sent. `ahead`: its directories and
+    /// sandbox, made ahead of it.
+    fn start_gated(&mut self, task: Task, ahead: Option<runner::Ahead>) -> Fence {
+        self.start_runner(task, true, ahead)
     }
 
-    fn start_runner(&mut self, task: Task, gated: bool) -> Fence {
+    fn start_runner(&mut self, task: Task, gated: bool, ahead: Option<runner::Ahead>) -> Fence {
         let task = Arc::new(task);
         let cancel = CancellationToken::new();
         self.trim_at = None;
+        self.renew_ahead_at = None;
         let sink = ProgressSink::new(self.cfg.progress.max_text_bytes);
         sink.emit(ProgressEvent::status("task accepted"));
         self.ops.set_active_task(Some(&task.task_id));
@@ -355,7 +363,18 @@ impl Daemon {
             inner: deps.out.clone(),
             fence: fence.clone(),
         });
-        let run = runner::run_task(task.clone(), deps, sink.clone(), cancel.clone());
+        // Its directories: made ahead, else as recorded with it (a restarted daemon), else
+        // named after it.
+        let recorded = self
+            .active
+            .as_ref()
+            .filter(|a| a.task.task_id == task.task_id)
+            .and_then(|a| a.dirs.clone());
+        let dirs = match ahead {
+            Some(ahead) => runner::TaskDirs::made_ahead(ahead),
+            None => runner::TaskDirs::of(&task, recorded.as_deref()),
+        };
+        let run = runner::run_task(task.clone(), deps, sink.clone(), cancel.clone(), dirs);
         let handle = tokio::spawn(async move {
             if let Some(before) = before {
                 let _ = before.await;

@@ -50,6 +50,7 @@ fn active(task_id: &str, phase: Phase) -> ActiveTask {
         phase,
         accepted_at: now_ms(),
         trace: None,
+        dirs: None,
     }
 }
 

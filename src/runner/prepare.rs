@@ -21,21 +21,30 @@ use super::RunnerDeps;
 /// task branch, and the task's children's environment with its sandbox.
 pub(super) type Prepared = (GitRunner, Workspace, Option<TaskBranch>, ChildEnv);
 
+/// What a task gets of the directories and sandbox made ahead of it ([`super::Ahead::hand_over`]):
+/// both ready, or only the directories.
+pub(super) type Handed = Result<(Workspace, ChildEnv), Workspace>;
+
 /// Prepare: the workspace (clone, branch) with the daemon's confined git, then the task's
-/// sandbox over it. The first phase of a task, before anything of the task runs.
+/// sandbox over it. The first phase of a task, before anything of the task runs. `dirs` names
+/// the task's private directories (`tmp` among them); `ahead`, when given, is what was made
+/// ahead of the task of them and of its sandbox (`ahead.rs`).
 pub(super) async fn prepare(
     task: &Task,
     deps: &RunnerDeps,
+    (dirs, ahead): (&str, Option<Handed>),
     tmp: &Path,
     progress: &ProgressSink,
     cancel: &CancellationToken,
 ) -> Result<Prepared, PrepareError> {
     let cfg = &deps.config;
     // What the workspace is, asked once: everything below follows from the answer.
-    let shape = workspace::Shape::of(cfg, task);
+    let shape = workspace::Shape::of(cfg, task, dirs);
     if let Shape::Temp { path } = &shape {
-        return prepare_temp(task, path, deps, tmp, cancel).await;
+        return prepare_temp(task, path, deps, tmp, ahead, cancel).await;
     }
+    // Made ahead only for a task in a directory of its own (the daemon asks the shape first).
+    drop(ahead);
     // The daemon's own git calls are children too: confined to the workspaces, never
     // the state file, and with no HOME but an empty one of the daemon's (see
     // `git::home_dir`): nothing of the service user's reaches them.
@@ -86,16 +95,20 @@ async fn prepare_temp(
     path: &Path,
     deps: &RunnerDeps,
     tmp: &Path,
+    ahead: Option<Handed>,
     cancel: &CancellationToken,
 ) -> Result<Prepared, PrepareError> {
-    let ws = workspace::prepare_temp(path).await?;
+    let runner = |env: &ChildEnv| GitRunner::new(&deps.config, env, cancel.clone());
+    let ws = match ahead {
+        Some(Ok((ws, env))) => return Ok((runner(&env), ws, None, env)),
+        Some(Err(ws)) => {
+            tracing::debug!(task_id = %task.task_id, "the sandbox made ahead may not serve this task; building its own");
+            ws
+        }
+        None => workspace::prepare_temp(path).await?,
+    };
     let (ws, env) = task_sandbox(task, deps, tmp, ws).await?;
-    Ok((
-        GitRunner::new(&deps.config, &env, cancel.clone()),
-        ws,
-        None,
-        env,
-    ))
+    Ok((runner(&env), ws, None, env))
 }
 
 /// The task's own children's sandbox over `ws` ([`task_grants`]); a workspace the task
@@ -106,7 +119,8 @@ async fn task_sandbox(
     tmp: &Path,
     ws: Workspace,
 ) -> Result<(Workspace, ChildEnv), PrepareError> {
-    match confine_off_runtime(&deps.config, deps, tmp, task_grants(task, &ws)).await {
+    let grants = task_grants(task.repo.as_deref(), &ws);
+    match confine_off_runtime(&deps.config, deps, tmp, grants).await {
         Ok(env) => {
             if let Some(bytes) = env.sandbox().and_then(|s| s.caches_bytes) {
                 let max = deps.config.caches.max_size_mb.saturating_mul(1024 * 1024);
@@ -123,17 +137,15 @@ async fn task_sandbox(
 
 /// What a task's own children may use: the workspace read-write, a managed clone's history
 /// read-only (for the task's own git), the repository's caches (not for a per-task
-/// directory, nobody's repository) and the network policy, with the repository's remote
-/// among the hosts it may reach.
-fn task_grants(task: &Task, ws: &Workspace) -> Grants {
+/// directory, nobody's repository) and the network policy, with the remote of the task's
+/// `repo` among the hosts it may reach.
+pub(super) fn task_grants(repo: Option<&str>, ws: &Workspace) -> Grants {
     Grants {
         write: vec![ws.path.clone()],
         read: ws.git_dir().into_iter().map(Path::to_path_buf).collect(),
         task: true,
         caches: ws.kind != WorkspaceKind::Temp,
-        hosts: task
-            .repo
-            .as_deref()
+        hosts: repo
             .and_then(crate::sandbox::proxy::remote_host)
             .into_iter()
             .collect(),

@@ -83,6 +83,35 @@ pub fn seed(template: &Path, dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// What of `template` a [`seed`] copies, as the file system describes it (name, inode, size,
+/// modification and change times of each top-level regular file): equal fingerprints, equal
+/// copies. `None` when the template cannot be read (nothing can be told from it).
+pub fn fingerprint(template: &Path) -> Option<Vec<(std::ffi::OsString, [i64; 5])>> {
+    use std::os::unix::fs::MetadataExt;
+    let entries = match std::fs::read_dir(template) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(Vec::new()),
+        Err(_) => return None,
+    };
+    let mut v = Vec::new();
+    for entry in entries {
+        let entry = entry.ok()?;
+        let m = entry.metadata().ok()?;
+        if m.file_type().is_file() {
+            let id = [
+                m.ino() as i64,
+                m.size() as i64,
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime_nsec(),
+            ];
+            v.push((entry.file_name(), id));
+        }
+    }
+    v.sort();
+    Some(v)
+}
+
 /// A fresh copy of `sandbox`'s agent template for run `name` (the judge), inside the task's
 /// private directory: the `CLAUDE_CONFIG_DIR` that run gets. `None` when the task has no
 /// template (the CLI then uses the operator's directory as configured).
@@ -128,6 +157,22 @@ mod tests {
             std::fs::read_to_string(tpl.join("settings.json")).unwrap(),
             "{}"
         );
+        // The fingerprint follows what a seed copies: a file rewritten, added or removed.
+        let before = fingerprint(&tpl).unwrap();
+        assert_eq!(fingerprint(&tpl), Some(before.clone()));
+        std::fs::write(tpl.join("local/other"), "x").unwrap();
+        assert_eq!(
+            fingerprint(&tpl),
+            Some(before.clone()),
+            "not a top-level file"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(tpl.join(".credentials.json"), "{\"t\":2}").unwrap();
+        assert_ne!(fingerprint(&tpl), Some(before.clone()), "a new login");
+        let again = fingerprint(&tpl).unwrap();
+        std::fs::remove_file(tpl.join("settings.json")).unwrap();
+        assert_ne!(fingerprint(&tpl), Some(again));
+        assert_eq!(fingerprint(&d.path().join("none")), Some(Vec::new()));
         // No template: an empty directory.
         seed(&d.path().join("none"), &dir).unwrap();
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);

@@ -108,6 +108,7 @@ pub use grants::Grants;
 use grants::{fs_policy, var_in};
 pub use hardening::{protect_daemon, refuse_powerless_root};
 use landlock::FsPolicy;
+pub use mounts::host_trees;
 use netns::NetPlan;
 pub use probing::Probing;
 pub use support::{NamespaceError, Refused, Support};
@@ -338,6 +339,8 @@ pub struct Sandbox {
     tmp: PathBuf,
     /// The operator's agent configuration the task's copies are made from (never granted).
     agent_template: Option<PathBuf>,
+    /// What of the template the task's copy was made from ([`agent_home::fingerprint`]).
+    agent_copied: Option<Vec<(std::ffi::OsString, [i64; 5])>>,
     /// The filesystem policy enforced (None without Landlock), to recognise its refusals.
     fs: Option<FsPolicy>,
     /// Whether the children have no network (`[network] mode = "none"`).
@@ -371,6 +374,7 @@ impl Sandbox {
             _view: Some(view),
             tmp: PathBuf::new(),
             agent_template: None,
+            agent_copied: None,
             fs: None,
             network_cut: false,
             proxy: None,
@@ -402,6 +406,29 @@ impl Sandbox {
     /// The operator's agent configuration directory, the template of the task's copies.
     pub fn agent_template(&self) -> Option<&Path> {
         self.agent_template.as_deref()
+    }
+
+    /// Reap now what made the task's view ahead of it (see `view.rs`), not when the sandbox
+    /// closes: for a sandbox kept while the daemon is idle. Blocking, briefly.
+    pub fn reap_view_holder(&self) {
+        if let Some(view) = &self._view {
+            view.reap_holder();
+        }
+    }
+
+    /// Copy the operator's agent configuration into the task's directory again (see
+    /// [`agent_home`]) if it changed since the copy was made: for a sandbox made ahead of
+    /// its task, whose copy may predate a new login. Blocking; reads only, unless it
+    /// changed.
+    pub fn refresh_agent_config(&self) -> std::io::Result<()> {
+        let Some(template) = &self.agent_template else {
+            return Ok(());
+        };
+        let now = agent_home::fingerprint(template);
+        if now.is_some() && now == self.agent_copied {
+            return Ok(());
+        }
+        agent_home::seed(template, &agent_home::dir_for(&self.tmp, "agent"))
     }
 
     /// Whether `output` (of a child that failed) shows that this sandbox refused it a path
@@ -524,6 +551,8 @@ pub fn plan(
     // `claude`'s configuration is the task's own: a fresh copy of the operator's template
     // under the task's private directory, removed with it (see `agent_home`).
     let agent_template = agent_home::template(vars);
+    // Taken before the copy: a change while copying shows as a change later.
+    let agent_copied = agent_template.as_deref().and_then(agent_home::fingerprint);
     if let Some(template) = &agent_template {
         let dir = agent_home::dir_for(tmp, "agent");
         agent_home::seed(template, &dir).map_err(|source| ContainmentError::AgentConfig {
@@ -583,6 +612,7 @@ pub fn plan(
             _view: task_view,
             tmp: tmp.to_path_buf(),
             agent_template,
+            agent_copied,
             fs,
             network_cut: own_network && proxy.is_none(),
             proxy,

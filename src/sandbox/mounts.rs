@@ -203,6 +203,21 @@ pub(crate) fn plan(
     Ok(MountPlan { hide })
 }
 
+/// The directories at `/` now, sorted: a view hides those that are not the system's, so a
+/// view made before one appeared does not hide it (see `runner::ahead`). Blocking.
+pub fn host_trees() -> Vec<std::ffi::OsString> {
+    let mut v: Vec<_> = std::fs::read_dir("/")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.file_name())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 fn c_path(p: &Path) -> Result<CString, PlanError> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| PlanError::Nul(p.to_path_buf()))
 }

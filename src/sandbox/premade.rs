@@ -222,7 +222,7 @@ impl Premade {
                 // The holder exits right after its answer; it is reaped with the view, after
                 // the task, not waited for on the task's way (its exit unmaps a copy of the
                 // daemon's address space).
-                view.holder = self.holder.take().map(view::Reap);
+                view.holder = std::sync::Mutex::new(self.holder.take().map(view::Reap));
                 Ok(view.narrow(net))
             }
             errno => Err(io::Error::from_raw_os_error(errno)),

@@ -45,8 +45,9 @@ pub(crate) struct TaskView {
     /// The proxy's listener in it (only with [`NetPlan::Proxied`]), until the sandbox takes
     /// it to serve ([`TaskView::take_listener`]).
     pub(super) listener: Option<OwnedFd>,
-    /// A holder made ahead (`premade.rs`) that answered and exited: reaped with the view.
-    pub(super) holder: Option<Reap>,
+    /// A holder made ahead (`premade.rs`) that answered and exited: reaped with the view,
+    /// or earlier off a task's way ([`TaskView::reap_holder`]).
+    pub(super) holder: std::sync::Mutex<Option<Reap>>,
 }
 
 /// A holder process killed (if still there) and reaped when dropped. By then it has exited
@@ -66,6 +67,14 @@ impl Drop for Reap {
 pub(super) const HOLDER_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
 
 impl TaskView {
+    /// Reap the holder that made this view ahead now, rather than with the view: for a view
+    /// kept while the daemon is idle (`runner::ahead`), where its exited holder would wait
+    /// as a zombie. Blocking (for the moment the holder takes to exit after answering).
+    pub(crate) fn reap_holder(&self) {
+        let holder = self.holder.lock().ok().and_then(|mut h| h.take());
+        drop(holder);
+    }
+
     /// Make the namespaces and apply `plan` in them, the IPC namespace bounded by `ipc`, the
     /// network as `net` says. Blocking (forks a process that lives about a millisecond): off
     /// the async runtime.
@@ -113,7 +122,7 @@ impl TaskView {
             ipc,
             net: net_fd,
             listener,
-            holder: None,
+            holder: std::sync::Mutex::new(None),
         })
     }
 

@@ -141,8 +141,9 @@ pub enum Shape {
 }
 
 impl Shape {
-    /// The shape of `task`'s workspace: its `repo`, else `repo_dir`, else a directory of its own.
-    pub fn of(cfg: &Config, task: &Task) -> Shape {
+    /// The shape of `task`'s workspace: its `repo`, else `repo_dir`, else a directory of its
+    /// own, `work/<dirs>` (see [`dirs_name`]).
+    pub fn of(cfg: &Config, task: &Task, dirs: &str) -> Shape {
         if let Some(url) = task
             .repo
             .as_deref()
@@ -156,7 +157,7 @@ impl Shape {
         match &cfg.repo_dir {
             Some(path) => Shape::RepoDir { path: path.clone() },
             None => Shape::Temp {
-                path: task_dirs_root(cfg).join(safe_name(&task.task_id)),
+                path: task_dirs_root(cfg).join(dirs),
             },
         }
     }
@@ -197,6 +198,16 @@ pub async fn prepare(
 /// The per-task directory of a [`Shape::Temp`] task: created empty, removed on release.
 pub async fn prepare_temp(path: &Path) -> Result<Workspace, WorkspaceError> {
     directory(path, WorkspaceKind::Temp, "create workspace").await
+}
+
+/// [`prepare_temp`], blocking: for a directory made ahead of its task (`runner::ahead`).
+pub fn prepare_temp_blocking(path: &Path) -> Result<Workspace, WorkspaceError> {
+    std::fs::create_dir_all(path).map_err(WorkspaceError::io("create workspace", path))?;
+    Ok(Workspace {
+        path: path.to_path_buf(),
+        kind: WorkspaceKind::Temp,
+        _lock: None,
+    })
 }
 
 /// A workspace of `kind` at `path`, created if missing (`what` names the step in an error).
@@ -406,10 +417,24 @@ fn safe_name(id: &str) -> String {
         .collect()
 }
 
-/// The task's private TMPDIR, `state_dir/tmp/<task>`: inside the state directory, which a
-/// task's children cannot otherwise reach, and removed with the task.
-pub fn task_tmp_dir(cfg: &Config, task: &Task) -> PathBuf {
-    tmp_dirs_root(cfg).join(safe_name(&task.task_id))
+/// The name of a task's private directories (its TMPDIR and, without a repository, its
+/// workspace): the one recorded with the task when its directories were made ahead of it
+/// (`runner::ahead`), else its id as a safe name. A name made ahead has a `.` in it, which
+/// no task id's safe name has.
+pub fn dirs_name(task: &Task, recorded: Option<&str>) -> String {
+    recorded.map_or_else(|| safe_name(&task.task_id), str::to_string)
+}
+
+/// Whether a task without a repository gets a directory of its own ([`Shape::Temp`]), not
+/// the operator's `repo_dir`.
+pub fn temp_shaped(cfg: &Config, task: &Task) -> bool {
+    matches!(Shape::of(cfg, task, ""), Shape::Temp { .. })
+}
+
+/// The task's private TMPDIR, `state_dir/tmp/<dirs>` ([`dirs_name`]): inside the state
+/// directory, which a task's children cannot otherwise reach, and removed with the task.
+pub fn task_tmp_dir(cfg: &Config, dirs: &str) -> PathBuf {
+    tmp_dirs_root(cfg).join(dirs)
 }
 
 /// Where the per-task directories ([`WorkspaceKind::Temp`]) are: `state_dir/work`.
@@ -423,13 +448,15 @@ fn tmp_dirs_root(cfg: &Config) -> PathBuf {
 }
 
 /// Remove what tasks of an earlier run left in the state directory: the per-task TMPDIRs
-/// (`tmp/`) and per-task workspaces (`work/`) of every task but `keep` (the unfinished task
-/// the hub is asked about, whose work may continue). A daemon killed mid-task, or between a
-/// result and its removal (see `runner::Leftovers`), leaves them; nothing else would ever
-/// remove them. Returns how many were removed and how many trees are set aside (found from
-/// an earlier run, never walked again, and set aside now), for the caller to report.
-pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> Swept {
-    let keep = keep.map(|t| safe_name(&t.task_id));
+/// (`tmp/`) and per-task workspaces (`work/`) of every task but the one whose directories
+/// are named `keep` ([`dirs_name`]: the unfinished task the hub is asked about, whose work
+/// may continue), and but what this run makes ahead (names starting with `ours`, see
+/// `runner::ahead`). A daemon killed mid-task, or between a result and its removal (see
+/// `runner::Leftovers`), leaves them; nothing else would ever remove them. Returns how many
+/// were removed and how many trees are set aside (found from an earlier run, never walked
+/// again, and set aside now), for the caller to report.
+pub async fn remove_orphans(cfg: &Config, keep: Option<String>, ours: &str) -> Swept {
+    let ours = ours.to_string();
     let roots = [tmp_dirs_root(cfg), task_dirs_root(cfg)];
     let swept = tokio::task::spawn_blocking(move || {
         let mut swept = Swept::default();
@@ -439,6 +466,9 @@ pub async fn remove_orphans(cfg: &Config, keep: Option<&Task>) -> Swept {
             };
             for e in entries.flatten() {
                 if keep.as_deref().is_some_and(|k| e.file_name() == k) {
+                    continue;
+                }
+                if !ours.is_empty() && e.file_name().to_string_lossy().starts_with(&ours) {
                     continue;
                 }
                 // What an earlier removal set aside is never walked again on its own: a
@@ -554,7 +584,7 @@ async fn blocking_remove(path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{
-        keep_patterns, remove_orphans, remove_task_tmp_dir, task_tmp_dir, workspace_for, Swept,
+        dirs_name, keep_patterns, remove_orphans, remove_task_tmp_dir, workspace_for, Swept,
     };
     use crate::config::Config;
     use crate::sandbox::teardown;
@@ -566,7 +596,16 @@ mod tests {
         let cfg = Config::for_hub("ws://127.0.0.1:1/ws", dir.path());
         let task =
             |id: &str| Task::from_value(crate::mock_hub::sample_shell_task(id, "true")).unwrap();
+        let task_tmp_dir = |cfg: &Config, t: &Task| super::task_tmp_dir(cfg, &dirs_name(t, None));
         let (old, unfinished) = (task("old"), task("unfinished/1"));
+        // Made ahead by this run (kept) and by an earlier one (removed).
+        let (ours, theirs) = (
+            dir.path().join("tmp/ahead.run1.0"),
+            dir.path().join("work/ahead.run0.3"),
+        );
+        for d in [&ours, &theirs] {
+            std::fs::create_dir_all(d.join("home")).unwrap();
+        }
         for t in [&old, &unfinished] {
             for d in [task_tmp_dir(&cfg, t), workspace_for(&cfg, t)] {
                 std::fs::create_dir_all(d.join("home/.cache")).unwrap();
@@ -578,7 +617,9 @@ mod tests {
         std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
         std::fs::write(dir.path().join("tmp/stray-file"), "x").unwrap();
 
-        assert_eq!(remove_orphans(&cfg, Some(&unfinished)).await.removed, 3);
+        let keep = Some(dirs_name(&unfinished, None));
+        assert_eq!(remove_orphans(&cfg, keep, "ahead.run1.").await.removed, 4);
+        assert!(ours.join("home").exists() && !theirs.exists());
         assert!(!task_tmp_dir(&cfg, &old).exists());
         assert!(!workspace_for(&cfg, &old).exists());
         assert!(!dir.path().join("tmp/stray-file").exists());
@@ -589,8 +630,8 @@ mod tests {
             .join("home/.cache/f")
             .exists());
         // Nothing to keep: everything goes; nothing there: nothing to do.
-        assert_eq!(remove_orphans(&cfg, None).await.removed, 2);
-        assert_eq!(remove_orphans(&cfg, None).await, Swept::default());
+        assert_eq!(remove_orphans(&cfg, None, "").await.removed, 3);
+        assert_eq!(remove_orphans(&cfg, None, "").await, Swept::default());
     }
 
     /// Trees an earlier removal set aside are counted for the operator (metrics, health) at
@@ -604,7 +645,7 @@ mod tests {
         for name in ["a.1.0", "b.2.0"] {
             std::fs::create_dir_all(aside.join(name).join("deep")).unwrap();
         }
-        let swept = remove_orphans(&cfg, None).await;
+        let swept = remove_orphans(&cfg, None, "").await;
         assert_eq!(
             swept,
             Swept {
@@ -624,7 +665,7 @@ mod tests {
         assert_eq!((set.what, set.path.as_path()), ("TMPDIR", tree.as_path()));
         assert!(set.to.starts_with(&aside) && set.to.exists(), "{set:?}");
         assert!(!tree.exists());
-        assert_eq!(remove_orphans(&cfg, None).await.set_aside, 3);
+        assert_eq!(remove_orphans(&cfg, None, "").await.set_aside, 3);
     }
 
     #[test]

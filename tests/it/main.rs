@@ -28,6 +28,7 @@ mod leaks;
 mod link_order;
 mod loop_spec;
 mod loopback;
+mod made_ahead;
 mod manifest;
 mod network;
 mod ops;

@@ -344,6 +344,7 @@ async fn a_recovering_task_assigned_again_is_run_not_refused_as_busy() {
                 phase: Phase::Running,
                 accepted_at: 1,
                 trace: None,
+                dirs: None,
             }),
             outbox: vec![],
         })
