@@ -253,6 +253,11 @@ impl Daemon {
         });
         match gate {
             Some(fence) => {
+                // The link task writes the frame first: with its sandbox made ahead the
+                // runner is ready at once, and its set-up and first fork (a copy of the
+                // daemon's memory map) would hold the one thread (BENCHMARKS.md, issue 45:
+                // the accept's p90 fell from ~2 ms to ~0.7 ms).
+                tokio::task::yield_now().await;
                 fence.resume();
                 // Accepted with the link down (an assignment held back and taken now):
                 // paused at once, as the link's fence would have it.

@@ -19,8 +19,9 @@
 //! it serves one task. Never stale in what confines: at handover ([`Ahead::hand_over`]) it
 //! must have been made under the policy in force, within [`MAX_AGE`], and with the same
 //! trees at `/` as its view hides (a tree made since is not hidden in it); the agent's
-//! configuration is copied again (the operator may have logged in again since). Otherwise
-//! the task's sandbox is built on the spot over the same directories, as without it.
+//! configuration is copied again when the operator's changed since (a new login). Otherwise
+//! the task's sandbox is built on the spot over the same directories, as without it. An
+//! idle daemon makes it anew every [`RENEW_EVERY`], and a stopping one removes it.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
