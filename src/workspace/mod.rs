@@ -422,7 +422,19 @@ fn safe_name(id: &str) -> String {
 /// (`runner::ahead`), else its id as a safe name. A name made ahead has a `.` in it, which
 /// no task id's safe name has.
 pub fn dirs_name(task: &Task, recorded: Option<&str>) -> String {
-    recorded.map_or_else(|| safe_name(&task.task_id), str::to_string)
+    // The state file is the daemon's own, but a name read back from it becomes a path the
+    // daemon creates and removes trees at: only one plain component of the safe characters.
+    let plain = |n: &&str| {
+        !n.is_empty()
+            && n.len() <= 120
+            && !n.starts_with('.')
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    match recorded.filter(plain) {
+        Some(name) => name.to_string(),
+        None => safe_name(&task.task_id),
+    }
 }
 
 /// Whether a task without a repository gets a directory of its own ([`Shape::Temp`]), not
@@ -632,6 +644,26 @@ mod tests {
         // Nothing to keep: everything goes; nothing there: nothing to do.
         assert_eq!(remove_orphans(&cfg, None, "").await.removed, 3);
         assert_eq!(remove_orphans(&cfg, None, "").await, Swept::default());
+    }
+
+    /// A name read back from the state file is a path component of the daemon's own making,
+    /// or the task's id: never a way out of `tmp/` or `work/`.
+    #[test]
+    fn a_recorded_name_is_one_plain_component_or_the_tasks_own() {
+        let t = Task::from_value(crate::mock_hub::sample_shell_task("t/1", "true")).unwrap();
+        assert_eq!(dirs_name(&t, Some("ahead.18ec3a.7")), "ahead.18ec3a.7");
+        for bad in [
+            "",
+            "..",
+            "../../etc",
+            "a/b",
+            ".hidden",
+            "a\0b",
+            &"x".repeat(121),
+        ] {
+            assert_eq!(dirs_name(&t, Some(bad)), "t_1", "{bad:?}");
+        }
+        assert_eq!(dirs_name(&t, None), "t_1");
     }
 
     /// Trees an earlier removal set aside are counted for the operator (metrics, health) at
