@@ -396,7 +396,6 @@ pub fn pr_body(task: &Task, lo: &LoopOutcome) -> String {
     b
 }
 
-/// The tokens of the agent login in the operator's template, read off the runtime.
 /// `task_failed` for a task that failed before execution (workspace, branch), redacted;
 /// nothing when the failure was a cancellation.
 fn failed(task: &Task, r: &Redactor, reason: &str, cancel: &CancellationToken) -> TaskOutcome {

@@ -69,6 +69,18 @@ impl Daemon {
     /// whole sandbox (see `runner::ahead`), in the background: a task assigned meanwhile
     /// makes its own.
     pub(super) fn prepare_views(&mut self) {
+        self.make_ahead(false);
+    }
+
+    /// An idle daemon's next task's directories and sandbox, made anew before they are too
+    /// old to serve (`runner::ahead`), in the background.
+    pub(super) fn renew_ahead(&mut self) {
+        self.make_ahead(true);
+    }
+
+    /// [`Daemon::prepare_views`], the sandbox made ahead first made anew when `renew`; and
+    /// the next renewal planned. Nothing while a task runs.
+    fn make_ahead(&mut self, renew: bool) {
         if self.running.is_some() {
             return;
         }
@@ -82,24 +94,13 @@ impl Daemon {
         drop(tokio::task::spawn_blocking(move || {
             // The next task's whole sandbox first (it takes a view made on the spot when the
             // pool is empty), then the views of tasks that build their own (a repository).
-            ahead.refill(&cfg, &policy, &env);
+            if renew {
+                ahead.renew(&cfg, &policy, &env);
+            } else {
+                ahead.refill(&cfg, &policy, &env);
+            }
             policy.prepare_views(&cfg, env.vars())
         }));
-    }
-
-    /// An idle daemon's next task's directories and sandbox, made anew before they are too
-    /// old to serve (`runner::ahead`), in the background; and the next renewal planned.
-    pub(super) fn renew_ahead(&mut self) {
-        let (policy, cfg, env, ahead) = (
-            self.deps.containment.clone(),
-            self.cfg.clone(),
-            self.deps.env.clone(),
-            self.ahead.clone(),
-        );
-        drop(tokio::task::spawn_blocking(move || {
-            ahead.renew(&cfg, &policy, &env)
-        }));
-        self.renew_ahead_at = Some(tokio::time::Instant::now() + crate::runner::RENEW_EVERY);
     }
 
     /// Tell everyone what the containment decision means for taking work: the status and

@@ -482,9 +482,7 @@ impl Daemon {
                 }
                 _ = sleep_until_opt(self.renew_ahead_at) => {
                     self.renew_ahead_at = None;
-                    if self.running.is_none() {
-                        self.renew_ahead();
-                    }
+                    self.renew_ahead();
                 }
                 _ = sleep_until_opt(self.reprobe_at) => {
                     self.reprobe_at = None;

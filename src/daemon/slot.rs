@@ -370,14 +370,16 @@ impl Daemon {
         });
         // Its directories: made ahead, else as recorded with it (a restarted daemon), else
         // named after it.
-        let recorded = self
-            .active
-            .as_ref()
-            .filter(|a| a.task.task_id == task.task_id)
-            .and_then(|a| a.dirs.clone());
         let dirs = match ahead {
             Some(ahead) => runner::TaskDirs::made_ahead(ahead),
-            None => runner::TaskDirs::of(&task, recorded.as_deref()),
+            None => {
+                let recorded = self
+                    .active
+                    .as_ref()
+                    .filter(|a| a.task.task_id == task.task_id)
+                    .and_then(|a| a.dirs.as_deref());
+                runner::TaskDirs::of(&task, recorded)
+            }
         };
         let run = runner::run_task(task.clone(), deps, sink.clone(), cancel.clone(), dirs);
         let handle = tokio::spawn(async move {

@@ -176,6 +176,21 @@ mod tests {
         }
     }
 
+    /// [`pump_into`] behind a closed fence (a task not yet accepted), quick to send once it
+    /// opens; the fence's sender (`false` opens it).
+    fn held_pump(
+        sink: &ProgressSink,
+        out: &Arc<Frames>,
+    ) -> (tokio::sync::watch::Sender<bool>, Pump) {
+        let (fence, held) = tokio::sync::watch::channel(true);
+        let pump = Pump {
+            min_interval: Duration::from_millis(10),
+            held: Some(held),
+            ..pump_into(sink, out)
+        };
+        (fence, pump)
+    }
+
     async fn pump_until_stopped(dropped: bool) -> usize {
         let sink = ProgressSink::new(8192);
         let frames = Arc::new(Frames(Mutex::new(Vec::new())));
@@ -202,13 +217,8 @@ mod tests {
     async fn progress_behind_a_closed_fence_is_held_then_sent_when_it_opens() {
         let sink = ProgressSink::new(8192);
         let frames = Arc::new(Frames(Mutex::new(Vec::new())));
-        let (fence, held) = tokio::sync::watch::channel(true);
+        let (fence, pump) = held_pump(&sink, &frames);
         let stop = CancellationToken::new();
-        let pump = Pump {
-            min_interval: Duration::from_millis(10),
-            held: Some(held),
-            ..pump_into(&sink, &frames)
-        };
         let running = tokio::spawn(pump.run(stop.clone()));
         sink.emit(ProgressEvent::status("task accepted"));
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -230,15 +240,13 @@ mod tests {
     async fn a_held_pump_takes_no_budget_token_while_the_fence_is_closed() {
         let sink = ProgressSink::new(8192);
         let frames = Arc::new(Frames(Mutex::new(Vec::new())));
-        let (_fence, held) = tokio::sync::watch::channel(true);
+        let (_fence, pump) = held_pump(&sink, &frames);
         // One token and no refill: whoever takes it has it.
         let budget = Arc::new(RateBudget::new(1, 0, 0));
         let stop = CancellationToken::new();
         let pump = Pump {
             budget: budget.clone(),
-            min_interval: Duration::from_millis(10),
-            held: Some(held),
-            ..pump_into(&sink, &frames)
+            ..pump
         };
         let running = tokio::spawn(pump.run(stop.clone()));
         sink.emit(ProgressEvent::status("task accepted"));

@@ -251,9 +251,7 @@ impl Ahead {
                 })
             }
             Err(e) => {
-                for dir in [&workspace.path, &tmp] {
-                    let _ = crate::sandbox::beneath::remove_tree(dir);
-                }
+                remove_dirs(&tmp, &workspace);
                 Err(e.into())
             }
         }
@@ -281,9 +279,7 @@ impl Ahead {
     /// Close the sandbox and remove the directories: never used. Blocking.
     fn discard(self) {
         drop(self.env);
-        for dir in [&self.tmp, &self.workspace.path] {
-            let _ = crate::sandbox::beneath::remove_tree(dir);
-        }
+        remove_dirs(&self.tmp, &self.workspace);
     }
 
     /// See [`Ahead::hand_over`]; the agent's configuration is copied again when the
@@ -300,19 +296,39 @@ impl Ahead {
     }
 }
 
+/// Remove the TMPDIR and workspace made ahead, never used by a task. Blocking.
+fn remove_dirs(tmp: &std::path::Path, workspace: &Workspace) {
+    for dir in [tmp, &workspace.path] {
+        let _ = crate::sandbox::beneath::remove_tree(dir);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn made(dir: &std::path::Path) -> (Arc<Config>, Arc<Policy>, ChildEnv, AheadPool) {
-        let cfg = Arc::new(crate::config::Config::for_hub("ws://127.0.0.1:1/ws", dir));
-        let policy = Arc::new(Policy::decide(
+    /// A new containment decision (containment off: no kernel feature needed).
+    fn decided() -> Arc<Policy> {
+        Arc::new(Policy::decide(
             Some(crate::config::Containment::Off),
             crate::sandbox::Support::none(),
-        ));
+        ))
+    }
+
+    fn made(dir: &std::path::Path) -> (Arc<Config>, Arc<Policy>, ChildEnv, AheadPool) {
+        let cfg = Arc::new(crate::config::Config::for_hub("ws://127.0.0.1:1/ws", dir));
         let mut env = ChildEnv::default();
         env.set("PATH", "/usr/bin:/bin");
-        (cfg, policy, env, AheadPool::default())
+        (cfg, decided(), env, AheadPool::default())
+    }
+
+    /// The names under `work/` now.
+    fn work_names(dir: &std::path::Path) -> Vec<String> {
+        std::fs::read_dir(dir.join("work"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
     }
 
     /// One made at a time, taken once, under this run's prefix; another policy refuses it.
@@ -322,21 +338,14 @@ mod tests {
         let (cfg, policy, env, pool) = made(dir.path());
         pool.refill(&cfg, &policy, &env);
         pool.refill(&cfg, &policy, &env);
-        let names: Vec<_> = std::fs::read_dir(dir.path().join("work"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
+        let names = work_names(dir.path());
         assert_eq!(names.len(), 1, "{names:?}");
         assert!(names[0].starts_with(pool.prefix()) && names[0].contains('.'));
         let ahead = pool.take().expect("made");
         assert!(pool.take().is_none(), "taken once");
         // (Containment off: no TMPDIR is made; the daemon's tests make the whole sandbox.)
         assert!(dir.path().join("work").join(&ahead.name).is_dir());
-        let other = Arc::new(Policy::decide(
-            Some(crate::config::Containment::Off),
-            crate::sandbox::Support::none(),
-        ));
+        let other = decided();
         let ws = ahead.hand_over(&other, None).expect_err("another policy");
         assert!(ws.path.ends_with(format!("work/{}", names[0])));
         // A refill under another policy replaces one made under the old: after a re-probe.
@@ -378,11 +387,7 @@ mod tests {
         let (cfg, policy, env, pool) = made(dir.path());
         pool.refill(&cfg, &policy, &env);
         pool.renew(&cfg, &policy, &env);
-        let names: Vec<_> = std::fs::read_dir(dir.path().join("work"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
+        let names = work_names(dir.path());
         assert_eq!(names, [format!("{}1", pool.prefix())]);
         assert_eq!(pool.take().unwrap().name, names[0]);
     }

@@ -83,10 +83,13 @@ pub fn seed(template: &Path, dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// What of `template` a [`seed`] copies, as the file system describes it (name, inode, size,
-/// modification and change times of each top-level regular file): equal fingerprints, equal
-/// copies. `None` when the template cannot be read (nothing can be told from it).
-pub fn fingerprint(template: &Path) -> Option<Vec<(std::ffi::OsString, [i64; 5])>> {
+/// What of a template a [`seed`] copies, as the file system describes it: the name, inode,
+/// size, modification and change times of each top-level regular file.
+pub type Fingerprint = Vec<(std::ffi::OsString, [i64; 5])>;
+
+/// `template`'s [`Fingerprint`]: equal fingerprints, equal copies. `None` when the template
+/// cannot be read (nothing can be told from it).
+pub fn fingerprint(template: &Path) -> Option<Fingerprint> {
     use std::os::unix::fs::MetadataExt;
     let entries = match std::fs::read_dir(template) {
         Ok(e) => e,

@@ -340,7 +340,7 @@ pub struct Sandbox {
     /// The operator's agent configuration the task's copies are made from (never granted).
     agent_template: Option<PathBuf>,
     /// What of the template the task's copy was made from ([`agent_home::fingerprint`]).
-    agent_copied: Option<Vec<(std::ffi::OsString, [i64; 5])>>,
+    agent_copied: Option<agent_home::Fingerprint>,
     /// The filesystem policy enforced (None without Landlock), to recognise its refusals.
     fs: Option<FsPolicy>,
     /// Whether the children have no network (`[network] mode = "none"`).
