@@ -228,8 +228,8 @@ mod tests {
         assert!(!waiter.await.unwrap());
     }
 
-    /// Processes whose command line holds `token`, with their state letter.
-    fn procs_holding(token: &str) -> Vec<(i32, char)> {
+    /// Processes whose command line holds `token`, with their state letter and parent.
+    fn procs_holding(token: &str) -> Vec<(i32, char, i32)> {
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return Vec::new();
         };
@@ -240,11 +240,23 @@ mod tests {
             })
             .filter_map(|pid| {
                 let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
-                Some((pid, state.chars().next()?))
+                let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+                let state = rest.next()?.chars().next()?;
+                Some((pid, state, rest.next()?.parse().ok()?))
             })
-            .filter(|(_, s)| *s != 'Z')
+            .filter(|(_, s, _)| *s != 'Z')
             .collect()
+    }
+
+    /// Every process holding `token` is stopped: in state `T`, or waiting in `vfork` for a
+    /// child that is (`D`, as `dash` is when stopped between its `vfork` and the child's
+    /// `exec`: it cannot run until that child does).
+    fn all_stopped(token: &str) -> bool {
+        let p = procs_holding(token);
+        !p.is_empty()
+            && p.iter().all(|&(pid, s, _)| {
+                s == 'T' || (s == 'D' && p.iter().any(|&(_, cs, pp)| pp == pid && cs == 'T'))
+            })
     }
 
     async fn until(mut cond: impl FnMut() -> bool) {
@@ -297,20 +309,17 @@ mod tests {
             fence.pause();
             tokio::select! {
                 out = &mut running => panic!("ended while paused: {out:?}"),
-                _ = until(|| {
-                    let p = procs_holding(&token);
-                    !p.is_empty() && p.iter().all(|(_, s)| *s == 'T')
-                }) => {}
+                _ = until(|| all_stopped(&token)) => {}
             }
             fence.resume();
             tokio::select! {
                 out = &mut running => panic!("ended after resuming: {out:?}"),
-                _ = until(|| procs_holding(&token).iter().any(|(_, s)| *s != 'T')) => {}
+                _ = until(|| !procs_holding(&token).is_empty() && !all_stopped(&token)) => {}
             }
             fence.pause();
             tokio::select! {
                 out = &mut running => panic!("ended while paused: {out:?}"),
-                _ = until(|| procs_holding(&token).iter().all(|(_, s)| *s == 'T')) => {}
+                _ = until(|| all_stopped(&token)) => {}
             }
             // Not ours any more: killed where it stands.
             cancel.cancel();
