@@ -8,15 +8,18 @@
 //! buffers" and "confined as the task's [`crate::sandbox::Sandbox`] says" hold in one place.
 
 use std::ffi::OsString;
+use std::os::fd::RawFd;
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncReadExt;
-use tokio::process::Command;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, Interest};
+use tokio::net::unix::pipe;
 use tokio_util::sync::CancellationToken;
 
 use crate::progress::{EventKind, ProgressSink};
+use crate::sandbox::{self, Launch, Launched, Stdio};
 
 mod capture;
 mod env;
@@ -285,35 +288,39 @@ async fn run_tapped(
         }
     }
     let started = Instant::now();
-    let mut cmd = Command::new(&spec.program);
-    cmd.args(&spec.args)
-        .current_dir(&spec.cwd)
-        .env_clear()
-        .envs(spec.env.vars().iter().map(|(k, v)| (k, v)))
-        .stdin(if spec.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    new_session(cmd.as_std_mut());
-    if let Some(sandbox) = spec.env.sandbox() {
-        sandbox.install(cmd.as_std_mut());
-    }
-    let mut child = cmd.spawn()?;
-    let pgid = child.id().unwrap_or(0);
+    // Every child is made here, confined as its sandbox says (see `sandbox::launch`).
+    let mut child = sandbox::launch(&Launch {
+        program: &spec.program,
+        args: &spec.args,
+        cwd: &spec.cwd,
+        env: spec.env.vars(),
+        stdio: [
+            if spec.stdin.is_some() {
+                Stdio::Piped
+            } else {
+                Stdio::Null
+            },
+            Stdio::Piped,
+            Stdio::Piped,
+        ],
+        sandbox: spec.env.sandbox().map(|s| &**s),
+    })?;
+    let pgid = child.id();
     let guard = GroupGuard(pgid);
+    // SAFETY: `exited` watches `child`'s pidfd, which stays open while `child` lives, and
+    // is declared after it, so it is dropped (and deregistered) first.
+    #[allow(unsafe_code)]
+    let exited = unsafe { AsyncFd::register_with_interest(child.exit_fd(), Interest::READABLE)? };
 
-    if let (Some(data), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
+    if let (Some(data), Some(stdin)) = (spec.stdin.clone(), child.stdin.take()) {
+        let mut stdin = pipe::Sender::from_owned_fd(stdin)?;
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
             let _ = stdin.write_all(&data).await;
         });
     }
-    let mut out = child.stdout.take().expect("stdout piped");
-    let mut err = child.stderr.take().expect("stderr piped");
+    let mut out = pipe::Receiver::from_owned_fd(child.stdout.take().expect("stdout piped"))?;
+    let mut err = pipe::Receiver::from_owned_fd(child.stderr.take().expect("stderr piped"))?;
     let mut out_buf = CappedBuf::new(limits.output_cap);
     let mut err_buf = CappedBuf::new(limits.output_cap);
     let mut ob = vec![0u8; 16 * 1024];
@@ -359,7 +366,7 @@ async fn run_tapped(
                     }
                 }
             },
-            status = child.wait() => break status?,
+            status = wait(&mut child, &exited) => break status?,
             p = fence_changed(&mut fenced) => {
                 // Stop the whole tree where it stands, or let it go on.
                 paused = p;
@@ -367,7 +374,7 @@ async fn run_tapped(
             }
             _ = &mut sleep_deadline, if forced.is_none() => {
                 forced = Some(Exit::TimedOut);
-                break terminate(&mut child, pgid, limits.grace).await?;
+                break terminate(&mut child, &exited, pgid, limits.grace).await?;
             }
             _ = cancel.cancelled(), if forced.is_none() => {
                 forced = Some(Exit::Cancelled);
@@ -375,9 +382,9 @@ async fn run_tapped(
                     // A paused task is not ours any more: killed where it stands, never
                     // continued (a SIGTERM handler would run one more step of it).
                     fence::signal_tree(pgid, libc::SIGKILL).await;
-                    break child.wait().await?;
+                    break wait(&mut child, &exited).await?;
                 }
-                break terminate(&mut child, pgid, limits.grace).await?;
+                break terminate(&mut child, &exited, pgid, limits.grace).await?;
             }
         }
     };
@@ -440,38 +447,33 @@ async fn fence_changed(rx: &mut Option<tokio::sync::watch::Receiver<bool>>) -> b
     paused
 }
 
-/// Start the child in a session of its own (`setsid`), and so in a process group of its own
-/// that it leads: the group is what timeouts and cancellation kill, and a new session has
+/// The child's exit status once it has exited (the child leads a session of its own, and so
+/// a process group: the group is what timeouts and cancellation kill, and a new session has
 /// no controlling terminal, so a task under `run-task` in the operator's shell cannot open
 /// `/dev/tty`, read the operator's keystrokes, or push its own into the shell's input
-/// (`TIOCSTI`). Installed before the sandbox's own `pre_exec`, so it runs first.
-fn new_session(cmd: &mut std::process::Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: setsid is async-signal-safe and touches no memory; a freshly forked child
-    // is never a group leader, so it cannot fail with EPERM.
-    #[allow(unsafe_code)]
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+/// (`TIOCSTI`); see `sandbox::launch`).
+async fn wait(child: &mut Launched, exited: &AsyncFd<RawFd>) -> std::io::Result<ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        exited.readable().await?.clear_ready();
     }
 }
 
 /// SIGTERM the group, wait `grace`, then SIGKILL; returns the leader's status.
 async fn terminate(
-    child: &mut tokio::process::Child,
+    child: &mut Launched,
+    exited: &AsyncFd<RawFd>,
     pgid: u32,
     grace: Duration,
-) -> std::io::Result<std::process::ExitStatus> {
+) -> std::io::Result<ExitStatus> {
     signal_group(pgid, libc::SIGTERM);
-    match tokio::time::timeout(grace, child.wait()).await {
+    match tokio::time::timeout(grace, wait(child, exited)).await {
         Ok(status) => status,
         Err(_) => {
             signal_group(pgid, libc::SIGKILL);
-            child.wait().await
+            wait(child, exited).await
         }
     }
 }

@@ -1,21 +1,21 @@
-//! The code that runs in a forked child between `fork` and `exec`: limits, namespaces
-//! (the task's user, IPC and mount namespaces joined, see `view.rs` and `ipc.rs`, and for
-//! `[network] mode = "none"` or `"allowlist"` the task's network namespace, see `netns.rs`;
-//! a PID namespace of its own), a fresh session keyring, `no_new_privs`, the Landlock
-//! domain and the refusal of the key calls (`keyring.rs`).
+//! What a task's child does between `clone` and `exec` (`launch.rs` makes it): limits,
+//! namespaces (the task's user, IPC and mount namespaces joined, see `view.rs` and `ipc.rs`,
+//! and for `[network] mode = "none"` or `"allowlist"` the task's network namespace, see
+//! `netns.rs`; a PID namespace of its own), a fresh session keyring, `no_new_privs`, the
+//! Landlock domain and the refusal of the key calls (`keyring.rs`).
 //!
-//! It runs in a copy of a multi-threaded process, so it only makes raw system calls on data
+//! It runs in the daemon's memory (see `launch.rs`), so it only makes system calls on data
 //! prepared by the parent (no allocation, no locks): async-signal-safe by construction.
 //!
-//! With a PID namespace the child forks once more. The first child stays outside the new
-//! namespace as a tiny supervisor: it closes every descriptor, waits for the second child
-//! (PID 1 of the namespace, which execs the command) and exits with its status. When the
-//! command ends, the kernel kills everything left in the namespace, so a `setsid()` or a
-//! double fork cannot outlive it; when the supervisor is killed (timeout, cancel, the daemon
-//! dying), the namespace's init gets SIGKILL through `PR_SET_PDEATHSIG`, and with it the
-//! whole tree. The supervisor never enters the Landlock domain, so the confined command
-//! cannot ptrace it (Landlock forbids tracing a less-restricted process), and it inherits
-//! the daemon's non-dumpable flag, so its memory stays closed to other processes too.
+//! With a PID namespace the child makes one more. The first stays outside the new namespace
+//! as a tiny supervisor: it closes every descriptor, waits for the second (PID 1 of the
+//! namespace, which execs the command) and exits with its status. When the command ends,
+//! the kernel kills everything left in the namespace, so a `setsid()` or a double fork
+//! cannot outlive it; when the supervisor is killed (timeout, cancel, the daemon dying), the
+//! namespace's init gets SIGKILL through `PR_SET_PDEATHSIG`, and with it the whole tree.
+//! The supervisor never enters the Landlock domain, so the confined command cannot ptrace
+//! it (Landlock forbids tracing a less-restricted process), and it shares the daemon's
+//! memory, which is non-dumpable, so that memory stays closed to other processes too.
 
 #![allow(unsafe_code)]
 
@@ -70,12 +70,12 @@ impl IdMaps {
 }
 
 impl ChildPlan {
-    /// Apply the plan to the calling (freshly forked) process. Only for `pre_exec`.
+    /// The resource limits. In the child, before anything else of the plan.
     ///
     /// # Safety
     ///
-    /// Must run in a single-threaded child between `fork` and `exec`.
-    pub(crate) unsafe fn apply(&self) -> io::Result<()> {
+    /// Only in a child made by `launch.rs`, between `clone` and `exec`.
+    pub(super) unsafe fn limit(&self) -> io::Result<()> {
         for &(res, want) in &self.rlimits {
             let mut cur = libc::rlimit {
                 rlim_cur: 0,
@@ -93,9 +93,49 @@ impl ChildPlan {
                 return Err(io::Error::last_os_error());
             }
         }
-        if let Some(join) = &self.namespaces {
-            enter_namespaces(join, self.own_network)?;
+        Ok(())
+    }
+
+    /// Join the task's user, IPC and mount namespaces (and its network namespace when
+    /// `own_network`), then enter `cwd` through its view. The PID namespace is made after
+    /// (see `launch.rs`).
+    ///
+    /// # Safety
+    ///
+    /// Only in a child made by `launch.rs` (single-threaded, its own `fs`), before `exec`;
+    /// `cwd` is a NUL-terminated path.
+    pub(super) unsafe fn join(&self, join: &Join, cwd: *const libc::c_char) -> io::Result<()> {
+        // Of the namespace owner's uid, alone in its thread group and with a `fs` of its
+        // own: all capabilities in the task's user namespace, which the mount namespace and
+        // the PID namespace made next need. The IPC namespace after the user namespace: it
+        // belongs to one nested in the task's, whose owner a child is (see `ipc.rs`). The
+        // network namespace belongs to the task's. A child that should have one and finds
+        // none fails rather than keep the host's.
+        if self.own_network && join.net < 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
+        // Joining a mount namespace moves to its root: the working directory is entered by
+        // its path through the task's view, so `..` from it never names the host's tree.
+        // One that the view does not show fails the spawn.
+        if libc::setns(join.user, libc::CLONE_NEWUSER) != 0
+            || (self.own_network && libc::setns(join.net, libc::CLONE_NEWNET) != 0)
+            || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
+            || libc::setns(join.mnt, libc::CLONE_NEWNS) != 0
+            || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
+            || libc::chdir(cwd) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// A fresh session keyring, `no_new_privs`, the Landlock domain, the key calls
+    /// refused: in the process that execs the command (the namespace's PID 1, with one).
+    ///
+    /// # Safety
+    ///
+    /// Only in a child made by `launch.rs`, between `clone` and `exec`.
+    pub(super) unsafe fn confine(&self) -> io::Result<()> {
         super::keyring::join_fresh_session()?;
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(io::Error::last_os_error());
@@ -107,69 +147,6 @@ impl ChildPlan {
         }
         super::keyring::refuse_key_calls()
     }
-}
-
-/// The task's user, IPC and mount namespaces joined (and its network namespace when
-/// `own_network`), then a new PID namespace; returns in the namespace's PID 1 (see the
-/// module docs).
-unsafe fn enter_namespaces(join: &Join, own_network: bool) -> io::Result<()> {
-    // Joining a mount namespace moves to its root: the working directory (set by `Command`
-    // before this runs) is entered again by its path, through the task's view, so `..` from
-    // it never names the host's tree. One that the view does not show fails the spawn.
-    let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
-    if libc::getcwd(cwd.as_mut_ptr(), cwd.len()).is_null() {
-        return Err(io::Error::last_os_error());
-    }
-    // Single-threaded (a fresh fork) and of the namespace owner's uid: all capabilities in
-    // the task's user namespace, which the mount namespace and the ones made below need.
-    // The IPC namespace after the user namespace: it belongs to one nested in the task's,
-    // whose owner a child is (see `ipc.rs`). The network namespace belongs to the task's.
-    // A child that should have one and finds none fails rather than keep the host's.
-    if own_network && join.net < 0 {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    if libc::setns(join.user, libc::CLONE_NEWUSER) != 0
-        || (own_network && libc::setns(join.net, libc::CLONE_NEWNET) != 0)
-        || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
-        || libc::setns(join.mnt, libc::CLONE_NEWNS) != 0
-        || libc::setns(join.ipc, libc::CLONE_NEWIPC) != 0
-        || libc::chdir(cwd.as_ptr()) != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    if libc::unshare(libc::CLONE_NEWPID) != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // A pipe whose write end only the supervisor keeps: when it reads as hung up, the
-    // supervisor is gone (pids are useless for this: the supervisor is outside the new
-    // namespace and its pid means nothing inside).
-    let mut alive = [0 as libc::c_int; 2];
-    if libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let pid = libc::fork();
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if pid > 0 {
-        supervise(pid, alive[1]);
-    }
-    libc::close(alive[1]);
-    // PID 1 of the new namespace. If the supervisor dies, so do we (and so the namespace).
-    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // The supervisor may have died before the line above, unnoticed: check once.
-    let mut pfd = libc::pollfd {
-        fd: alive[0],
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    if libc::poll(&mut pfd, 1, 0) != 0 {
-        libc::_exit(137);
-    }
-    // alive[0] is close-on-exec: the command never sees it.
-    Ok(())
 }
 
 /// Most descriptors [`send_fds`] sends at once.
@@ -218,10 +195,14 @@ pub(super) unsafe fn send_fds(to: libc::c_int, fds: &[libc::c_int]) -> io::Resul
     }
 }
 
-/// The supervisor: hold nothing, wait for the namespace's init, exit as it did.
-unsafe fn supervise(child: libc::pid_t, alive: libc::c_int) -> ! {
-    // Dies with the daemon's spawning thread, which lives as long as the runtime.
-    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+/// The supervisor: hold nothing, wait for the namespace's init, exit as it did. Every
+/// signal stays blocked (as `launch.rs` made it): the group's SIGTERM is for the command,
+/// and only SIGKILL ends the supervisor early.
+///
+/// # Safety
+///
+/// Only in the supervisor `launch.rs` makes, once its PID 1 has exec'd.
+pub(super) unsafe fn supervise(child: libc::pid_t, alive: libc::c_int) -> ! {
     // No output pipe, no error channel, no inherited descriptor stays open here (but the
     // `alive` pipe): the daemon sees EOF on the command's output when the command closes it.
     let alive = alive as u32;
@@ -251,8 +232,12 @@ unsafe fn supervise(child: libc::pid_t, alive: libc::c_int) -> ! {
         let sig = libc::WTERMSIG(status);
         // Die of the same signal, so the daemon reports "killed by signal N" as without
         // the namespace.
+        let mut one: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut one);
+        libc::sigaddset(&mut one, sig);
         libc::signal(sig, libc::SIG_DFL);
         libc::kill(libc::getpid(), sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
         libc::_exit(128 + sig);
     }
     libc::_exit(127)

@@ -83,6 +83,7 @@ mod hardening;
 mod ipc;
 mod keyring;
 pub mod landlock;
+mod launch;
 mod mounts;
 mod netns;
 mod network;
@@ -108,6 +109,7 @@ pub use grants::Grants;
 use grants::{fs_policy, var_in};
 pub use hardening::{protect_daemon, refuse_powerless_root};
 use landlock::FsPolicy;
+pub use launch::{launch, Launch, Launched, Stdio};
 pub use mounts::host_trees;
 use netns::NetPlan;
 pub use probing::Probing;
@@ -385,17 +387,9 @@ impl Sandbox {
         }
     }
 
-    /// Install the plan in `cmd`: it runs in each child between `fork` and `exec`.
-    pub(crate) fn install(self: &Arc<Self>, cmd: &mut std::process::Command) {
-        use std::os::unix::process::CommandExt;
-        let me = Arc::clone(self);
-        // SAFETY: `ChildPlan::apply` only makes async-signal-safe system calls on data
-        // prepared before the fork (see child.rs); the descriptors it joins stay open with
-        // the sandbox, which the closure holds.
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(move || me.plan.apply());
-        }
+    /// What each child of the task does between `clone` and `exec` (see `launch.rs`).
+    pub(crate) fn child_plan(&self) -> &ChildPlan {
+        &self.plan
     }
 
     /// The task's private temp directory.

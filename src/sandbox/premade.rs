@@ -500,7 +500,6 @@ unsafe fn apply(roots: &[libc::c_int; MAX_TREES], trees: usize, mut msg: &[u8]) 
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::MetadataExt;
-    use std::sync::Arc;
 
     use super::*;
     use crate::sandbox::{Sandbox, Support};
@@ -515,11 +514,18 @@ mod tests {
     /// `sh -c script` run in `view` (its namespaces joined, as a task's child is): its exit
     /// code.
     fn run_in(view: TaskView, script: &str, cwd: &Path) -> i32 {
-        let sb = Arc::new(Sandbox::joining(view));
-        let mut cmd = std::process::Command::new("/bin/sh");
-        cmd.args(["-c", script]).current_dir(cwd);
-        sb.install(&mut cmd);
-        cmd.status().unwrap().code().unwrap_or(-1)
+        let sb = Sandbox::joining(view);
+        let args = ["-c".into(), script.into()];
+        let mut child = crate::sandbox::launch(&crate::sandbox::Launch {
+            program: "/bin/sh".as_ref(),
+            args: &args,
+            cwd,
+            env: &[],
+            stdio: [crate::sandbox::Stdio::Inherit; 3],
+            sandbox: Some(&sb),
+        })
+        .unwrap();
+        child.wait_blocking().unwrap().code().unwrap_or(-1)
     }
 
     /// The gate of these tests: a machine that can make the namespaces a view holds.

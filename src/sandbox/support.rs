@@ -130,21 +130,17 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .ok_or(NamespaceError::NoProbeProgram)?;
-    let mut cmd = std::process::Command::new(true_bin);
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    sb.install(&mut cmd);
-    // What is asked is whether the namespaces can be made, not whether a program runs: once
-    // the plan is applied, the namespace's PID 1 leaves without exec'ing `true`. Loading a
-    // program was half the probe, and the probe is on the way to `identify`.
-    // SAFETY: `_exit` is async-signal-safe; it runs after the plan, in the forked child.
-    #[allow(unsafe_code)]
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| libc::_exit(0));
-    }
-    match cmd.status() {
+    // Made as every task's child is (see `launch.rs`): the probe is what a task meets.
+    let status = super::launch(&super::Launch {
+        program: std::ffi::OsStr::new(true_bin),
+        args: &[],
+        cwd: Path::new("/"),
+        env: &[],
+        stdio: [super::Stdio::Null; 3],
+        sandbox: Some(&sb),
+    })
+    .and_then(|mut child| child.wait_blocking());
+    match status {
         Ok(s) if s.success() => Ok(()),
         Ok(s) => Err(NamespaceError::ProbeFailed(s)),
         Err(e) => Err(NamespaceError::Spawn(Arc::new(e))),
