@@ -576,6 +576,38 @@ mod tests {
         assert_eq!(lines.next(), Some("/dev/null"));
     }
 
+    /// A run whose future is dropped (its task cancelled from above) kills its child and
+    /// reaps it: no process, not even a zombie, is left.
+    #[tokio::test]
+    async fn a_dropped_run_leaves_no_process_and_no_zombie() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("pid");
+        let script = format!(
+            "echo $$ > {}.tmp; mv {0}.tmp {0}; exec sleep 30",
+            marker.display()
+        );
+        let spec = CommandSpec::shell(&script, dir.path(), ChildEnv::inherit());
+        let cancel = CancellationToken::new();
+        let limits = Limits::default();
+        tokio::select! {
+            _ = run(&spec, &limits, &cancel, None) => panic!("sleep 30 ended"),
+            _ = async {
+                while !marker.exists() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            } => {}
+        }
+        let pid = std::fs::read_to_string(&marker).unwrap();
+        let proc_dir = std::path::PathBuf::from(format!("/proc/{}", pid.trim()));
+        for _ in 0..100 {
+            if !proc_dir.exists() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{} is still there (alive or a zombie)", proc_dir.display());
+    }
+
     /// The pid written to `marker` is gone (or a zombie awaiting its reaper) within 1 s.
     async fn assert_gone(marker: &std::path::Path) {
         let pid: i32 = std::fs::read_to_string(marker)

@@ -74,8 +74,8 @@ pub struct Launched {
     /// The daemon's end of stderr, if [`Stdio::Piped`].
     pub stderr: Option<OwnedFd>,
     status: Option<ExitStatus>,
-    /// The supervisor's stack, which it runs on until it is reaped. Dropped after `Drop`.
-    _stack: Option<Stack>,
+    /// The supervisor's stack, which it runs on until it is reaped (see `Drop`).
+    stack: Option<Stack>,
 }
 
 impl Launched {
@@ -128,12 +128,29 @@ impl Launched {
 
 impl Drop for Launched {
     fn drop(&mut self) {
-        if self.status.is_none() {
-            // The supervisor runs on `_stack`: it must be gone before that is unmapped. It
-            // dies at once of SIGKILL (it only waits), so this wait is short.
-            // SAFETY: signalling and reaping our own unreaped child.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
-            let _ = self.wait_blocking();
+        if self.status.is_some() {
+            return;
+        }
+        // SAFETY: signalling our own unreaped child.
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        if matches!(self.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        // Not gone yet (a command in the middle of a slow write dies when that returns):
+        // reaped off the caller's thread, which may be the runtime's. A supervisor runs on
+        // `stack`, which must outlive it: the stack goes with the reaper.
+        let (pid, stack) = (self.pid, self.stack.take());
+        let reap = move || {
+            let mut status = 0;
+            // SAFETY: reaping our own child; EINTR retried.
+            while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+            {}
+            drop(stack);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(reap)),
+            Err(_) => reap(),
         }
     }
 }
@@ -201,7 +218,7 @@ pub fn launch(l: &Launch<'_>) -> io::Result<Launched> {
         stdout: ours[1].take(),
         stderr: ours[2].take(),
         status: None,
-        _stack: supervised.then_some(stack),
+        stack: supervised.then_some(stack),
     };
     // Until this reads as closed, the child (or the supervisor) may still read `ctx` and
     // the strings it points to, which live in this frame.
