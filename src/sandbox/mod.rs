@@ -65,7 +65,8 @@
 //!   [`descriptors`]: the daemon's open-files limit and the proxy's share of it.
 //! - `handoff.rs`: how a view's descriptors reach the daemon, and the checks on the task's
 //!   proxy listener before the sandbox serves it for its life.
-//! - `child.rs`: what runs between `fork` and `exec`; `ipc.rs`: the task's IPC namespace and
+//! - [`launch`]: how every child is made (`clone` in the daemon's memory, not `fork`);
+//!   `child.rs`: what it does before its `exec`; `ipc.rs`: the task's IPC namespace and
 //!   its bounds; `keyring.rs`: the key calls closed to the children.
 //! - `resolve.rs`: the grants' canonical paths.
 //! - `hardening.rs`: the daemon's own ([`protect_daemon`], [`refuse_powerless_root`]).

@@ -556,7 +556,8 @@ async fn cargo_python_and_sh_checks_work_under_containment() {
 }
 
 /// Python run by a task: every process whose command line is the daemon's (the daemon and
-/// the supervisors forked from it), its environ and mem opened and a ptrace attach tried.
+/// the supervisors made from it, which share its memory), its environ and mem opened and a
+/// ptrace attach tried.
 const PROBE_DAEMONS: &str = r#"
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
