@@ -346,8 +346,14 @@ unsafe fn become_supervisor(ctx: &Ctx<'_>, plan: &ChildPlan) -> io::Result<Infal
         return Err(io::Error::last_os_error());
     }
     let init = Init { ctx, plan, alive };
-    let mut stack = [0u128; PID1_STACK / 16];
-    let top = stack.as_mut_ptr().add(stack.len()).cast::<libc::c_void>();
+    // Left uninitialised: PID 1 touches only the few pages it uses, from the top down
+    // (zeroing it faulted in all 32 pages of it, in the daemon's memory, on every spawn).
+    let mut stack = std::mem::MaybeUninit::<[u128; PID1_STACK / 16]>::uninit();
+    let top = stack
+        .as_mut_ptr()
+        .cast::<u8>()
+        .add(PID1_STACK)
+        .cast::<libc::c_void>();
     // The supervisor waits (CLONE_VFORK) until PID 1 has exec'd or died: `init` and the
     // stack stay valid for as long as PID 1 reads them.
     let pid = libc::clone(
