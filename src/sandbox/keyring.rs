@@ -21,7 +21,7 @@ use std::io;
 ///
 /// # Safety
 ///
-/// Only in a freshly forked child (see `child.rs`).
+/// Only in a child made by `launch.rs`, before its `exec` (see `child.rs`).
 pub(super) unsafe fn join_fresh_session() -> io::Result<()> {
     const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
     if libc::syscall(
@@ -40,13 +40,13 @@ pub(super) unsafe fn join_fresh_session() -> io::Result<()> {
 ///
 /// # Safety
 ///
-/// Only in a freshly forked child (see `child.rs`), after `PR_SET_NO_NEW_PRIVS`.
+/// Only in a child made by `launch.rs`, before its `exec` (see `child.rs`), after `PR_SET_NO_NEW_PRIVS`.
 pub(super) unsafe fn refuse_key_calls() -> io::Result<()> {
     if NATIVE.is_none() {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "no seccomp filter for the key system calls on this architecture",
-        ));
+        // No filter for this architecture. An errno, not a message: this runs in a child
+        // sharing the daemon's memory (`launch.rs`), where nothing may allocate, and only
+        // the errno reaches the daemon anyway.
+        return Err(io::Error::from_raw_os_error(libc::ENOSYS));
     }
     let prog = libc::sock_fprog {
         len: FILTER.len() as libc::c_ushort,
