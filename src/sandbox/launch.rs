@@ -294,7 +294,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 /// Session, streams, limits; then exec, or become the supervisor of a PID namespace.
 unsafe fn start(ctx: &Ctx<'_>) -> io::Result<Infallible> {
     reset_signal_handlers();
-    // A session of its own: see `process::new_session`'s reasons.
+    // A session of its own, and so a process group it leads: the group is what timeouts
+    // and cancellation kill, and a new session has no controlling terminal, so a task under
+    // `run-task` in the operator's shell cannot open `/dev/tty`, read the operator's
+    // keystrokes, or push its own into the shell's input (`TIOCSTI`). Never EPERM: a
+    // fresh child leads no group.
     if libc::setsid() < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -125,7 +125,7 @@ fn probe_namespaces() -> Result<(), NamespaceError> {
     // nothing is mounted), then joined by the child, which makes its PID namespace.
     let view = TaskView::create(&MountPlan::default(), &IpcPlan::new(0), NetPlan::Host)
         .map_err(|e| NamespaceError::Spawn(Arc::new(e)))?;
-    let sb = Arc::new(Sandbox::joining(view));
+    let sb = Sandbox::joining(view);
     let true_bin = ["/usr/bin/true", "/bin/true"]
         .into_iter()
         .find(|p| Path::new(p).exists())
