@@ -34,14 +34,22 @@ cargo build --release --locked --examples
 
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
+# The CPU time the hypervisor took from this machine while the driver ran ("steal", from
+# /proc/stat's first line): on a shared VM the latency figures move with it (2026-12-02:
+# 11–24 % of the CPU under load, figure 3c twice its quiet value), so the header says it.
+cpu_ticks() { awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t; exit }' /proc/stat; }
+read -r steal0 total0 < <(cpu_ticks)
 # Every figure three times (BENCH_REPEAT): the table shows min / median / max of each headline.
 target/release/examples/bench --bin target/release/hub-sidecar --out "$out" --repeat "${BENCH_REPEAT:-3}" "$@"
+read -r steal1 total1 < <(cpu_ticks)
+steal=$(awk -v s=$((steal1 - steal0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.1f", t ? 100 * s / t : 0 }')
 
 # Header for the results section: when, on what, with which command.
 {
   echo "Run: \`bash scripts/bench.sh $*\` on $(date -u '+%Y-%m-%d %H:%M UTC'),"
   echo "$(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')),"
-  echo "$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, kernel $(uname -r), $(rustc --version)."
+  echo "$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, kernel $(uname -r), $(rustc --version);"
+  echo "CPU time taken by the hypervisor (steal) during the run: ${steal} %."
   echo
   cat "$out"
 } >"$out.section"
