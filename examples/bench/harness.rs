@@ -407,6 +407,9 @@ pub(crate) fn merge_runs(runs: Vec<Vec<Row>>) -> Vec<Row> {
                 .total_cmp(&headline(&b.measured).unwrap_or(0.0))
         });
         let median = same[same.len() / 2];
+        // The whole row is the median run's: a Node column measured in the same run (figure
+        // 14) belongs beside that run's figure, not the first run's.
+        row.node = median.node.clone();
         row.measured = format!(
             "{} [{} runs: min {} / median {} / max {}]",
             median.measured,
