@@ -40,7 +40,8 @@ pub(super) unsafe fn join_fresh_session() -> io::Result<()> {
 ///
 /// # Safety
 ///
-/// Only in a child made by `launch.rs`, before its `exec` (see `child.rs`), after `PR_SET_NO_NEW_PRIVS`.
+/// Only in a child made by `launch.rs`, before its `exec` (see `child.rs`), after
+/// `PR_SET_NO_NEW_PRIVS`.
 pub(super) unsafe fn refuse_key_calls() -> io::Result<()> {
     if NATIVE.is_none() {
         // No filter for this architecture. An errno, not a message: this runs in a child
