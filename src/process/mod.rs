@@ -272,7 +272,7 @@ async fn run_tapped(
     limits: &Limits,
     cancel: &CancellationToken,
     progress: Option<&ProgressSink>,
-    mut tap: Option<Tap<'_>>,
+    tap: Option<Tap<'_>>,
 ) -> std::io::Result<RunOutput> {
     let fence = spec.env.fence();
     // A paused task starts nothing (a check, a commit, a push) until its fence opens.
@@ -321,8 +321,12 @@ async fn run_tapped(
     }
     let mut out = pipe::Receiver::from_owned_fd(child.stdout.take().expect("stdout piped"))?;
     let mut err = pipe::Receiver::from_owned_fd(child.stderr.take().expect("stderr piped"))?;
-    let mut out_buf = CappedBuf::new(limits.output_cap);
-    let mut err_buf = CappedBuf::new(limits.output_cap);
+    let mut sinks = Sinks {
+        out: CappedBuf::new(limits.output_cap),
+        err: CappedBuf::new(limits.output_cap),
+        tap,
+        progress,
+    };
     let mut ob = vec![0u8; 16 * 1024];
     let mut eb = vec![0u8; 16 * 1024];
     let (mut out_open, mut err_open) = (true, true);
@@ -347,24 +351,11 @@ async fn run_tapped(
         tokio::select! {
             n = out.read(&mut ob), if out_open => match n {
                 Ok(0) | Err(_) => out_open = false,
-                Ok(n) => {
-                    out_buf.push(&ob[..n]);
-                    if let Some(t) = tap.as_mut() {
-                        t.feed(&ob[..n]);
-                    }
-                    if let Some(p) = progress {
-                        p.stream(EventKind::Stdout, &String::from_utf8_lossy(&ob[..n]));
-                    }
-                }
+                Ok(n) => sinks.stdout(&ob[..n]),
             },
             n = err.read(&mut eb), if err_open => match n {
                 Ok(0) | Err(_) => err_open = false,
-                Ok(n) => {
-                    err_buf.push(&eb[..n]);
-                    if let Some(p) = progress {
-                        p.stream(EventKind::Stderr, &String::from_utf8_lossy(&eb[..n]));
-                    }
-                }
+                Ok(n) => sinks.stderr(&eb[..n]),
             },
             status = wait(&mut child, &exited) => break status?,
             p = fence_changed(&mut fenced) => {
@@ -392,27 +383,25 @@ async fn run_tapped(
     signal_group(pgid, libc::SIGKILL);
     drop(guard);
     // Drain what is still buffered in the pipes (writers are dead now, so EOF comes fast).
+    // The exit is often seen before the last output is read: what is drained is streamed
+    // like the rest, or the task's record would miss how its child ended.
     let drain = async {
         while out_open {
             match out.read(&mut ob).await {
                 Ok(0) | Err(_) => out_open = false,
-                Ok(n) => {
-                    out_buf.push(&ob[..n]);
-                    if let Some(t) = tap.as_mut() {
-                        t.feed(&ob[..n]);
-                    }
-                }
+                Ok(n) => sinks.stdout(&ob[..n]),
             }
         }
         while err_open {
             match err.read(&mut eb).await {
                 Ok(0) | Err(_) => err_open = false,
-                Ok(n) => err_buf.push(&eb[..n]),
+                Ok(n) => sinks.stderr(&eb[..n]),
             }
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
-    if let Some(t) = tap.as_mut() {
+    let Sinks { out, err, tap, .. } = sinks;
+    if let Some(mut t) = tap {
         t.finish();
     }
 
@@ -426,11 +415,39 @@ async fn run_tapped(
     });
     Ok(RunOutput {
         exit,
-        dropped_bytes: out_buf.dropped() + err_buf.dropped(),
-        stdout: out_buf.into_string_lossy(),
-        stderr: err_buf.into_string_lossy(),
+        dropped_bytes: out.dropped() + err.dropped(),
+        stdout: out.into_string_lossy(),
+        stderr: err.into_string_lossy(),
         duration: started.elapsed(),
     })
+}
+
+/// Where a child's output goes as it is read: the capped capture, the tap (stdout) and the
+/// task's progress stream; the same before and after its exit is seen.
+struct Sinks<'t, 'p> {
+    out: CappedBuf,
+    err: CappedBuf,
+    tap: Option<Tap<'t>>,
+    progress: Option<&'p ProgressSink>,
+}
+
+impl Sinks<'_, '_> {
+    fn stdout(&mut self, bytes: &[u8]) {
+        self.out.push(bytes);
+        if let Some(t) = self.tap.as_mut() {
+            t.feed(bytes);
+        }
+        if let Some(p) = self.progress {
+            p.stream(EventKind::Stdout, &String::from_utf8_lossy(bytes));
+        }
+    }
+
+    fn stderr(&mut self, bytes: &[u8]) {
+        self.err.push(bytes);
+        if let Some(p) = self.progress {
+            p.stream(EventKind::Stderr, &String::from_utf8_lossy(bytes));
+        }
+    }
 }
 
 /// The fence's next state (`true`: closed); pending for ever without a fence, or once it
@@ -571,6 +588,44 @@ mod tests {
         assert_ne!(pid, session);
         assert_eq!(tty, 0, "a controlling terminal: {stat}");
         assert_eq!(lines.next(), Some("/dev/null"));
+    }
+
+    /// What a child printed just before it exited reaches the task's progress stream (and
+    /// so the flight record), not only the capture, however the exit and the last read
+    /// race: once in CI the exit was seen first, and the drained output never streamed.
+    #[tokio::test]
+    async fn output_read_after_the_exit_is_seen_is_streamed_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = CommandSpec::shell(
+            "printf out; printf err >&2",
+            dir.path(),
+            ChildEnv::inherit(),
+        );
+        for run_no in 0..40 {
+            let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+            let sink = {
+                let seen = seen.clone();
+                ProgressSink::with_observer(1024, move |ev| {
+                    if ev.kind.is_stream() {
+                        seen.lock().unwrap().push_str(&ev.text);
+                    }
+                })
+            };
+            let out = run(
+                &spec,
+                &Limits::default(),
+                &CancellationToken::new(),
+                Some(&sink),
+            )
+            .await
+            .unwrap();
+            assert_eq!((out.stdout.as_str(), out.stderr.as_str()), ("out", "err"));
+            let seen = seen.lock().unwrap().clone();
+            assert!(
+                seen.contains("out") && seen.contains("err"),
+                "run {run_no}: streamed {seen:?} of a child that printed out/err"
+            );
+        }
     }
 
     /// A run whose future is dropped (its task cancelled from above) kills its child and
