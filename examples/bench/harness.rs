@@ -296,8 +296,11 @@ pub(crate) fn set_mode_600(path: &Path) {
 /// no socket and is lost.
 pub(crate) async fn identified(hub: &MockHub) {
     let deadline = Instant::now() + T;
-    // The mock wakes waiters on inbound frames only; its answer has no event, so poll.
-    while !hub.connected() {
+    // The mock wakes waiters on inbound frames only; its answer has no event, so poll. It
+    // marks the socket identified a moment before it records the frame: wait for both, or a
+    // figure reading the frames right after may not find `identify` yet.
+    let recorded = || at_of(&hub.frames(), true, "identify", None).is_some();
+    while !(hub.connected() && recorded()) {
         assert!(Instant::now() < deadline, "the daemon never identified");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
