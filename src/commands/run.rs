@@ -16,7 +16,7 @@ use crate::redact::RedactingWriter;
 
 /// Run the daemon until it is stopped; the exit code says how it stopped.
 pub async fn run(args: RunArgs, logs: RedactingWriter) -> anyhow::Result<ExitCode> {
-    crate::sandbox::refuse_powerless_root().map_err(anyhow::Error::msg)?;
+    crate::sandbox::refuse_powerless_root()?;
     // Before anything opens a descriptor: whatever a task does with the proxy, the hub
     // link, /healthz and the status socket keep theirs (see `sandbox::descriptors`).
     let (was, open_files) = crate::sandbox::descriptors::raise_limit();

@@ -2,6 +2,14 @@
 //! address (`[::1]:4000`), parsed once — by the config's validation, which refuses a
 //! malformed one, and by the task's proxy ([`crate::sandbox::allowlist`]), which decides by it.
 
+/// An entry that does not parse: which, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{entry}`: {why}")]
+pub struct BadEntry {
+    entry: String,
+    why: &'static str,
+}
+
 /// The ports a bare host entry allows.
 const WEB_PORTS: [u16; 2] = [80, 443];
 
@@ -32,12 +40,14 @@ enum Port {
 
 impl Entry {
     /// Parse one entry (see the module docs); the error says what is wrong with it.
-    pub fn parse(s: &str) -> Result<Entry, String> {
+    pub fn parse(s: &str) -> Result<Entry, BadEntry> {
         let s = s.trim();
+        let bad = |why| BadEntry {
+            entry: s.to_string(),
+            why,
+        };
         let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-            let (h, after) = rest
-                .split_once(']')
-                .ok_or_else(|| format!("`{s}`: `[` without `]`"))?;
+            let (h, after) = rest.split_once(']').ok_or_else(|| bad("`[` without `]`"))?;
             match after {
                 "" => (h, None),
                 _ => (
@@ -45,7 +55,7 @@ impl Entry {
                     Some(
                         after
                             .strip_prefix(':')
-                            .ok_or_else(|| format!("`{s}`: only `:port` may follow `]`"))?,
+                            .ok_or_else(|| bad("only `:port` may follow `]`"))?,
                     ),
                 ),
             }
@@ -65,7 +75,7 @@ impl Entry {
                 p.parse()
                     .ok()
                     .filter(|p| *p > 0)
-                    .ok_or_else(|| format!("`{s}`: the port must be 1–65535 or `*`"))?,
+                    .ok_or_else(|| bad("the port must be 1–65535 or `*`"))?,
             ),
         };
         let host = normal(host);
@@ -74,11 +84,9 @@ impl Entry {
             None => Host::Exact(host),
         };
         match &host {
-            Host::Exact(h) | Host::Domain(h) if h.is_empty() || h.contains(['*', '/', ' ']) => {
-                Err(format!(
-                    "`{s}`: not a host name, `*.domain` or IP address (with an optional `:port`)"
-                ))
-            }
+            Host::Exact(h) | Host::Domain(h) if h.is_empty() || h.contains(['*', '/', ' ']) => Err(
+                bad("not a host name, `*.domain` or IP address (with an optional `:port`)"),
+            ),
             _ => Ok(Entry { host, port }),
         }
     }

@@ -69,7 +69,7 @@ pub fn git_dir_of(work_tree: &Path) -> Result<Option<PathBuf>, Refusal> {
     let target = if meta.is_dir() {
         dot.clone()
     } else if meta.is_file() {
-        let path = read_gitfile(&dot).map_err(refuse)?;
+        let path = read_gitfile(&dot).map_err(|e| refuse(e.to_string()))?;
         if path.is_absolute() {
             path
         } else {
@@ -93,15 +93,28 @@ pub fn git_dir_of(work_tree: &Path) -> Result<Option<PathBuf>, Refusal> {
     Ok(Some(git_dir))
 }
 
+/// Why a `.git` file is not a gitfile git would follow.
+#[derive(Debug, thiserror::Error)]
+enum BadGitfile {
+    #[error("a gitfile that cannot be read ({0})")]
+    Unreadable(std::io::Error),
+    #[error("a gitfile too large to be one")]
+    TooLarge,
+    #[error("a file that is not a gitfile (no `gitdir: ` line)")]
+    NoGitdirLine,
+    #[error("a gitfile whose path is empty or holds a NUL byte")]
+    BadPath,
+}
+
 /// The path in a gitfile: `gitdir: ` then the path, trailing newlines and carriage returns
 /// dropped (git's `read_gitfile_gently`). Bytes, not text: a path need not be UTF-8.
-fn read_gitfile(file: &Path) -> Result<PathBuf, String> {
-    let bytes = read_small(file).map_err(|e| format!("a gitfile that cannot be read ({e})"))?;
+fn read_gitfile(file: &Path) -> Result<PathBuf, BadGitfile> {
+    let bytes = read_small(file).map_err(BadGitfile::Unreadable)?;
     if bytes.len() as u64 > MAX_GITFILE {
-        return Err("a gitfile too large to be one".into());
+        return Err(BadGitfile::TooLarge);
     }
     let Some(rest) = bytes.strip_prefix(b"gitdir: ") else {
-        return Err("a file that is not a gitfile (no `gitdir: ` line)".into());
+        return Err(BadGitfile::NoGitdirLine);
     };
     let mut end = rest.len();
     while end > 0 && matches!(rest[end - 1], b'\n' | b'\r') {
@@ -109,7 +122,7 @@ fn read_gitfile(file: &Path) -> Result<PathBuf, String> {
     }
     let path = &rest[..end];
     if path.is_empty() || path.contains(&0) {
-        return Err("a gitfile whose path is empty or holds a NUL byte".into());
+        return Err(BadGitfile::BadPath);
     }
     Ok(PathBuf::from(OsStr::from_bytes(path)))
 }

@@ -50,7 +50,25 @@ pub(super) struct ObjectStream {
     state: State,
     header: Vec<u8>,
     objects: u64,
-    error: Option<String>,
+    error: Option<StreamError>,
+}
+
+/// Why a `cat-file --batch` stream cannot be trusted to be what is pushed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum StreamError {
+    /// A header git could not answer with an object (`<oid> missing`, an ambiguous name).
+    #[error(
+        "git cat-file: `{0}`: not an object it could read (a missing object is never pushed unread)"
+    )]
+    Unreadable(String),
+    #[error("git cat-file: object {short} of unknown type `{kind}`")]
+    UnknownType { short: String, kind: String },
+    #[error("a tree object ends inside an entry")]
+    TreeCut,
+    #[error("an object is not followed by a line break")]
+    NoLineBreak,
+    #[error("git cat-file's output ends inside an object")]
+    Truncated,
 }
 
 impl ObjectStream {
@@ -92,7 +110,7 @@ impl ObjectStream {
                             .as_ref()
                             .is_some_and(|t| !matches!(t.part, Part::Mode(0)))
                         {
-                            self.error = Some("a tree object ends inside an entry".into());
+                            self.error = Some(StreamError::TreeCut);
                         }
                         self.state = State::Trailer;
                     }
@@ -100,7 +118,7 @@ impl ObjectStream {
                 }
                 State::Trailer => {
                     if bytes[0] != b'\n' {
-                        self.error = Some("an object is not followed by a line break".into());
+                        self.error = Some(StreamError::NoLineBreak);
                     }
                     self.state = State::Header;
                     &bytes[1..]
@@ -127,7 +145,7 @@ impl ObjectStream {
         );
         let short: String = oid.chars().take(12).collect();
         let Ok(size) = size.parse::<u64>() else {
-            self.error = Some(format!("git cat-file: `{short} {kind}`: not an object it could read (a missing object is never pushed unread)"));
+            self.error = Some(StreamError::Unreadable(format!("{short} {kind}")));
             return;
         };
         let tree = match kind {
@@ -157,9 +175,10 @@ impl ObjectStream {
                 })
             }
             other => {
-                self.error = Some(format!(
-                    "git cat-file: object {short} of unknown type `{other}`"
-                ));
+                self.error = Some(StreamError::UnknownType {
+                    short,
+                    kind: other.to_string(),
+                });
                 return;
             }
         };
@@ -172,13 +191,13 @@ impl ObjectStream {
     }
 
     /// The objects read, or why the stream cannot be trusted to be what is pushed.
-    pub(super) fn finish(self) -> Result<u64, String> {
+    pub(super) fn finish(self) -> Result<u64, StreamError> {
         if let Some(e) = self.error {
             return Err(e);
         }
         match self.state {
             State::Header if self.header.is_empty() => Ok(self.objects),
-            _ => Err("git cat-file's output ends inside an object".into()),
+            _ => Err(StreamError::Truncated),
         }
     }
 }
@@ -306,7 +325,7 @@ mod tests {
             let mut scanner = Scanner::new(&rules);
             let mut objects = ObjectStream::new();
             objects.feed(&mut scanner, stream.as_bytes());
-            let e = objects.finish().unwrap_err();
+            let e = objects.finish().unwrap_err().to_string();
             assert!(e.contains(why), "{stream:?}: {e}");
         }
     }

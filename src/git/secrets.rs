@@ -58,7 +58,7 @@ pub async fn scan(
 ) -> Result<Report, GitError> {
     let rules = Rules::new(credentials, publish.allow_set()).map_err(|e| GitError {
         step: "the credential scan".into(),
-        detail: e,
+        detail: e.to_string(),
         refused: false,
     })?;
     // A tip this clone lacks cannot spare anything from the push: `--ignore-missing`

@@ -95,10 +95,21 @@ pub struct Rules {
     overlap: usize,
 }
 
+/// Why [`Rules::new`] could not build its searches.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    /// The credentials' forms make one search larger than its bound.
+    #[error("too many credentials to search for at once: {0}")]
+    TooManyCredentials(regex::Error),
+    /// A built-in pattern does not compile (a defect of this build, not of the config).
+    #[error("a built-in secret pattern does not compile: {0}")]
+    Pattern(regex::Error),
+}
+
 impl Rules {
     /// Rules for `credentials` and [`PATTERNS`]; pattern hits under a path `allow` matches
     /// are let through (a credential the daemon knows never is).
-    pub fn new(credentials: &[Credential], allow: globset::GlobSet) -> Result<Rules, String> {
+    pub fn new(credentials: &[Credential], allow: globset::GlobSet) -> Result<Rules, RulesError> {
         let mut lookup = HashMap::new();
         let mut needles: Vec<Vec<u8>> = Vec::new();
         for (i, c) in credentials.iter().enumerate() {
@@ -125,14 +136,14 @@ impl Rules {
                 RegexBuilder::new(&alternation)
                     .size_limit(64 << 20)
                     .build()
-                    .map_err(|e| format!("too many credentials to search for at once: {e}"))?,
+                    .map_err(RulesError::TooManyCredentials)?,
             )
         };
         let build = |p: &str| {
             RegexBuilder::new(p)
                 .unicode(false)
                 .build()
-                .map_err(|e| e.to_string())
+                .map_err(RulesError::Pattern)
         };
         let all = PATTERNS
             .iter()
@@ -147,7 +158,7 @@ impl Rules {
             each: PATTERNS
                 .iter()
                 .map(|(name, p)| Ok((*name, build(p)?)))
-                .collect::<Result<_, String>>()?,
+                .collect::<Result<_, RulesError>>()?,
             allow,
             overlap: longest.max(MIN_OVERLAP),
         })

@@ -17,7 +17,7 @@ pub fn protect_daemon() {
 /// config (0600) nor set up its tasks' namespaces, and every step would fail with a
 /// different, misleading error; one clear refusal at start says what to do instead.
 /// Root with its capabilities (a developer's shell, CI) and any other user pass.
-pub fn refuse_powerless_root() -> Result<(), String> {
+pub fn refuse_powerless_root() -> Result<(), PowerlessRoot> {
     // SAFETY: geteuid has no preconditions.
     #[allow(unsafe_code)]
     if unsafe { libc::geteuid() } != 0 {
@@ -31,12 +31,16 @@ pub fn refuse_powerless_root() -> Result<(), String> {
     const CAP_DAC_OVERRIDE: u64 = 1 << 1;
     const CAP_SYS_ADMIN: u64 = 1 << 21;
     match effective {
-        Some(caps) if caps & (CAP_DAC_OVERRIDE | CAP_SYS_ADMIN) == 0 => Err(
-            "refusing to run as root without root's capabilities (an empty CapabilityBoundingSet=, as in the shipped unit): \
-             such a root can neither read the service user's config nor confine tasks. Run the unit as its service user \
-             (User=hub-sidecar, as shipped: remove the User=/Group= override), or run as root with its capabilities"
-                .to_string(),
-        ),
+        Some(caps) if caps & (CAP_DAC_OVERRIDE | CAP_SYS_ADMIN) == 0 => Err(PowerlessRoot),
         _ => Ok(()),
     }
 }
+
+/// The daemon runs as root without root's powers; see [`refuse_powerless_root`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "refusing to run as root without root's capabilities (an empty CapabilityBoundingSet=, as in the shipped unit): \
+     such a root can neither read the service user's config nor confine tasks. Run the unit as its service user \
+     (User=hub-sidecar, as shipped: remove the User=/Group= override), or run as root with its capabilities"
+)]
+pub struct PowerlessRoot;
