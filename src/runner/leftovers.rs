@@ -59,18 +59,37 @@ impl Leftovers {
     /// Close the task's sandboxes, remove the temp workspace, release the clone, remove the
     /// private TMPDIR; report what had to be set aside.
     pub async fn remove(self) {
-        if let Some(sandboxes) = self.sandboxes {
-            // Blocking (unmounts, a reap): on the blocking pool.
-            let _ = tokio::task::spawn_blocking(move || drop(sandboxes)).await;
-        }
-        let mut set_aside = Vec::new();
-        if let Some(ws) = self.workspace {
-            set_aside.extend(ws.release().await);
-        }
-        if let Some(tmp) = self.tmp {
-            set_aside.extend(workspace::remove_task_tmp_dir(&tmp, (self.budget)()).await);
-        }
-        let Some((record, ops)) = self.report else {
+        let Leftovers {
+            sandboxes,
+            workspace,
+            tmp,
+            report,
+            budget,
+        } = self;
+        // All of it blocks (unmounts, a reap, two tree removals): one job on the blocking
+        // pool, not one each. Every job is a wake-up of a pool thread and of the runtime's,
+        // and those waits grow on a host that steals CPU (BENCHMARKS.md, "Where a task's
+        // CPU and wake-ups go").
+        let removed = tokio::task::spawn_blocking(move || {
+            drop(sandboxes);
+            let mut set_aside = Vec::new();
+            if let Some(ws) = workspace {
+                set_aside.extend(ws.release_blocking());
+            }
+            if let Some(tmp) = tmp {
+                set_aside.extend(workspace::remove_task_tmp_dir(&tmp, budget()));
+            }
+            set_aside
+        })
+        .await;
+        let set_aside = match removed {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "removing what a task left failed; its TMPDIR or temp workspace may be left on disk");
+                Vec::new()
+            }
+        };
+        let Some((record, ops)) = report else {
             return;
         };
         for s in &set_aside {

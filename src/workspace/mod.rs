@@ -116,6 +116,16 @@ impl Workspace {
         }
         None
     }
+
+    /// [`Workspace::release`] on the calling thread (it may block): for a caller already
+    /// off the runtime.
+    pub fn release_blocking(self) -> Option<SetAside> {
+        if self.kind == WorkspaceKind::Temp {
+            let budget = teardown::Budget::for_task_tree();
+            return remove_task_tree_blocking(&self.path, "temp workspace", budget);
+        }
+        None
+    }
 }
 
 /// What a task's workspace is, decided once from the config and the task: the runner asks
@@ -544,30 +554,33 @@ pub struct SetAside {
 
 /// Remove a task's TMPDIR (whatever the task left there, read-only directories included:
 /// Go makes its module cache so, and with caches off it is in the task's HOME here) within
-/// `budget` ([`teardown::Budget::for_task_tree`] but in tests).
-pub async fn remove_task_tmp_dir(path: &Path, budget: teardown::Budget) -> Option<SetAside> {
-    remove_task_tree_within(path, "TMPDIR", budget).await
+/// `budget` ([`teardown::Budget::for_task_tree`] but in tests), on the calling thread (it
+/// blocks: the caller is off the runtime).
+pub fn remove_task_tmp_dir(path: &Path, budget: teardown::Budget) -> Option<SetAside> {
+    remove_task_tree_blocking(path, "TMPDIR", budget)
 }
 
 /// Remove a tree a task wrote (its TMPDIR, a temp workspace) at any depth, off the runtime;
 /// one that cannot be removed within its budget is set aside beside it and returned for
 /// the caller to report, never walked again by the start-up sweep (see [`teardown`]).
 pub async fn remove_task_tree(path: &Path, what: &'static str) -> Option<SetAside> {
-    remove_task_tree_within(path, what, teardown::Budget::for_task_tree()).await
+    let p = path.to_path_buf();
+    let budget = teardown::Budget::for_task_tree();
+    tokio::task::spawn_blocking(move || remove_task_tree_blocking(&p, what, budget))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(path = %path.display(), error = %e, what, "cannot remove what the task left; delete it by hand");
+            None
+        })
 }
 
-/// [`remove_task_tree`] within `budget`.
-async fn remove_task_tree_within(
+/// [`remove_task_tree`] within `budget`, on the calling thread.
+fn remove_task_tree_blocking(
     path: &Path,
     what: &'static str,
     mut budget: teardown::Budget,
 ) -> Option<SetAside> {
-    let p = path.to_path_buf();
-    let done =
-        tokio::task::spawn_blocking(move || teardown::remove_or_set_aside_within(&p, &mut budget))
-            .await
-            .unwrap_or_else(|e| teardown::Removal::Failed(std::io::Error::other(e.to_string())));
-    match done {
+    match teardown::remove_or_set_aside_within(path, &mut budget) {
         teardown::Removal::Removed => None,
         teardown::Removal::SetAside { to, why } => {
             tracing::warn!(path = %path.display(), set_aside = %to.display(), why, what, "cannot remove what the task left; set it aside (delete it by hand)");

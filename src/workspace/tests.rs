@@ -96,7 +96,7 @@ async fn set_aside_trees_are_counted_at_start_and_a_tree_over_budget_is_reported
         std::fs::write(tree.join(format!("f{i}")), "x").unwrap();
     }
     let tiny = teardown::Budget::new(5, std::time::Duration::from_secs(60));
-    let set = remove_task_tmp_dir(&tree, tiny).await.expect("set aside");
+    let set = remove_task_tmp_dir(&tree, tiny).expect("set aside");
     assert_eq!((set.what, set.path.as_path()), ("TMPDIR", tree.as_path()));
     assert!(set.to.starts_with(&aside) && set.to.exists(), "{set:?}");
     assert!(!tree.exists());
