@@ -108,13 +108,19 @@ impl Workspace {
         }
     }
 
-    /// Give the workspace up: a temp directory is removed (or set aside, see
+    /// Give the workspace up: a temp directory is removed off the runtime (or set aside, see
     /// [`remove_task_tree`]: returned, for the caller to report), a lock released.
     pub async fn release(self) -> Option<SetAside> {
-        if self.kind == WorkspaceKind::Temp {
-            return remove_task_tree(&self.path, "temp workspace").await;
+        if self.kind != WorkspaceKind::Temp {
+            return None;
         }
-        None
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || self.release_blocking())
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(path = %path.display(), error = %e, what = "temp workspace", "cannot remove what the task left; delete it by hand");
+                None
+            })
     }
 
     /// [`Workspace::release`] on the calling thread (it may block): for a caller already
@@ -122,7 +128,7 @@ impl Workspace {
     pub fn release_blocking(self) -> Option<SetAside> {
         if self.kind == WorkspaceKind::Temp {
             let budget = teardown::Budget::for_task_tree();
-            return remove_task_tree_blocking(&self.path, "temp workspace", budget);
+            return remove_task_tree(&self.path, "temp workspace", budget);
         }
         None
     }
@@ -557,25 +563,14 @@ pub struct SetAside {
 /// `budget` ([`teardown::Budget::for_task_tree`] but in tests), on the calling thread (it
 /// blocks: the caller is off the runtime).
 pub fn remove_task_tmp_dir(path: &Path, budget: teardown::Budget) -> Option<SetAside> {
-    remove_task_tree_blocking(path, "TMPDIR", budget)
+    remove_task_tree(path, "TMPDIR", budget)
 }
 
-/// Remove a tree a task wrote (its TMPDIR, a temp workspace) at any depth, off the runtime;
-/// one that cannot be removed within its budget is set aside beside it and returned for
-/// the caller to report, never walked again by the start-up sweep (see [`teardown`]).
-pub async fn remove_task_tree(path: &Path, what: &'static str) -> Option<SetAside> {
-    let p = path.to_path_buf();
-    let budget = teardown::Budget::for_task_tree();
-    tokio::task::spawn_blocking(move || remove_task_tree_blocking(&p, what, budget))
-        .await
-        .unwrap_or_else(|e| {
-            tracing::warn!(path = %path.display(), error = %e, what, "cannot remove what the task left; delete it by hand");
-            None
-        })
-}
-
-/// [`remove_task_tree`] within `budget`, on the calling thread.
-fn remove_task_tree_blocking(
+/// Remove a tree a task wrote (its TMPDIR, a temp workspace) at any depth within `budget`,
+/// on the calling thread (it blocks); one that cannot be removed within its budget is set
+/// aside beside it and returned for the caller to report, never walked again by the start-up
+/// sweep (see [`teardown`]).
+fn remove_task_tree(
     path: &Path,
     what: &'static str,
     mut budget: teardown::Budget,
