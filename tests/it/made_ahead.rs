@@ -114,6 +114,55 @@ async fn a_task_runs_in_what_was_made_ahead_of_it_and_the_next_gets_another() {
     h.finish().await;
 }
 
+/// The operator logs in again while a sandbox waits, made ahead with the old login: the task
+/// it serves gets the new login's copy, not the one of when its sandbox was made, and its
+/// redactor knows the new token (the handover's checks, `Ahead::hand_over`).
+#[tokio::test]
+async fn a_new_login_after_the_sandbox_was_made_reaches_its_task_and_its_redactor() {
+    if !crate::containment::supported() {
+        return;
+    }
+    let s = Harness::setup().await;
+    let template = s.dir().join("operator-claude");
+    std::fs::create_dir_all(&template).unwrap();
+    let file = template.join(".credentials.json");
+    let login = |n: &str, token: &str| {
+        format!("{{\"login\":\"{n}\",\"claudeAiOauth\":{{\"accessToken\":\"{token}\"}}}}")
+    };
+    let (one, two) = (
+        "sk-ant-oat01-one-0123456789abcdef",
+        "sk-ant-oat01-two-fedcba9876543210",
+    );
+    std::fs::write(&file, login("one", one)).unwrap();
+    let config_dir = template.display().to_string();
+    let h = s
+        .start_bin("test-token", "", &[LOG, ("CLAUDE_CONFIG_DIR", &config_dir)])
+        .await;
+    let show = "cat \"$CLAUDE_CONFIG_DIR/.credentials.json\"";
+
+    let first = next_ready(&h, &[]).await;
+    h.assign(unchecked("first", show));
+    let out = h.completed("first").await["result"]["output"].to_string();
+    assert!(
+        out.contains("one") && out.contains("[REDACTED]") && !out.contains(one),
+        "{out}"
+    );
+
+    next_ready(&h, std::slice::from_ref(&first)).await;
+    std::fs::write(&file, login("two", two)).unwrap();
+    h.assign(unchecked("second", show));
+    let out = h.completed("second").await["result"]["output"].to_string();
+    assert!(
+        out.contains("two"),
+        "the task got the login of when its sandbox was made: {out}"
+    );
+    assert!(
+        !out.contains(two) && out.contains("[REDACTED]"),
+        "the new token leaked: {out}"
+    );
+    h.finish().await;
+}
+
 /// A daemon killed mid-task, with the hub killed too (it still holds the task for this
 /// agent): on restart the task's directories made ahead are kept (their name is on disk
 /// with the task) and the task runs again in them, where its first run left its file.
